@@ -1,0 +1,1 @@
+//! trainmem-alloc (being built).

@@ -1,0 +1,1 @@
+//! trainmem-autograd (being built).

@@ -1,0 +1,1 @@
+//! trainmem-burn (being built).

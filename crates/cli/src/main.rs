@@ -1,0 +1,52 @@
+//! The `trainmem` command-line tool.
+//!
+//! Each subcommand lives in its own module; `main` only parses and dispatches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd_data;
+mod cmd_replay;
+mod cmd_sim;
+
+/// Explain and predict the memory of deep-learning training.
+#[derive(Debug, Parser)]
+#[command(name = "trainmem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay an allocation trace through the caching allocator and print its statistics.
+    Replay(cmd_replay::ReplayArgs),
+    /// Inspect data-set files (memory-mapped .npy and raw record files).
+    #[command(subcommand)]
+    Data(cmd_data::DataCommand),
+    /// Simulate a training plan and print its memory timeline and report.
+    Simulate(cmd_sim::SimulateArgs),
+    /// Find the largest batch (or micro-batch) of a plan that fits a device capacity.
+    Fit(cmd_sim::FitArgs),
+    /// Explain, in words, the memory patterns a plan will show and their causes.
+    Explain(cmd_sim::ExplainArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(args) => cmd_replay::run(args),
+        Command::Data(cmd) => cmd_data::run(cmd),
+        Command::Simulate(args) => cmd_sim::simulate(args),
+        Command::Fit(args) => cmd_sim::fit(args),
+        Command::Explain(args) => cmd_sim::explain(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

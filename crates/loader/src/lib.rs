@@ -1,0 +1,1 @@
+//! trainmem-loader (being built).

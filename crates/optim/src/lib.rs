@@ -1,0 +1,1 @@
+//! trainmem-optim (being built).

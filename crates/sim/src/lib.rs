@@ -1,0 +1,1 @@
+//! trainmem-sim (being built).
