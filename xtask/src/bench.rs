@@ -1,12 +1,27 @@
-//! `cargo xtask bench` (being built).
+//! `cargo xtask bench`: side-by-side benchmarks that print ratios measured in one run.
 
 use std::process::ExitCode;
 
+mod alloc;
+mod loader;
+mod sim;
+
 /// Benchmarks.
 #[derive(Debug, clap::Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// The caching allocator against cubecl's memory manager and a naive first-fit baseline.
+    Alloc(alloc::AllocBenchArgs),
+    /// The memory-mapped prefetching loader against memcpy, burn's loader and PyTorch's.
+    Loader(loader::LoaderBenchArgs),
+    /// The simulator's speed on a large plan.
+    Sim(sim::SimBenchArgs),
+}
 
 /// Runs a benchmark.
 pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Alloc(args) => alloc::run(args),
+        BenchCommand::Loader(args) => loader::run(args),
+        BenchCommand::Sim(args) => sim::run(args),
+    }
 }
