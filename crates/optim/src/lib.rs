@@ -1,1 +1,439 @@
-//! trainmem-optim (being built).
+//! Optimizer-state sizing and lifetime.
+//!
+//! What an optimizer keeps per parameter, in the state dtype:
+//!
+//! | optimizer | state buffers per parameter | notes |
+//! |---|---|---|
+//! | `sgd` | 0 | plain SGD keeps nothing |
+//! | `momentum` | 1 (velocity) | burn's first step aliases the gradient, later steps allocate |
+//! | `adam`, `adamw` | 2 (first and second moment) | +1 with AMSGrad (max of the second moment) |
+//!
+//! Under mixed precision (half-precision parameters) an f32 **master copy** of every
+//! parameter is kept as well (ZeRO's accounting: 2Ψ half weights + 2Ψ half gradients + 12Ψ
+//! for f32 master, momentum and variance with Adam). trainmem counts master weights as
+//! `parameter` bytes.
+//!
+//! **Lifetime**: PyTorch and burn both create the state *lazily*, inside the first `step`
+//! (the "optimizer jump"); [`StateAllocation::Eager`] creates it with the optimizer.
+//!
+//! **Step temporaries** ([`StepImpl`]): a `foreach` step works on the whole parameter list at
+//! once and needs about one parameter-sized scratch buffer per parameter at the same time
+//! (PyTorch documents "~ sizeof(params) more peak memory"); a `for_loop` step needs one
+//! parameter's scratch at a time; a `fused` kernel needs none.
+//!
+//! **Data parallelism** ([`Sharding`]): ZeRO stage 1 shards optimizer state (and master
+//! weights) across ranks, stage 2 also gradients, stage 3 also parameters; each rank keeps
+//! `ceil(elements / world_size)` of a sharded tensor.
+
+#![warn(missing_docs)]
+
+use serde::{Deserialize, Serialize};
+use trainmem_autograd::Dtype;
+
+/// The optimizer algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    /// Plain stochastic gradient descent: no state.
+    Sgd,
+    /// SGD with momentum: one velocity buffer.
+    Momentum,
+    /// Adam: first and second moments.
+    Adam,
+    /// AdamW (decoupled weight decay): first and second moments.
+    #[serde(rename = "adamw")]
+    AdamW,
+}
+
+impl OptimizerKind {
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Momentum => "momentum",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+        }
+    }
+
+    /// Adam or AdamW.
+    pub fn is_adam(self) -> bool {
+        matches!(self, OptimizerKind::Adam | OptimizerKind::AdamW)
+    }
+}
+
+/// When optimizer state is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StateAllocation {
+    /// At the first `step` (PyTorch and burn).
+    #[default]
+    Lazy,
+    /// When the optimizer is constructed.
+    Eager,
+}
+
+/// How the update is computed; sets the step's temporaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StepImpl {
+    /// One parameter at a time: one parameter-sized scratch buffer live at once.
+    #[default]
+    ForLoop,
+    /// Whole parameter list per kernel: a scratch buffer for every parameter at once.
+    Foreach,
+    /// A fused kernel: no scratch.
+    Fused,
+}
+
+/// The role of one optimizer-state tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateRole {
+    /// f32 master copy of a half-precision parameter.
+    MasterWeight,
+    /// SGD momentum velocity.
+    Velocity,
+    /// Adam's first moment (`exp_avg`).
+    FirstMoment,
+    /// Adam's second moment (`exp_avg_sq`).
+    SecondMoment,
+    /// AMSGrad's running maximum of the second moment.
+    MaxSecondMoment,
+}
+
+impl StateRole {
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            StateRole::MasterWeight => "master_weight",
+            StateRole::Velocity => "velocity",
+            StateRole::FirstMoment => "exp_avg",
+            StateRole::SecondMoment => "exp_avg_sq",
+            StateRole::MaxSecondMoment => "max_exp_avg_sq",
+        }
+    }
+}
+
+/// An optimizer configuration, as far as memory is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    /// The algorithm.
+    pub kind: OptimizerKind,
+    /// When the state is created.
+    pub allocation: StateAllocation,
+    /// How the step is computed.
+    pub implementation: StepImpl,
+    /// Dtype of the state buffers.
+    pub state_dtype: Dtype,
+    /// AMSGrad (Adam/AdamW only).
+    pub amsgrad: bool,
+    /// Dtype of the parameters.
+    pub param_dtype: Dtype,
+    /// Keep an f32 master copy when the parameters are half precision.
+    pub master_weights: bool,
+}
+
+impl OptimizerConfig {
+    /// A config for f32 parameters.
+    pub fn new(kind: OptimizerKind) -> OptimizerConfig {
+        OptimizerConfig {
+            kind,
+            allocation: StateAllocation::Lazy,
+            implementation: StepImpl::ForLoop,
+            state_dtype: Dtype::F32,
+            amsgrad: false,
+            param_dtype: Dtype::F32,
+            master_weights: false,
+        }
+    }
+
+    /// The state buffers kept per parameter (excluding master weights).
+    pub fn state_roles(&self) -> &'static [StateRole] {
+        match self.kind {
+            OptimizerKind::Sgd => &[],
+            OptimizerKind::Momentum => &[StateRole::Velocity],
+            OptimizerKind::Adam | OptimizerKind::AdamW if self.amsgrad => &[
+                StateRole::FirstMoment,
+                StateRole::SecondMoment,
+                StateRole::MaxSecondMoment,
+            ],
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                &[StateRole::FirstMoment, StateRole::SecondMoment]
+            }
+        }
+    }
+
+    /// State buffers per parameter: 0 (SGD), 1 (momentum), 2 (Adam/AdamW), 3 (AMSGrad).
+    pub fn state_multiplier(&self) -> u64 {
+        self.state_roles().len() as u64
+    }
+
+    /// Whether f32 master weights are kept.
+    pub fn has_master_weights(&self) -> bool {
+        self.master_weights && self.param_dtype.is_half()
+    }
+
+    /// Every state tensor one parameter of `elems` elements gets, with its role, element
+    /// count and dtype (master weights first).
+    pub fn state_tensors(&self, elems: u64) -> Vec<StateTensor> {
+        let mut out = Vec::new();
+        if self.has_master_weights() {
+            out.push(StateTensor {
+                role: StateRole::MasterWeight,
+                elems,
+                dtype: Dtype::F32,
+            });
+        }
+        for &role in self.state_roles() {
+            out.push(StateTensor {
+                role,
+                elems,
+                dtype: self.state_dtype,
+            });
+        }
+        out
+    }
+
+    /// Optimizer-state bytes (moments, velocity) for `elems` parameter elements.
+    pub fn state_bytes(&self, elems: u64) -> u64 {
+        self.state_multiplier() * elems * self.state_dtype.size()
+    }
+
+    /// Master-weight bytes for `elems` parameter elements (0 without mixed precision).
+    pub fn master_bytes(&self, elems: u64) -> u64 {
+        if self.has_master_weights() {
+            elems * Dtype::F32.size()
+        } else {
+            0
+        }
+    }
+
+    /// Scratch buffers the step allocates for a parameter list: for each buffer its element
+    /// count and dtype, and whether they are all live at once ([`StepImpl::Foreach`]) or one
+    /// at a time ([`StepImpl::ForLoop`]). SGD without momentum updates in place.
+    pub fn step_temporaries(&self, param_elems: &[u64]) -> StepTemporaries {
+        let per_param = match (self.kind, self.implementation) {
+            (_, StepImpl::Fused) | (OptimizerKind::Sgd, _) => 0,
+            (OptimizerKind::Momentum, _) => 1,
+            // denominator sqrt(v) + eps, and the update itself
+            (OptimizerKind::Adam | OptimizerKind::AdamW, StepImpl::Foreach) => 1,
+            (OptimizerKind::Adam | OptimizerKind::AdamW, StepImpl::ForLoop) => 2,
+        };
+        let dtype = if self.has_master_weights() {
+            Dtype::F32
+        } else {
+            self.state_dtype
+        };
+        StepTemporaries {
+            buffers: param_elems
+                .iter()
+                .flat_map(|&e| std::iter::repeat_n(e, per_param))
+                .collect(),
+            dtype,
+            all_at_once: self.implementation == StepImpl::Foreach,
+            per_param,
+        }
+    }
+
+    /// Peak bytes of the step's scratch for a parameter list.
+    pub fn step_temporary_peak(&self, param_elems: &[u64]) -> u64 {
+        let t = self.step_temporaries(param_elems);
+        if t.all_at_once {
+            t.buffers.iter().sum::<u64>() * t.dtype.size()
+        } else {
+            param_elems.iter().copied().max().unwrap_or(0) * t.per_param as u64 * t.dtype.size()
+        }
+    }
+}
+
+/// One optimizer-state tensor for one parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StateTensor {
+    /// What it is.
+    pub role: StateRole,
+    /// Elements.
+    pub elems: u64,
+    /// Dtype.
+    pub dtype: Dtype,
+}
+
+impl StateTensor {
+    /// Bytes.
+    pub fn bytes(&self) -> u64 {
+        self.elems * self.dtype.size()
+    }
+}
+
+/// Scratch buffers of one optimizer step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepTemporaries {
+    /// Element counts, in parameter order (`per_param` consecutive entries per parameter).
+    pub buffers: Vec<u64>,
+    /// Their dtype.
+    pub dtype: Dtype,
+    /// All live at once (foreach) or one parameter's at a time.
+    pub all_at_once: bool,
+    /// Buffers per parameter.
+    pub per_param: usize,
+}
+
+/// Data-parallel sharding of model state (ZeRO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Sharding {
+    /// Ranks.
+    pub world_size: u64,
+    /// ZeRO stage 0–3.
+    pub zero_stage: u8,
+}
+
+impl Default for Sharding {
+    fn default() -> Self {
+        Sharding {
+            world_size: 1,
+            zero_stage: 0,
+        }
+    }
+}
+
+impl Sharding {
+    /// Elements of a tensor this rank keeps when the tensor is sharded.
+    pub fn shard(&self, elems: u64) -> u64 {
+        elems.div_ceil(self.world_size.max(1))
+    }
+    /// Optimizer state and master weights are sharded (stage ≥ 1).
+    pub fn shards_state(&self) -> bool {
+        self.zero_stage >= 1 && self.world_size > 1
+    }
+    /// Gradients are sharded (stage ≥ 2).
+    pub fn shards_grads(&self) -> bool {
+        self.zero_stage >= 2 && self.world_size > 1
+    }
+    /// Parameters are sharded (stage 3).
+    pub fn shards_params(&self) -> bool {
+        self.zero_stage >= 3 && self.world_size > 1
+    }
+    /// Elements of optimizer state (per buffer) this rank keeps for a parameter.
+    pub fn state_elems(&self, elems: u64) -> u64 {
+        if self.shards_state() { self.shard(elems) } else { elems }
+    }
+    /// Elements of gradient this rank keeps for a parameter after reduction.
+    pub fn grad_elems(&self, elems: u64) -> u64 {
+        if self.shards_grads() { self.shard(elems) } else { elems }
+    }
+    /// Elements of a parameter this rank keeps at rest.
+    pub fn param_elems(&self, elems: u64) -> u64 {
+        if self.shards_params() { self.shard(elems) } else { elems }
+    }
+}
+
+/// Steady-state model-state bytes of one rank (no activations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ModelStateBytes {
+    /// Parameters at rest (including master weights).
+    pub parameters: u64,
+    /// Of which f32 master weights.
+    pub master_weights: u64,
+    /// Gradients after the backward pass.
+    pub gradients: u64,
+    /// Optimizer state.
+    pub optimizer_state: u64,
+}
+
+impl ModelStateBytes {
+    /// Sum of parameters (incl. master), gradients and optimizer state.
+    pub fn total(&self) -> u64 {
+        self.parameters + self.gradients + self.optimizer_state
+    }
+}
+
+/// Per-rank model-state bytes for a list of parameter tensors.
+pub fn model_state_bytes(
+    cfg: &OptimizerConfig,
+    grad_dtype: Dtype,
+    sharding: Sharding,
+    param_elems: &[u64],
+) -> ModelStateBytes {
+    let mut m = ModelStateBytes::default();
+    for &e in param_elems {
+        let master = cfg.master_bytes(sharding.state_elems(e));
+        m.parameters += sharding.param_elems(e) * cfg.param_dtype.size() + master;
+        m.master_weights += master;
+        m.gradients += sharding.grad_elems(e) * grad_dtype.size();
+        m.optimizer_state += cfg.state_bytes(sharding.state_elems(e));
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn multipliers_match_the_table() {
+        let e = 1000;
+        for (kind, mult) in [
+            (OptimizerKind::Sgd, 0),
+            (OptimizerKind::Momentum, 1),
+            (OptimizerKind::Adam, 2),
+            (OptimizerKind::AdamW, 2),
+        ] {
+            let c = OptimizerConfig::new(kind);
+            assert_eq!(c.state_bytes(e), mult * 4 * e, "{kind:?}");
+        }
+        let mut c = OptimizerConfig::new(OptimizerKind::Adam);
+        c.amsgrad = true;
+        assert_eq!(c.state_bytes(e), 12 * e);
+    }
+
+    #[test]
+    fn zero_paper_sixteen_bytes_per_parameter() {
+        // Mixed-precision Adam: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v).
+        let mut c = OptimizerConfig::new(OptimizerKind::Adam);
+        c.param_dtype = Dtype::F16;
+        c.master_weights = true;
+        let psi = 1_000_000;
+        let m = model_state_bytes(&c, Dtype::F16, Sharding::default(), &[psi]);
+        assert_eq!(m.total(), 16 * psi);
+        assert_eq!(m.master_weights, 4 * psi);
+        // ZeRO paper: 7.5B params at Nd = 64, stage 1 → 4Ψ + 12Ψ/64.
+        let s1 = Sharding { world_size: 64, zero_stage: 1 };
+        let m1 = model_state_bytes(&c, Dtype::F16, s1, &[64 * psi]);
+        assert_eq!(m1.total(), (2 + 2) * 64 * psi + 12 * psi);
+        let s3 = Sharding { world_size: 64, zero_stage: 3 };
+        let m3 = model_state_bytes(&c, Dtype::F16, s3, &[64 * psi]);
+        assert_eq!(m3.total(), 16 * psi);
+    }
+
+    #[test]
+    fn step_temporaries_by_implementation() {
+        let params = [10u64, 30, 20];
+        let mut c = OptimizerConfig::new(OptimizerKind::Adam);
+        c.implementation = StepImpl::Foreach;
+        assert_eq!(c.step_temporary_peak(&params), 60 * 4);
+        c.implementation = StepImpl::ForLoop;
+        assert_eq!(c.step_temporary_peak(&params), 30 * 2 * 4);
+        c.implementation = StepImpl::Fused;
+        assert_eq!(c.step_temporary_peak(&params), 0);
+        assert_eq!(OptimizerConfig::new(OptimizerKind::Sgd).step_temporary_peak(&params), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn shards_cover_the_tensor(elems in 0u64..1_000_000, world in 1u64..128) {
+            let s = Sharding { world_size: world, zero_stage: 3 };
+            let shard = s.shard(elems);
+            prop_assert!(shard * world >= elems);
+            prop_assert!(shard.saturating_sub(1) * world < elems.max(1));
+        }
+
+        #[test]
+        fn sharding_never_increases_bytes(elems in 1u64..1_000_000, world in 1u64..64, stage in 0u8..4) {
+            let c = OptimizerConfig::new(OptimizerKind::AdamW);
+            let base = model_state_bytes(&c, Dtype::F32, Sharding::default(), &[elems]);
+            let sh = model_state_bytes(&c, Dtype::F32, Sharding { world_size: world, zero_stage: stage }, &[elems]);
+            prop_assert!(sh.total() <= base.total());
+        }
+    }
+}

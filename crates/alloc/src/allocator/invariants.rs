@@ -1,0 +1,330 @@
+//! The invariant checker: recounts the allocator's state from its blocks and compares.
+
+use super::{CachingAllocator, NONE, NodeState, fkey, pidx};
+use crate::device::DeviceMemory;
+use crate::size::{MIN_BLOCK_SIZE, PoolKind};
+use crate::stats::{MemoryStats, Stat, StatArray};
+
+/// A broken allocator invariant, with a description of what differs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allocator invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($arg)*)));
+        }
+    };
+}
+
+#[derive(Default)]
+struct Counts {
+    allocation: [u64; 2],
+    allocated_bytes: [u64; 2],
+    active: [u64; 2],
+    active_bytes: [u64; 2],
+    requested_bytes: [u64; 2],
+    segment: [u64; 2],
+    reserved_bytes: [u64; 2],
+    inactive_split: [u64; 2],
+    inactive_split_bytes: [u64; 2],
+    oversize_allocations: u64,
+    oversize_segments: u64,
+}
+
+fn check_array(name: &str, a: &StatArray, want: [u64; 2]) -> Result<(), InvariantViolation> {
+    let got = [a.small_pool.current, a.large_pool.current, a.all.current];
+    let want = [want[0] as i64, want[1] as i64, (want[0] + want[1]) as i64];
+    ensure!(
+        got == want,
+        "{name}: stats say (small, large, all) = {got:?}, recount gives {want:?}"
+    );
+    for (pool, s) in [
+        ("all", &a.all),
+        ("small", &a.small_pool),
+        ("large", &a.large_pool),
+    ] {
+        check_stat(&format!("{name}.{pool}"), s)?;
+    }
+    Ok(())
+}
+
+fn check_stat(name: &str, s: &Stat) -> Result<(), InvariantViolation> {
+    ensure!(s.current >= 0, "{name}: negative current {}", s.current);
+    ensure!(
+        s.peak >= s.current,
+        "{name}: peak {} below current {}",
+        s.peak,
+        s.current
+    );
+    Ok(())
+}
+
+/// Checks every structural and accounting invariant of `alloc`:
+///
+/// * the blocks of each segment tile it exactly (address order, no gap, no overlap, linked
+///   both ways, same stream and pool), every block is in exactly one segment, sizes are
+///   multiples of 512;
+/// * free blocks are exactly the members of the free sets, and no two free blocks are
+///   neighbours (frees merge);
+/// * the address map holds exactly the allocated blocks; pending frees match their events;
+/// * every current statistic equals a recount from the blocks, peaks are ≥ current, and
+///   allocated + pending + cached bytes = reserved bytes = the sum of segment sizes;
+/// * the snapshot's totals agree with the statistics.
+pub fn check_invariants<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+) -> Result<(), InvariantViolation> {
+    let max_split = alloc.config.max_split_size_or_max();
+    let mut c = Counts::default();
+    let mut visited = 0usize;
+    let mut free_count = 0usize;
+    let mut pending_events = 0u64;
+    let mut by_addr = std::collections::HashMap::new();
+    for (i, n) in alloc.nodes.iter().enumerate() {
+        if n.state != NodeState::Vacant && n.prev == NONE {
+            by_addr.insert(n.addr, i as u32);
+        }
+    }
+    let mut total_reserved = 0u64;
+    for (&base, &seg_size) in &alloc.segments {
+        let Some(&head) = by_addr.get(&base) else {
+            return Err(InvariantViolation(format!(
+                "segment {base:#x} has no head block"
+            )));
+        };
+        let hn = &alloc.nodes[head as usize];
+        let (pool, stream) = (hn.pool, hn.stream);
+        let p = pidx(pool);
+        total_reserved += seg_size;
+        c.segment[p] += 1;
+        c.reserved_bytes[p] += seg_size;
+        if seg_size >= max_split {
+            c.oversize_segments += 1;
+        }
+        let split = hn.next != NONE;
+        let mut cursor = base;
+        let mut prev = NONE;
+        let mut prev_free = false;
+        let mut cur = head;
+        while cur != NONE {
+            let n = &alloc.nodes[cur as usize];
+            visited += 1;
+            ensure!(
+                n.state != NodeState::Vacant,
+                "vacant block {cur} linked into segment {base:#x}"
+            );
+            ensure!(
+                n.addr == cursor,
+                "segment {base:#x}: block at {:#x}, expected {cursor:#x} (gap or overlap)",
+                n.addr
+            );
+            ensure!(
+                n.prev == prev,
+                "segment {base:#x}: block {cur} has prev {} instead of {prev}",
+                n.prev
+            );
+            ensure!(
+                n.pool == pool && n.stream == stream,
+                "segment {base:#x}: block {cur} has another pool or stream"
+            );
+            ensure!(
+                n.size > 0 && n.size.is_multiple_of(MIN_BLOCK_SIZE),
+                "block {cur} has size {}",
+                n.size
+            );
+            match n.state {
+                NodeState::Free => {
+                    free_count += 1;
+                    ensure!(
+                        !prev_free,
+                        "segment {base:#x}: two neighbouring free blocks at {:#x}",
+                        n.addr
+                    );
+                    let sp = &alloc.pools[n.slot as usize];
+                    ensure!(
+                        sp.stream == stream,
+                        "free block {cur} filed under stream {:?}",
+                        sp.stream
+                    );
+                    ensure!(
+                        sp.free[p].get(&fkey(n.size, n.addr)) == Some(&cur),
+                        "free block {cur} at {:#x} missing from its free set",
+                        n.addr
+                    );
+                    ensure!(
+                        n.event_count == 0 && n.stream_uses.is_empty(),
+                        "free block {cur} has stream uses"
+                    );
+                    if split {
+                        c.inactive_split[p] += 1;
+                        c.inactive_split_bytes[p] += n.size;
+                    }
+                }
+                NodeState::Allocated => {
+                    ensure!(
+                        alloc.addr_map.get(&n.addr) == Some(&cur),
+                        "allocated block {cur} at {:#x} missing from the address map",
+                        n.addr
+                    );
+                    ensure!(
+                        n.requested > 0 && n.requested <= n.size,
+                        "block {cur}: requested {} vs size {}",
+                        n.requested,
+                        n.size
+                    );
+                    ensure!(n.event_count == 0, "allocated block {cur} has events");
+                    c.allocation[p] += 1;
+                    c.allocated_bytes[p] += n.size;
+                    c.active[p] += 1;
+                    c.active_bytes[p] += n.size;
+                    c.requested_bytes[p] += n.requested;
+                    if n.size >= max_split {
+                        c.oversize_allocations += 1;
+                    }
+                }
+                NodeState::Pending => {
+                    ensure!(n.event_count > 0, "pending block {cur} without events");
+                    pending_events += u64::from(n.event_count);
+                    c.active[p] += 1;
+                    c.active_bytes[p] += n.size;
+                    c.requested_bytes[p] += n.requested;
+                }
+                NodeState::Vacant => unreachable!(),
+            }
+            prev_free = n.state == NodeState::Free;
+            cursor += n.size;
+            prev = cur;
+            cur = n.next;
+        }
+        ensure!(
+            cursor == base + seg_size,
+            "segment {base:#x}: blocks end at {cursor:#x}, segment ends at {:#x}",
+            base + seg_size
+        );
+    }
+    let live = alloc
+        .nodes
+        .iter()
+        .filter(|n| n.state != NodeState::Vacant)
+        .count();
+    ensure!(
+        visited == live,
+        "{live} blocks in the slab but {visited} reachable from segments"
+    );
+    let in_sets = alloc.free_entries().count();
+    ensure!(
+        in_sets == free_count,
+        "free sets hold {in_sets} blocks, {free_count} blocks are free"
+    );
+    for key in alloc.free_entries() {
+        let n = &alloc.nodes[key.idx as usize];
+        ensure!(
+            n.state == NodeState::Free
+                && n.pool == key.pool
+                && n.slot == key.slot
+                && n.addr == key.addr
+                && n.size == key.size,
+            "free set entry {key:?} does not describe its block"
+        );
+    }
+    let allocated_blocks: u64 = c.allocation.iter().sum();
+    ensure!(
+        alloc.addr_map.len() as u64 == allocated_blocks,
+        "address map has {} entries for {allocated_blocks} allocated blocks",
+        alloc.addr_map.len()
+    );
+    ensure!(
+        pending_events == alloc.pending.len() as u64,
+        "{pending_events} events on pending blocks, {} queued",
+        alloc.pending.len()
+    );
+    for &(_, idx) in &alloc.pending {
+        ensure!(
+            alloc.nodes[idx as usize].state == NodeState::Pending,
+            "queued event for non-pending block {idx}"
+        );
+    }
+    ensure!(
+        total_reserved == alloc.reserved,
+        "segments sum to {total_reserved}, reserved is {}",
+        alloc.reserved
+    );
+
+    let st: &MemoryStats = &alloc.stats;
+    check_array("allocation", &st.allocation, c.allocation)?;
+    check_array("allocated_bytes", &st.allocated_bytes, c.allocated_bytes)?;
+    check_array("active", &st.active, c.active)?;
+    check_array("active_bytes", &st.active_bytes, c.active_bytes)?;
+    check_array("requested_bytes", &st.requested_bytes, c.requested_bytes)?;
+    check_array("segment", &st.segment, c.segment)?;
+    check_array("reserved_bytes", &st.reserved_bytes, c.reserved_bytes)?;
+    check_array("inactive_split", &st.inactive_split, c.inactive_split)?;
+    check_array(
+        "inactive_split_bytes",
+        &st.inactive_split_bytes,
+        c.inactive_split_bytes,
+    )?;
+    ensure!(
+        st.oversize_allocations.current as u64 == c.oversize_allocations,
+        "oversize_allocations {} vs recount {}",
+        st.oversize_allocations.current,
+        c.oversize_allocations
+    );
+    ensure!(
+        st.oversize_segments.current as u64 == c.oversize_segments,
+        "oversize_segments {} vs recount {}",
+        st.oversize_segments.current,
+        c.oversize_segments
+    );
+    check_stat("oversize_allocations", &st.oversize_allocations)?;
+    check_stat("oversize_segments", &st.oversize_segments)?;
+
+    // allocated + cached = reserved, where cached = pending + free bytes.
+    let allocated: u64 = c.allocated_bytes.iter().sum();
+    let active: u64 = c.active_bytes.iter().sum();
+    let free_bytes: u64 = alloc.free_entries().map(|k| k.size).sum();
+    ensure!(
+        active + free_bytes == alloc.reserved,
+        "active {active} + free {free_bytes} != reserved {}",
+        alloc.reserved
+    );
+    ensure!(
+        allocated <= active,
+        "allocated {allocated} exceeds active {active}"
+    );
+
+    let snap = alloc.snapshot();
+    ensure!(
+        snap.total_reserved() == alloc.reserved,
+        "snapshot reserved {} != {}",
+        snap.total_reserved(),
+        alloc.reserved
+    );
+    ensure!(
+        snap.total_allocated() == allocated,
+        "snapshot allocated {} != {allocated}",
+        snap.total_allocated()
+    );
+    ensure!(
+        snap.total_active() == active,
+        "snapshot active {} != {active}",
+        snap.total_active()
+    );
+    let non_rel: u64 = c.inactive_split_bytes.iter().sum();
+    ensure!(
+        snap.non_releasable() == non_rel,
+        "snapshot non-releasable {} != {non_rel}",
+        snap.non_releasable()
+    );
+    for s in &snap.segments {
+        let small = s.segment_type == PoolKind::Small;
+        ensure!(
+            !small || s.total_size == crate::size::SMALL_BUFFER,
+            "small segment {:#x} of {} bytes",
+            s.address,
+            s.total_size
+        );
+    }
+    Ok(())
+}

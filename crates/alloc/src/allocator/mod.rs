@@ -1,0 +1,1221 @@
+//! The caching allocator: [`CachingAllocator`] (single owner, `&mut self`, the fast path) and
+//! the rules it applies on every request. See the crate documentation for the rules.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::block::{Block, BlockId};
+use crate::config::{AllocatorConfig, ConfigError};
+use crate::device::{DeviceError, DeviceMemory};
+use crate::error::{AllocError, OutOfMemory};
+use crate::host::HostDevice;
+use crate::label::Label;
+use crate::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE, allocation_size, round_size};
+use crate::snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};
+use crate::stats::MemoryStats;
+use crate::stream::StreamId;
+use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
+
+#[cfg(any(test, feature = "proptest"))]
+pub(crate) mod invariants;
+
+const NONE: u32 = u32::MAX;
+
+static NEXT_OWNER: AtomicU32 = AtomicU32::new(1);
+
+/// A hasher for 512-aligned addresses (a multiply-xorshift mix; no per-op allocation).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8)) ^ u64::from(*b);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type AddrMap = HashMap<u64, u32, BuildHasherDefault<AddrHasher>>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeState {
+    /// Slot not in use.
+    Vacant,
+    /// Free and cached (in a free set), or a fresh segment about to be handed out.
+    Free,
+    /// Handed to a client.
+    Allocated,
+    /// Freed by the client, waiting for other streams' work (record_stream).
+    Pending,
+}
+
+/// A block: a contiguous range inside one segment. Blocks of a segment form a doubly linked
+/// list in address order through `prev`/`next` (slab indices).
+#[derive(Debug)]
+struct Node {
+    addr: u64,
+    size: u64,
+    requested: u64,
+    stream: StreamId,
+    seq: u64,
+    gc_base: u64,
+    prev: u32,
+    next: u32,
+    pool: PoolKind,
+    /// Index of the stream's entry in `pools`.
+    slot: u32,
+    state: NodeState,
+    raii: bool,
+    event_count: u32,
+    stream_uses: Vec<StreamId>,
+    label: Option<Label>,
+}
+
+impl Node {
+    #[inline]
+    fn is_split(&self) -> bool {
+        self.prev != NONE || self.next != NONE
+    }
+}
+
+/// The free blocks of one stream, per pool, keyed by `size << 64 | address`: best fit is
+/// the first key at or after `size << 64` (PyTorch orders by (stream, size, address); keeping
+/// one map per stream gives the same order within a stream with a cheaper key).
+#[derive(Debug)]
+struct StreamPools {
+    stream: StreamId,
+    free: [BTreeMap<u128, u32>; 2],
+}
+
+#[inline]
+fn fkey(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
+/// A free block as found in a map: where it is filed and what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FreeKey {
+    slot: u32,
+    pool: PoolKind,
+    size: u64,
+    addr: u64,
+    idx: u32,
+}
+
+impl FreeKey {
+    fn from_entry(slot: u32, pool: PoolKind, key: u128, idx: u32) -> Self {
+        FreeKey {
+            slot,
+            pool,
+            size: (key >> 64) as u64,
+            addr: key as u64,
+            idx,
+        }
+    }
+}
+
+/// What [`CachingAllocator::empty_cache`] (or a flush) gave back to the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReleasedMemory {
+    /// Bytes returned to the device.
+    pub bytes: u64,
+    /// Segments returned to the device.
+    pub segments: u64,
+}
+
+/// A caching device allocator with PyTorch `CUDACachingAllocator` semantics, drawing
+/// segments from a [`DeviceMemory`].
+///
+/// This is the single-owner form: every operation takes `&mut self` and no lock is taken, which
+/// is what a simulator replaying millions of operations wants. It is `Send` (and `Sync` when
+/// the device is). For sharing between threads and RAII handles use
+/// [`SharedAllocator`](crate::SharedAllocator), which wraps it in a mutex.
+///
+/// Cost per operation: a cache hit is one ordered-set lookup and removal, O(1) slab and
+/// address-map updates and O(1) statistics; no heap allocation when tracing is off (apart from
+/// the ordered set's occasional node allocation).
+pub struct CachingAllocator<D: DeviceMemory> {
+    device: D,
+    config: AllocatorConfig,
+    owner: u32,
+    nodes: Vec<Node>,
+    vacant: Vec<u32>,
+    pools: Vec<StreamPools>,
+    last_slot: u32,
+    addr_map: AddrMap,
+    /// Segment base address → size.
+    segments: BTreeMap<u64, u64>,
+    pending: Vec<(StreamId, u32)>,
+    next_seq: u64,
+    pool_calls: [u64; 2],
+    reserved: u64,
+    fraction: Option<f64>,
+    allowed_max: Option<u64>,
+    stats: MemoryStats,
+    trace: TraceBuffer,
+}
+
+#[inline]
+fn pidx(p: PoolKind) -> usize {
+    match p {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+impl<D: DeviceMemory> std::fmt::Debug for CachingAllocator<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("device", &self.device.name())
+            .field("config", &self.config)
+            .field("allocated", &self.stats.allocated_bytes.all.current)
+            .field("reserved", &self.reserved)
+            .field("segments", &self.segments.len())
+            .finish()
+    }
+}
+
+impl<D: DeviceMemory> CachingAllocator<D> {
+    /// An allocator with the default (PyTorch default) configuration.
+    pub fn new(device: D) -> Self {
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    /// An allocator with the given configuration.
+    pub fn with_config(device: D, config: AllocatorConfig) -> Self {
+        let stats = MemoryStats {
+            max_split_size: config
+                .max_split_size()
+                .map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64),
+            ..MemoryStats::default()
+        };
+        CachingAllocator {
+            device,
+            config,
+            owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
+            nodes: Vec::new(),
+            vacant: Vec::new(),
+            pools: Vec::new(),
+            last_slot: 0,
+            addr_map: AddrMap::default(),
+            segments: BTreeMap::new(),
+            pending: Vec::new(),
+            next_seq: 1,
+            pool_calls: [0, 0],
+            reserved: 0,
+            fraction: None,
+            allowed_max: None,
+            stats,
+            trace: TraceBuffer::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The backing device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    // ----------------------------------------------------------------- allocation
+
+    /// Allocates `size` bytes on `stream`.
+    ///
+    /// Size 0 returns the null block (address 0, size 0, [`BlockId::NULL`]) without touching
+    /// any state, as PyTorch returns a null pointer; freeing it is a no-op. Sizes whose rounded
+    /// or segment size overflows `u64` fail with [`AllocError::SizeOverflow`] and change
+    /// nothing. On [`AllocError::OutOfMemory`] see [`CachingAllocator`]'s ladder docs in the
+    /// crate root: live blocks are untouched; cached segments may have been released.
+    #[inline]
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Block, AllocError> {
+        self.malloc_impl(size, stream, None)
+    }
+
+    /// Like [`malloc`](Self::malloc), attaching a label (kept in snapshots and traces).
+    #[inline]
+    pub fn malloc_labeled(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        label: impl Into<Label>,
+    ) -> Result<Block, AllocError> {
+        self.malloc_impl(size, stream, Some(label.into()))
+    }
+
+    fn malloc_impl(
+        &mut self,
+        orig: u64,
+        stream: StreamId,
+        label: Option<Label>,
+    ) -> Result<Block, AllocError> {
+        if orig == 0 {
+            return Ok(Block::null(stream));
+        }
+        let size = round_size(orig, self.config.roundup_power2_divisions())
+            .ok_or(AllocError::SizeOverflow { size: orig })?;
+        let alloc_size = allocation_size(size).ok_or(AllocError::SizeOverflow { size: orig })?;
+        let pool = PoolKind::for_size(size);
+        let slot = self.slot_of(stream);
+        let idx = match self.get_free_block(size, slot, pool) {
+            Some(i) => i,
+            None => self.alloc_miss(orig, size, alloc_size, slot, pool, label.as_ref())?,
+        };
+        Ok(self.alloc_found_block(idx, size, orig, label))
+    }
+
+    #[inline]
+    fn gc_enabled(&self) -> bool {
+        self.allowed_max.is_some() && self.config.garbage_collection_threshold().is_some()
+    }
+
+    /// The index of `stream`'s entry in `pools`, creating it on first use.
+    #[inline]
+    fn slot_of(&mut self, stream: StreamId) -> u32 {
+        if let Some(p) = self.pools.get(self.last_slot as usize)
+            && p.stream == stream
+        {
+            return self.last_slot;
+        }
+        let slot = match self.pools.iter().position(|p| p.stream == stream) {
+            Some(i) => i as u32,
+            None => {
+                self.pools.push(StreamPools {
+                    stream,
+                    free: [BTreeMap::new(), BTreeMap::new()],
+                });
+                (self.pools.len() - 1) as u32
+            }
+        };
+        self.last_slot = slot;
+        slot
+    }
+
+    #[inline]
+    fn free_insert(&mut self, slot: u32, pool: PoolKind, size: u64, addr: u64, idx: u32) {
+        self.pools[slot as usize].free[pidx(pool)].insert(fkey(size, addr), idx);
+    }
+
+    #[inline]
+    fn free_remove(&mut self, slot: u32, pool: PoolKind, size: u64, addr: u64) {
+        self.pools[slot as usize].free[pidx(pool)].remove(&fkey(size, addr));
+    }
+
+    /// Every cached free block, across streams and pools.
+    fn free_entries(&self) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools.iter().enumerate().flat_map(|(slot, sp)| {
+            [PoolKind::Small, PoolKind::Large]
+                .into_iter()
+                .flat_map(move |pool| {
+                    sp.free[pidx(pool)]
+                        .iter()
+                        .map(move |(&k, &idx)| FreeKey::from_entry(slot as u32, pool, k, idx))
+                })
+        })
+    }
+
+    /// Best fit on the request's stream, honouring the oversize rules.
+    #[inline]
+    fn get_free_block(&mut self, size: u64, slot: u32, pool: PoolKind) -> Option<u32> {
+        let p = pidx(pool);
+        if self.gc_enabled() {
+            self.pool_calls[p] += 1;
+        }
+        let max_split = self.config.max_split_size_or_max();
+        let max_rounding = self.config.max_non_split_rounding();
+        let map = &mut self.pools[slot as usize].free[p];
+        let (&key, &idx) = map.range(fkey(size, 0)..).next()?;
+        let found = (key >> 64) as u64;
+        if size < max_split && found >= max_split {
+            return None;
+        }
+        if size >= max_split && found >= size.saturating_add(max_rounding) {
+            return None;
+        }
+        map.remove(&key);
+        Some(idx)
+    }
+
+    /// The miss path: new segment, then release oversize blocks, then flush everything.
+    fn alloc_miss(
+        &mut self,
+        orig: u64,
+        size: u64,
+        alloc_size: u64,
+        slot: u32,
+        pool: PoolKind,
+        label: Option<&Label>,
+    ) -> Result<u32, AllocError> {
+        let stream = self.pools[slot as usize].stream;
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks()?;
+        }
+        if let Some(i) = self.alloc_segment(alloc_size, slot, pool, false, label)? {
+            return Ok(i);
+        }
+        if self.release_available_cached_blocks(size, slot, pool)?
+            && let Some(i) = self.alloc_segment(alloc_size, slot, pool, false, label)?
+        {
+            return Ok(i);
+        }
+        self.release_cached_blocks()?;
+        if let Some(i) = self.alloc_segment(alloc_size, slot, pool, true, label)? {
+            return Ok(i);
+        }
+        let device_free = self.device.free_bytes();
+        self.trace
+            .record(TraceAction::Oom, device_free, size, stream, label);
+        self.stats.num_ooms += 1;
+        Err(AllocError::OutOfMemory(Box::new(OutOfMemory {
+            requested_size: orig,
+            rounded_size: size,
+            allocation_size: alloc_size,
+            stream,
+            device: self.device.name(),
+            capacity: self.device.capacity(),
+            device_free,
+            allowed: self.allowed_max,
+            allocated: self.stats.allocated_bytes.all.current as u64,
+            reserved: self.reserved,
+        })))
+    }
+
+    fn new_node(&mut self, node: Node) -> u32 {
+        if let Some(i) = self.vacant.pop() {
+            self.nodes[i as usize] = node;
+            i
+        } else {
+            let i = self.nodes.len();
+            assert!(i < NONE as usize, "more than 2^32-1 blocks");
+            self.nodes.push(node);
+            i as u32
+        }
+    }
+
+    fn vacate(&mut self, idx: u32) {
+        let n = &mut self.nodes[idx as usize];
+        n.state = NodeState::Vacant;
+        n.label = None;
+        n.stream_uses = Vec::new();
+        self.vacant.push(idx);
+    }
+
+    /// Allocates a segment from the device. `Ok(None)` = no memory (or over the fraction).
+    fn alloc_segment(
+        &mut self,
+        alloc_size: u64,
+        slot: u32,
+        pool: PoolKind,
+        is_retry: bool,
+        label: Option<&Label>,
+    ) -> Result<Option<u32>, AllocError> {
+        let stream = self.pools[slot as usize].stream;
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(max) = self.allowed_max
+            && self
+                .reserved
+                .checked_add(alloc_size)
+                .is_none_or(|t| t > max)
+        {
+            return Ok(None);
+        }
+        let addr = match self.device.allocate(alloc_size) {
+            Ok(a) => a,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(AllocError::Device(e)),
+        };
+        let idx = self.new_node(Node {
+            addr,
+            size: alloc_size,
+            requested: 0,
+            stream,
+            seq: 0,
+            gc_base: 0,
+            prev: NONE,
+            next: NONE,
+            pool,
+            slot,
+            state: NodeState::Free,
+            raii: false,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            label: None,
+        });
+        self.segments.insert(addr, alloc_size);
+        self.reserved += alloc_size;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size);
+        if alloc_size >= self.config.max_split_size_or_max() {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.trace
+            .record(TraceAction::SegmentAlloc, addr, alloc_size, stream, label);
+        Ok(Some(idx))
+    }
+
+    /// Hands block `idx` (free, out of the free set) to the client, splitting off the rest.
+    #[inline]
+    fn alloc_found_block(&mut self, idx: u32, size: u64, orig: u64, label: Option<Label>) -> Block {
+        let max_split = self.config.max_split_size_or_max();
+        let (bsize, pool, next, addr, stream, slot, already_split) = {
+            let n = &self.nodes[idx as usize];
+            (
+                n.size,
+                n.pool,
+                n.next,
+                n.addr,
+                n.stream,
+                n.slot,
+                n.is_split(),
+            )
+        };
+        let remaining = bsize - size;
+        let split = match pool {
+            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
+            PoolKind::Large => size < max_split && remaining > SMALL_SIZE,
+        };
+        if split {
+            let p = pidx(pool);
+            let r = self.new_node(Node {
+                addr: addr + size,
+                size: remaining,
+                requested: 0,
+                stream,
+                seq: 0,
+                gc_base: self.pool_calls[p],
+                prev: idx,
+                next,
+                pool,
+                slot,
+                state: NodeState::Free,
+                raii: false,
+                event_count: 0,
+                stream_uses: Vec::new(),
+                label: None,
+            });
+            if next != NONE {
+                self.nodes[next as usize].prev = r;
+            }
+            let n = &mut self.nodes[idx as usize];
+            n.next = r;
+            n.size = size;
+            self.free_insert(slot, pool, remaining, addr + size, r);
+            if already_split {
+                self.stats.inactive_split_bytes.decrease(pool, size);
+            } else {
+                self.stats.inactive_split_bytes.increase(pool, remaining);
+                self.stats.inactive_split.increase(pool, 1);
+            }
+        } else if already_split {
+            self.stats.inactive_split_bytes.decrease(pool, bsize);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let n = &mut self.nodes[idx as usize];
+        n.state = NodeState::Allocated;
+        n.requested = orig;
+        n.seq = seq;
+        n.label = label;
+        let final_size = n.size;
+        self.addr_map.insert(addr, idx);
+        let st = &mut self.stats;
+        st.allocation.increase(pool, 1);
+        st.allocated_bytes.increase(pool, final_size);
+        st.active.increase(pool, 1);
+        st.active_bytes.increase(pool, final_size);
+        st.requested_bytes.increase(pool, orig);
+        if final_size >= max_split {
+            st.oversize_allocations.increase(1);
+        }
+        if self.trace.enabled {
+            let label = self.nodes[idx as usize].label.as_ref();
+            self.trace
+                .record(TraceAction::Alloc, addr, orig, stream, label);
+        }
+        Block {
+            id: BlockId {
+                owner: self.owner,
+                index: idx,
+                seq,
+            },
+            address: addr,
+            size: final_size,
+            requested_size: orig,
+            stream,
+        }
+    }
+
+    // ----------------------------------------------------------------- freeing
+
+    /// Resolves a live (allocated) block id to its slot. `Ok(None)` for the null id.
+    fn resolve(&self, id: BlockId) -> Result<Option<u32>, AllocError> {
+        if id.is_null() {
+            return Ok(None);
+        }
+        if id.owner != self.owner {
+            return Err(AllocError::ForeignBlock);
+        }
+        let Some(n) = self.nodes.get(id.index as usize) else {
+            return Err(AllocError::UnknownBlock);
+        };
+        if n.seq == id.seq && n.state == NodeState::Allocated {
+            return Ok(Some(id.index));
+        }
+        if id.seq >= 1 && id.seq < self.next_seq {
+            Err(AllocError::DoubleFree { sequence: id.seq })
+        } else {
+            Err(AllocError::UnknownBlock)
+        }
+    }
+
+    /// Frees an allocation. If the block was used on other streams
+    /// ([`record_stream`](Self::record_stream)) its memory returns to the cache only once
+    /// those streams are synchronized; until then it stays *active* (`active_pending_free`).
+    ///
+    /// Errors: [`AllocError::DoubleFree`], [`AllocError::ForeignBlock`],
+    /// [`AllocError::UnknownBlock`], [`AllocError::OwnedByHandle`]; nothing changes on error.
+    /// Freeing [`BlockId::NULL`] is a no-op.
+    #[inline]
+    pub fn free(&mut self, id: impl Into<BlockId>) -> Result<(), AllocError> {
+        let id = id.into();
+        let Some(idx) = self.resolve(id)? else {
+            return Ok(());
+        };
+        if self.nodes[idx as usize].raii {
+            return Err(AllocError::OwnedByHandle { sequence: id.seq });
+        }
+        self.free_idx(idx);
+        Ok(())
+    }
+
+    /// Frees the allocation starting at `address` (PyTorch's `free(ptr)`).
+    /// [`AllocError::UnknownAddress`] if no live allocation starts there (address 0 is the
+    /// null allocation: a no-op).
+    pub fn free_address(&mut self, address: u64) -> Result<(), AllocError> {
+        if address == 0 {
+            return Ok(());
+        }
+        let idx = *self
+            .addr_map
+            .get(&address)
+            .ok_or(AllocError::UnknownAddress { address })?;
+        let n = &self.nodes[idx as usize];
+        if n.raii {
+            return Err(AllocError::OwnedByHandle { sequence: n.seq });
+        }
+        self.free_idx(idx);
+        Ok(())
+    }
+
+    /// Frees a block owned by an RAII handle (bypasses the ownership check).
+    pub(crate) fn free_owned(&mut self, id: BlockId) -> Result<(), AllocError> {
+        if let Some(idx) = self.resolve(id)? {
+            self.free_idx(idx);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn set_raii(&mut self, id: BlockId, owned: bool) -> Result<(), AllocError> {
+        if let Some(idx) = self.resolve(id)? {
+            self.nodes[idx as usize].raii = owned;
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn free_idx(&mut self, idx: u32) {
+        let max_split = self.config.max_split_size_or_max();
+        let n = &mut self.nodes[idx as usize];
+        let (addr, size, pool, stream, requested) = (n.addr, n.size, n.pool, n.stream, n.requested);
+        n.raii = false;
+        self.addr_map.remove(&addr);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if size >= max_split {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if self.trace.enabled {
+            let label = self.nodes[idx as usize].label.as_ref();
+            self.trace
+                .record(TraceAction::FreeRequested, addr, requested, stream, label);
+        }
+        let n = &mut self.nodes[idx as usize];
+        if n.stream_uses.is_empty() {
+            self.free_block(idx);
+        } else {
+            n.state = NodeState::Pending;
+            n.event_count = n.stream_uses.len() as u32;
+            for s in n.stream_uses.drain(..) {
+                self.pending.push((s, idx));
+            }
+        }
+    }
+
+    /// Returns block `idx` (allocated or pending) to the cache, merging free neighbours.
+    fn free_block(&mut self, idx: u32) {
+        let n = &mut self.nodes[idx as usize];
+        let (orig_size, requested, pool, stream, addr, slot) =
+            (n.size, n.requested, n.pool, n.stream, n.addr, n.slot);
+        n.state = NodeState::Free;
+        n.requested = 0;
+        n.seq = 0;
+        n.event_count = 0;
+        let label = n.label.take();
+        self.trace.record(
+            TraceAction::FreeCompleted,
+            addr,
+            requested,
+            stream,
+            label.as_ref(),
+        );
+        let p = pidx(pool);
+        let mut before_count: i64 = 0;
+        let mut before_bytes: i64 = 0;
+        // Merge with the previous block.
+        let prev = self.nodes[idx as usize].prev;
+        if prev != NONE && self.nodes[prev as usize].state == NodeState::Free {
+            let pn = &self.nodes[prev as usize];
+            let (paddr, psize, pprev) = (pn.addr, pn.size, pn.prev);
+            self.free_remove(slot, pool, psize, paddr);
+            before_count += 1;
+            before_bytes += psize as i64;
+            let n = &mut self.nodes[idx as usize];
+            n.addr = paddr;
+            n.size += psize;
+            n.prev = pprev;
+            if pprev != NONE {
+                self.nodes[pprev as usize].next = idx;
+            }
+            self.vacate(prev);
+        }
+        let next = self.nodes[idx as usize].next;
+        if next != NONE && self.nodes[next as usize].state == NodeState::Free {
+            let nn = &self.nodes[next as usize];
+            let (naddr, nsize, nnext) = (nn.addr, nn.size, nn.next);
+            self.free_remove(slot, pool, nsize, naddr);
+            before_count += 1;
+            before_bytes += nsize as i64;
+            let n = &mut self.nodes[idx as usize];
+            n.size += nsize;
+            n.next = nnext;
+            if nnext != NONE {
+                self.nodes[nnext as usize].prev = idx;
+            }
+            self.vacate(next);
+        }
+        let n = &mut self.nodes[idx as usize];
+        n.gc_base = self.pool_calls[p];
+        let (after_count, after_bytes) = if n.is_split() {
+            (1i64, n.size as i64)
+        } else {
+            (0, 0)
+        };
+        let (size, start) = (n.size, n.addr);
+        self.free_insert(slot, pool, size, start, idx);
+        let st = &mut self.stats;
+        st.inactive_split.change(pool, after_count - before_count);
+        st.inactive_split_bytes
+            .change(pool, after_bytes - before_bytes);
+        st.active.decrease(pool, 1);
+        st.active_bytes.decrease(pool, orig_size);
+        st.requested_bytes.decrease(pool, requested);
+    }
+
+    // ----------------------------------------------------------------- streams
+
+    /// Marks a live block as used by `stream` (PyTorch's `record_stream`). When the block is
+    /// freed, its memory is not reused until `stream`'s work is complete, i.e. until
+    /// [`synchronize_stream`](Self::synchronize_stream)`(stream)`,
+    /// [`synchronize`](Self::synchronize), or a flush (`empty_cache`, the out-of-memory ladder)
+    /// is reached. Recording the block's own stream is a no-op.
+    pub fn record_stream(
+        &mut self,
+        id: impl Into<BlockId>,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let Some(idx) = self.resolve(id.into())? else {
+            return Ok(());
+        };
+        let n = &mut self.nodes[idx as usize];
+        if n.stream != stream && !n.stream_uses.contains(&stream) {
+            n.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Declares all work queued so far on `stream` complete: frees that were waiting on it
+    /// (and on no other stream) are completed now, returning their blocks to the cache.
+    ///
+    /// trainmem has no real streams, so stream work completes only when the caller says so.
+    /// (PyTorch polls completion events at the start of each malloc; completing them here
+    /// gives the state that malloc would then see.) Returns the number of frees completed.
+    pub fn synchronize_stream(&mut self, stream: StreamId) -> usize {
+        self.complete_events(|s| s == stream)
+    }
+
+    /// Declares the work of every stream complete: completes every pending free. Unlike
+    /// `empty_cache`, this does not count in `num_sync_all_streams` and releases nothing.
+    /// Returns the number of frees completed.
+    pub fn synchronize(&mut self) -> usize {
+        self.complete_events(|_| true)
+    }
+
+    fn complete_events(&mut self, mut pred: impl FnMut(StreamId) -> bool) -> usize {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        let mut done = Vec::new();
+        self.pending.retain(|&(s, idx)| {
+            if pred(s) {
+                done.push(idx);
+                false
+            } else {
+                true
+            }
+        });
+        let mut completed = 0;
+        for idx in done {
+            let n = &mut self.nodes[idx as usize];
+            n.event_count -= 1;
+            if n.event_count == 0 {
+                self.free_block(idx);
+                completed += 1;
+            }
+        }
+        completed
+    }
+
+    /// Number of frees waiting for other streams.
+    pub fn pending_frees(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Pending)
+            .count()
+    }
+
+    // ----------------------------------------------------------------- releasing
+
+    /// Returns every cached segment that is entirely free to the device, after completing all
+    /// pending cross-stream frees (PyTorch's `empty_cache`). Segments holding any live block
+    /// stay; their free parts remain as `inactive_split`. Counts one `num_sync_all_streams`.
+    pub fn empty_cache(&mut self) -> Result<ReleasedMemory, AllocError> {
+        self.release_cached_blocks()
+    }
+
+    fn release_cached_blocks(&mut self) -> Result<ReleasedMemory, AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        self.synchronize();
+        let mut released = ReleasedMemory::default();
+        let mut victims: Vec<FreeKey> = self
+            .free_entries()
+            .filter(|k| !self.nodes[k.idx as usize].is_split())
+            .collect();
+        // Large pool first, as PyTorch releases large_blocks before small_blocks.
+        victims.sort_by_key(|k| k.pool == PoolKind::Small);
+        for k in victims {
+            self.release_block(k)?;
+            released.bytes += k.size;
+            released.segments += 1;
+        }
+        Ok(released)
+    }
+
+    /// Releases an unsplit free block (a whole segment) to the device.
+    fn release_block(&mut self, k: FreeKey) -> Result<(), AllocError> {
+        let pool = k.pool;
+        self.device.free(k.addr, k.size)?;
+        self.free_remove(k.slot, pool, k.size, k.addr);
+        self.segments.remove(&k.addr);
+        self.reserved -= k.size;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, k.size);
+        if k.size >= self.config.max_split_size_or_max() {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.stats.num_device_free += 1;
+        self.trace.record(
+            TraceAction::SegmentFree,
+            k.addr,
+            k.size,
+            self.pools[k.slot as usize].stream,
+            None,
+        );
+        self.vacate(k.idx);
+        Ok(())
+    }
+
+    /// Frees cached oversize blocks (≥ max_split_size) on the request's stream: the smallest
+    /// single one at least as large as the request, else several, largest first.
+    fn release_available_cached_blocks(
+        &mut self,
+        size: u64,
+        slot: u32,
+        pool: PoolKind,
+    ) -> Result<bool, AllocError> {
+        let Some(max_split) = self.config.max_split_size() else {
+            return Ok(false);
+        };
+        let key_size = size.max(max_split);
+        let lo = fkey(key_size, 0);
+        let map = &self.pools[slot as usize].free[pidx(pool)];
+        if let Some((&k, &idx)) = map.range(lo..).next()
+            && !self.nodes[idx as usize].is_split()
+        {
+            self.release_block(FreeKey::from_entry(slot, pool, k, idx))?;
+            return Ok(true);
+        }
+        let candidates: Vec<FreeKey> = map
+            .range(..lo)
+            .rev()
+            .map(|(&k, &idx)| FreeKey::from_entry(slot, pool, k, idx))
+            .take_while(|k| k.size >= max_split)
+            .collect();
+        let mut total = 0u64;
+        for k in candidates {
+            if total >= key_size {
+                break;
+            }
+            if !self.nodes[k.idx as usize].is_split() {
+                self.release_block(k)?;
+                total += k.size;
+            }
+        }
+        Ok(total >= key_size)
+    }
+
+    /// Frees old unsplit large cached blocks once reserved memory passes the threshold.
+    fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        let (Some(allowed), Some(threshold)) =
+            (self.allowed_max, self.config.garbage_collection_threshold())
+        else {
+            return Ok(());
+        };
+        let gc_threshold = (threshold * allowed as f64) as u64;
+        if self.reserved <= gc_threshold {
+            return Ok(());
+        }
+        let target = self.reserved - gc_threshold;
+        let p = pidx(PoolKind::Large);
+        let calls = self.pool_calls[p];
+        let age = |n: &Node| calls - n.gc_base;
+        let mut total_age: u64 = 0;
+        let mut count: u64 = 0;
+        for k in self.free_entries().filter(|k| k.pool == PoolKind::Large) {
+            let n = &self.nodes[k.idx as usize];
+            if !n.is_split() {
+                total_age += age(n);
+                count += 1;
+            }
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && count > 0 {
+            let threshold_age = total_age as f64 / count as f64;
+            freed_any = false;
+            let victims: Vec<(FreeKey, u64)> = self
+                .free_entries()
+                .filter(|k| k.pool == PoolKind::Large)
+                .filter_map(|k| {
+                    let n = &self.nodes[k.idx as usize];
+                    (!n.is_split() && age(n) as f64 >= threshold_age).then(|| (k, age(n)))
+                })
+                .collect();
+            for (k, a) in victims {
+                self.release_block(k)?;
+                freed_any = true;
+                reclaimed += k.size;
+                total_age -= a;
+                count -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Limits this allocator to `fraction` of the device capacity (PyTorch's
+    /// `set_per_process_memory_fraction`): a segment that would take reserved memory past it
+    /// is refused (and the out-of-memory ladder runs). Also enables garbage collection when a
+    /// `garbage_collection_threshold` is configured. `0 ≤ fraction ≤ 1`.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(ConfigError::InvalidValue {
+                key: "memory_fraction".into(),
+                value: fraction.to_string(),
+                reason: "must be between 0 and 1".into(),
+            });
+        }
+        self.fraction = Some(fraction);
+        self.allowed_max = Some((fraction * self.device.capacity() as f64) as u64);
+        Ok(())
+    }
+
+    /// The memory fraction, if one was set.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        self.fraction
+    }
+
+    /// The byte limit implied by the memory fraction, if one was set.
+    pub fn allowed_memory(&self) -> Option<u64> {
+        self.allowed_max
+    }
+
+    // ----------------------------------------------------------------- queries
+
+    /// Statistics (PyTorch's `memory_stats()` as a struct).
+    pub fn stats(&self) -> &MemoryStats {
+        &self.stats
+    }
+
+    /// The flattened statistics map with PyTorch keys (`"allocated_bytes.all.current"`, …).
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.stats.to_map()
+    }
+
+    /// Sets every peak statistic to its current value.
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// Zeroes the cumulative parts of the statistics and the event counters.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Bytes allocated to clients (`allocated_bytes.all.current`).
+    #[inline]
+    pub fn memory_allocated(&self) -> u64 {
+        self.stats.memory_allocated()
+    }
+
+    /// Peak of [`memory_allocated`](Self::memory_allocated).
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.stats.max_memory_allocated()
+    }
+
+    /// Bytes held in segments (`reserved_bytes.all.current`).
+    #[inline]
+    pub fn memory_reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Peak of [`memory_reserved`](Self::memory_reserved).
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.stats.max_memory_reserved()
+    }
+
+    /// The live allocation with this id, if it is live.
+    pub fn block(&self, id: BlockId) -> Option<Block> {
+        let idx = self.resolve(id).ok()??;
+        let n = &self.nodes[idx as usize];
+        Some(Block {
+            id,
+            address: n.addr,
+            size: n.size,
+            requested_size: n.requested,
+            stream: n.stream,
+        })
+    }
+
+    /// Number of device segments held.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// A text table of the statistics in the spirit of PyTorch's `memory_summary()`.
+    pub fn memory_summary(&self) -> String {
+        crate::summary::memory_summary(&self.stats, &self.device.name())
+    }
+
+    /// The allocator state: every segment with its blocks (address order), the trace (if
+    /// enabled) and the settings. Serialises as PyTorch's snapshot dict.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut heads: HashMap<u64, u32> = HashMap::with_capacity(self.segments.len());
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.state != NodeState::Vacant && n.prev == NONE {
+                heads.insert(n.addr, i as u32);
+            }
+        }
+        let mut segments = Vec::with_capacity(self.segments.len());
+        for (&addr, &total) in &self.segments {
+            let Some(&head) = heads.get(&addr) else {
+                continue;
+            };
+            let hn = &self.nodes[head as usize];
+            let mut seg = SegmentInfo {
+                address: addr,
+                total_size: total,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream: hn.stream,
+                segment_type: hn.pool,
+                blocks: Vec::new(),
+            };
+            let mut cur = head;
+            while cur != NONE {
+                let n = &self.nodes[cur as usize];
+                let state = match n.state {
+                    NodeState::Allocated => BlockState::ActiveAllocated,
+                    NodeState::Pending => BlockState::ActivePendingFree,
+                    _ => BlockState::Inactive,
+                };
+                if state == BlockState::ActiveAllocated {
+                    seg.allocated_size += n.size;
+                }
+                if state != BlockState::Inactive {
+                    seg.active_size += n.size;
+                    seg.requested_size += n.requested;
+                }
+                seg.blocks.push(BlockInfo {
+                    address: n.addr,
+                    size: n.size,
+                    requested_size: n.requested,
+                    state,
+                    label: n.label.clone(),
+                });
+                cur = n.next;
+            }
+            segments.push(seg);
+        }
+        Snapshot {
+            segments,
+            device_traces: vec![self.trace.entries().iter().cloned().collect()],
+            allocator_settings: AllocatorSettings::from_config(&self.config),
+        }
+    }
+
+    // ----------------------------------------------------------------- tracing
+
+    /// Starts recording trace entries, keeping at most `max_entries` (the oldest are dropped;
+    /// `None` = unbounded). Entries already recorded are kept (trimmed to the new bound).
+    pub fn enable_trace(&mut self, max_entries: Option<usize>) {
+        self.trace.enable(max_entries);
+    }
+
+    /// Stops recording (recorded entries are kept).
+    pub fn disable_trace(&mut self) {
+        self.trace.disable();
+    }
+
+    /// True while recording.
+    pub fn trace_enabled(&self) -> bool {
+        self.trace.enabled
+    }
+
+    /// The recorded entries, oldest first.
+    pub fn trace(&self) -> Vec<TraceEntry> {
+        self.trace.entries().iter().cloned().collect()
+    }
+
+    /// Removes and returns the recorded entries.
+    pub fn take_trace(&mut self) -> Vec<TraceEntry> {
+        self.trace.take()
+    }
+
+    /// Discards the recorded entries.
+    pub fn clear_trace(&mut self) {
+        self.trace.clear();
+    }
+
+    /// Switches trace times from the logical clock (each entry one tick after the previous) to
+    /// caller time: entries from now on carry `time` (e.g. microseconds, a step number) until
+    /// the next call. Time never goes backwards: an earlier value is raised to the latest one.
+    pub fn set_time(&mut self, time: u64) {
+        self.trace.set_time(time);
+    }
+
+    /// The current trace time (the latest entry's time, or the caller's last `set_time`).
+    pub fn time(&self) -> u64 {
+        self.trace.time()
+    }
+}
+
+impl CachingAllocator<HostDevice> {
+    fn host_range(&self, id: BlockId, allow_owned: bool) -> Result<Option<(u64, u64)>, AllocError> {
+        let Some(idx) = self.resolve(id)? else {
+            return Ok(None);
+        };
+        let n = &self.nodes[idx as usize];
+        if n.raii && !allow_owned {
+            return Err(AllocError::OwnedByHandle { sequence: n.seq });
+        }
+        debug_assert!(self.device.contains(n.addr, n.size));
+        Ok(Some((n.addr, n.size)))
+    }
+
+    fn slice(&self, id: BlockId, allow_owned: bool) -> Result<&[u8], AllocError> {
+        match self.host_range(id, allow_owned)? {
+            None => Ok(&[]),
+            // SAFETY: the block is allocated, so `[addr, addr+size)` lies inside a live segment of
+            // `self.device` (host memory from `alloc_zeroed`, hence initialised), which is only
+            // released through `&mut self`; no other live block overlaps it. The slice borrows
+            // `self`, so the block cannot be freed or handed out as `&mut` while it exists.
+            Some((addr, size)) => {
+                Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, size as usize) })
+            }
+        }
+    }
+
+    fn slice_mut(&mut self, id: BlockId, allow_owned: bool) -> Result<&mut [u8], AllocError> {
+        match self.host_range(id, allow_owned)? {
+            None => Ok(&mut []),
+            // SAFETY: as in `slice`; in addition the slice borrows `self` mutably, so no other
+            // slice of this allocator's memory can exist at the same time.
+            Some((addr, size)) => {
+                Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, size as usize) })
+            }
+        }
+    }
+
+    /// The bytes of a live block (empty for the null block). Blocks owned by an RAII
+    /// [`Allocation`](crate::Allocation) are refused ([`AllocError::OwnedByHandle`]); use
+    /// [`Allocation::with_bytes`](crate::Allocation::with_bytes) for them.
+    pub fn block_bytes(&self, id: BlockId) -> Result<&[u8], AllocError> {
+        self.slice(id, false)
+    }
+
+    /// The bytes of a live block, writable (empty for the null block).
+    pub fn block_bytes_mut(&mut self, id: BlockId) -> Result<&mut [u8], AllocError> {
+        self.slice_mut(id, false)
+    }
+
+    pub(crate) fn owned_block_bytes(&self, id: BlockId) -> Result<&[u8], AllocError> {
+        self.slice(id, true)
+    }
+
+    pub(crate) fn owned_block_bytes_mut(&mut self, id: BlockId) -> Result<&mut [u8], AllocError> {
+        self.slice_mut(id, true)
+    }
+}
+
+impl<D: DeviceMemory> Drop for CachingAllocator<D> {
+    /// Returns every segment to the device (live blocks included: their ids become invalid
+    /// together with the allocator).
+    fn drop(&mut self) {
+        for (&addr, &size) in &self.segments {
+            let _ = self.device.free(addr, size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

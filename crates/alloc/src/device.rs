@@ -1,0 +1,220 @@
+//! The backing device: where segments come from. [`DeviceMemory`] is the trait;
+//! [`SimulatedDevice`] is the fast, memory-less implementation used by the simulator.
+
+use std::collections::HashMap;
+
+/// An error reported by a [`DeviceMemory`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// Not enough device memory for the request. The caching allocator answers this by
+    /// freeing cached segments and retrying.
+    #[error("device out of memory: requested {requested} bytes, {free} bytes free")]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the device reported free.
+        free: u64,
+    },
+    /// `free` was given an address the device did not hand out (or already took back).
+    #[error("address {address:#x} is not a live allocation of this device")]
+    UnknownAddress {
+        /// The address.
+        address: u64,
+    },
+    /// The driver failed for a reason other than lack of memory.
+    #[error("device driver error: {0}")]
+    Driver(String),
+    /// The device cannot be used here (e.g. the CUDA driver library is missing).
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A source of device memory segments.
+///
+/// The caching allocator calls [`allocate`](DeviceMemory::allocate) for each new segment and
+/// [`free`](DeviceMemory::free) when it releases one (empty_cache, the out-of-memory ladder,
+/// garbage collection, or when the allocator is dropped). Addresses are plain `u64`s; a device
+/// must never hand out overlapping ranges.
+pub trait DeviceMemory: Send {
+    /// Allocates `size` bytes (a multiple of 2 MiB when called by the allocator) and returns
+    /// the address of the first byte. Lack of memory must be reported as
+    /// [`DeviceError::OutOfMemory`].
+    fn allocate(&mut self, size: u64) -> Result<u64, DeviceError>;
+    /// Frees a range returned by [`allocate`](DeviceMemory::allocate); `size` is the size
+    /// that was requested then.
+    fn free(&mut self, address: u64, size: u64) -> Result<(), DeviceError>;
+    /// Total memory of the device in bytes.
+    fn capacity(&self) -> u64;
+    /// Free memory as the device reports it (includes use by anything else on the device).
+    fn free_bytes(&self) -> u64;
+    /// A short name for messages, e.g. `"simulated device"` or `"CUDA device 0"`.
+    fn name(&self) -> String {
+        "device".to_string()
+    }
+}
+
+impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
+    fn allocate(&mut self, size: u64) -> Result<u64, DeviceError> {
+        (**self).allocate(size)
+    }
+    fn free(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).free(address, size)
+    }
+    fn capacity(&self) -> u64 {
+        (**self).capacity()
+    }
+    fn free_bytes(&self) -> u64 {
+        (**self).free_bytes()
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
+/// A device made of arithmetic: it has a capacity and hands out addresses, but owns no
+/// memory. Allocation is O(1) (a bump pointer; addresses are never reused), so replaying
+/// millions of operations costs only the allocator's own bookkeeping.
+///
+/// ```
+/// use trainmem_alloc::{DeviceMemory, SimulatedDevice};
+/// let mut d = SimulatedDevice::new(1 << 30);
+/// let a = d.allocate(2 << 20).unwrap();
+/// assert_eq!(d.free_bytes(), (1 << 30) - (2 << 20));
+/// d.free(a, 2 << 20).unwrap();
+/// assert_eq!(d.free_bytes(), 1 << 30);
+/// ```
+#[derive(Debug, Clone)]
+pub struct SimulatedDevice {
+    capacity: u64,
+    used: u64,
+    external: u64,
+    next_address: u64,
+    live: HashMap<u64, u64>,
+    name: String,
+}
+
+impl SimulatedDevice {
+    /// The first address handed out unless changed with
+    /// [`with_base_address`](SimulatedDevice::with_base_address).
+    pub const DEFAULT_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+    /// A device of `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        SimulatedDevice {
+            capacity,
+            used: 0,
+            external: 0,
+            next_address: Self::DEFAULT_BASE_ADDRESS,
+            live: HashMap::new(),
+            name: "simulated device".to_string(),
+        }
+    }
+
+    /// Starts handing out addresses at `base` (rounded up to 512 B).
+    pub fn with_base_address(mut self, base: u64) -> Self {
+        self.next_address = base.div_ceil(512).saturating_mul(512);
+        self
+    }
+
+    /// Sets the name used in messages.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Declares `bytes` of the device as used by something other than the allocator (a
+    /// driver context, another process). They reduce [`free_bytes`](DeviceMemory::free_bytes).
+    pub fn set_external_usage(&mut self, bytes: u64) {
+        self.external = bytes;
+    }
+
+    /// Bytes currently handed out to the allocator.
+    pub fn used_bytes(&self) -> u64 {
+        self.used
+    }
+
+    /// Number of ranges currently handed out.
+    pub fn live_allocations(&self) -> usize {
+        self.live.len()
+    }
+}
+
+impl DeviceMemory for SimulatedDevice {
+    fn allocate(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let free = self.free_bytes();
+        if size > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free,
+            });
+        }
+        let address = self.next_address;
+        let next = size
+            .div_ceil(512)
+            .checked_mul(512)
+            .and_then(|s| address.checked_add(s))
+            .ok_or_else(|| DeviceError::Driver("simulated address space exhausted".into()))?;
+        self.next_address = next;
+        self.used += size;
+        self.live.insert(address, size);
+        Ok(address)
+    }
+
+    fn free(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        match self.live.get(&address) {
+            Some(&s) if s == size => {
+                self.live.remove(&address);
+                self.used -= size;
+                Ok(())
+            }
+            _ => Err(DeviceError::UnknownAddress { address }),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.capacity
+            .saturating_sub(self.used)
+            .saturating_sub(self.external)
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulated_device_accounts_and_rejects() {
+        let mut d = SimulatedDevice::new(10 << 20).with_base_address(4096);
+        let a = d.allocate(4 << 20).unwrap();
+        let b = d.allocate(4 << 20).unwrap();
+        assert_eq!(a, 4096);
+        assert_eq!(b, 4096 + (4 << 20));
+        assert_eq!(d.free_bytes(), 2 << 20);
+        assert!(matches!(
+            d.allocate(4 << 20),
+            Err(DeviceError::OutOfMemory { requested, free }) if requested == 4 << 20 && free == 2 << 20
+        ));
+        d.set_external_usage(1 << 20);
+        assert_eq!(d.free_bytes(), 1 << 20);
+        assert_eq!(
+            d.free(a, 1),
+            Err(DeviceError::UnknownAddress { address: a })
+        );
+        d.free(a, 4 << 20).unwrap();
+        assert_eq!(
+            d.free(a, 4 << 20),
+            Err(DeviceError::UnknownAddress { address: a })
+        );
+        assert_eq!(d.used_bytes(), 4 << 20);
+        assert_eq!(d.live_allocations(), 1);
+        assert!(d.allocate(u64::MAX).is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Snapshots of the allocator state, serialised as PyTorch's `_snapshot()` dict so the same
+//! data can be written as a memory_viz pickle.
+
+use std::collections::BTreeMap;
+
+use serde::ser::SerializeMap;
+
+use crate::config::AllocatorConfig;
+use crate::label::Label;
+use crate::size::PoolKind;
+use crate::stream::StreamId;
+use crate::trace::{Frames, TraceEntry};
+
+/// The state of a block in a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Handed to a client.
+    ActiveAllocated,
+    /// Freed by the client but waiting for other streams' work (`record_stream`).
+    ActivePendingFree,
+    /// Free and cached.
+    Inactive,
+}
+
+impl BlockState {
+    /// PyTorch's state string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block of a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Address of the first byte.
+    pub address: u64,
+    /// Size in bytes (after rounding).
+    pub size: u64,
+    /// The client's unrounded request (0 for inactive blocks).
+    pub requested_size: u64,
+    /// Allocated, pending free or inactive.
+    pub state: BlockState,
+    /// The caller's label (active blocks only).
+    pub label: Option<Label>,
+}
+
+impl serde::Serialize for BlockInfo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("address", &self.address)?;
+        m.serialize_entry("size", &self.size)?;
+        m.serialize_entry("requested_size", &self.requested_size)?;
+        m.serialize_entry("state", self.state.as_str())?;
+        m.serialize_entry("frames", &Frames(self.label.as_ref()))?;
+        if let Some(l) = &self.label {
+            m.serialize_entry("label", l.as_str())?;
+        }
+        m.end()
+    }
+}
+
+/// One segment (device allocation) and its blocks in address order; the blocks tile it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Base address.
+    pub address: u64,
+    /// Segment size.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of active blocks (allocated or pending free).
+    pub active_size: u64,
+    /// Unrounded requests of active blocks.
+    pub requested_size: u64,
+    /// The stream the segment serves.
+    pub stream: StreamId,
+    /// Small or large pool.
+    pub segment_type: PoolKind,
+    /// The blocks, in address order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+impl SegmentInfo {
+    /// True when no block is active, i.e. `empty_cache` would release it.
+    pub fn is_free(&self) -> bool {
+        self.active_size == 0
+    }
+}
+
+impl serde::Serialize for SegmentInfo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("device", &0u32)?;
+        m.serialize_entry("address", &self.address)?;
+        m.serialize_entry("total_size", &self.total_size)?;
+        m.serialize_entry("allocated_size", &self.allocated_size)?;
+        m.serialize_entry("active_size", &self.active_size)?;
+        m.serialize_entry("requested_size", &self.requested_size)?;
+        m.serialize_entry("stream", &self.stream.0)?;
+        m.serialize_entry("segment_type", self.segment_type.as_str())?;
+        m.serialize_entry("segment_pool_id", &(0u32, 0u32))?;
+        m.serialize_entry("is_expandable", &false)?;
+        m.serialize_entry("frames", &Frames(None))?;
+        m.serialize_entry("blocks", &self.blocks)?;
+        m.end()
+    }
+}
+
+/// The allocator settings as a snapshot reports them.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct AllocatorSettings {
+    /// The configuration as an option string.
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF")]
+    pub conf: String,
+    /// Split limit in bytes (`i64::MAX` when unlimited).
+    pub max_split_size: i64,
+    /// Garbage-collection threshold (0 when off).
+    pub garbage_collection_threshold: f64,
+    /// Always false (not implemented).
+    pub expandable_segments: bool,
+    /// Division count per interval, keyed by the interval's lower bound in MB (`"1"`, `"2"`, …).
+    pub roundup_power2_divisions: BTreeMap<String, u64>,
+}
+
+impl AllocatorSettings {
+    /// The settings of a configuration.
+    pub fn from_config(c: &AllocatorConfig) -> Self {
+        AllocatorSettings {
+            conf: c.to_string(),
+            max_split_size: c
+                .max_split_size()
+                .map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64),
+            garbage_collection_threshold: c.garbage_collection_threshold().unwrap_or(0.0),
+            expandable_segments: false,
+            roundup_power2_divisions: c
+                .roundup_power2_divisions()
+                .intervals()
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| ((1u64 << i).to_string(), d))
+                .collect(),
+        }
+    }
+}
+
+/// The allocator state at one moment (PyTorch's `_snapshot()` dict).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Snapshot {
+    /// Segments in address order.
+    pub segments: Vec<SegmentInfo>,
+    /// One trace per device (trainmem has one): the recorded entries, oldest first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// The settings.
+    pub allocator_settings: AllocatorSettings,
+}
+
+impl Snapshot {
+    /// Sum of segment sizes (`reserved_bytes.all.current`).
+    pub fn total_reserved(&self) -> u64 {
+        self.segments.iter().map(|s| s.total_size).sum()
+    }
+
+    /// Sum of allocated block sizes (`allocated_bytes.all.current`).
+    pub fn total_allocated(&self) -> u64 {
+        self.segments.iter().map(|s| s.allocated_size).sum()
+    }
+
+    /// Sum of active block sizes (`active_bytes.all.current`).
+    pub fn total_active(&self) -> u64 {
+        self.segments.iter().map(|s| s.active_size).sum()
+    }
+
+    /// Free bytes inside segments that also hold active blocks (`inactive_split_bytes`):
+    /// cached memory that `empty_cache` cannot release.
+    pub fn non_releasable(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| s.blocks.len() > 1)
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// The largest inactive block (the biggest request a cache hit could serve, ignoring
+    /// streams and oversize rules).
+    pub fn largest_free_block(&self) -> u64 {
+        self.segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0)
+    }
+}

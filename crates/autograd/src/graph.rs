@@ -1,0 +1,608 @@
+//! Running a [`Program`]: forward records what each op saves, backward walks in reverse,
+//! allocating gradients and freeing each op's saved tensors as it completes.
+//!
+//! * A **no-grad** forward saves nothing and frees each intermediate after its last use.
+//! * **Checkpointed** segments run forward without saving (keeping only the tensors that
+//!   enter the segment); backward re-runs the segment's forward, saving, just before it needs
+//!   the saved tensors, then frees them as usual.
+//! * **`retain_graph`** keeps the saved tensors after backward; they stay alive as long as the
+//!   caller keeps the [`Tape`] (the classic leak when outputs are kept across steps).
+//! * A tensor the caller holds (a kept output, [`Tape::held`]) stays alive until released.
+//!
+//! Gradients of intermediate values are [`Category::Temporary`]; parameter gradients are
+//! [`Category::Gradient`] and stay in [`Graph::param_grads`] (accumulating across
+//! micro-batches) until the caller drops them after the optimizer step.
+
+use trainmem_probe::Category;
+
+use crate::checkpoint::Segment;
+use crate::dtype::Dtype;
+use crate::op::{OpKind, Saved, SavedTable};
+use crate::program::{Program, ValueDtype, ValueId};
+use crate::store::{TensorId, TensorMemory, TensorStore};
+
+/// Which pass a layer hook is called in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// The forward pass.
+    Forward,
+    /// Re-running a checkpointed segment's forward during backward.
+    Recompute,
+    /// The backward pass.
+    Backward,
+}
+
+/// Called at layer boundaries, e.g. to gather ZeRO-3 parameter shards before a layer and
+/// free them after, or to reduce-scatter a layer's gradients.
+pub trait LayerHooks<M: TensorMemory> {
+    /// Before the first op of `layer` in `pass`.
+    fn before_layer(
+        &mut self,
+        _store: &mut TensorStore<M>,
+        _layer: u32,
+        _pass: Pass,
+    ) -> Result<(), M::Error> {
+        Ok(())
+    }
+    /// After the last op of `layer` in `pass`; `param_grads` are the graph's parameter
+    /// gradients (backward only; the hook may replace them, e.g. by shards).
+    fn after_layer(
+        &mut self,
+        _store: &mut TensorStore<M>,
+        _layer: u32,
+        _pass: Pass,
+        _param_grads: &mut [Option<TensorId>],
+    ) -> Result<(), M::Error> {
+        Ok(())
+    }
+}
+
+/// Hooks that do nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHooks;
+impl<M: TensorMemory> LayerHooks<M> for NoHooks {}
+
+/// What one forward pass left behind for backward.
+#[derive(Debug)]
+pub struct Tape {
+    saved: Vec<TensorId>,
+    ranges: Vec<(u32, u32)>,
+    checkpoints: Vec<Vec<TensorId>>,
+    loss: Option<TensorId>,
+    held: Vec<TensorId>,
+    batch: u64,
+    scale: f64,
+    grad: bool,
+    consumed: bool,
+}
+
+impl Tape {
+    /// The loss tensor (held until the tape is released).
+    pub fn loss(&self) -> Option<TensorId> {
+        self.loss
+    }
+    /// Tensors the caller asked to hold (kept outputs).
+    pub fn held(&self) -> &[TensorId] {
+        &self.held
+    }
+    /// Whether backward already ran without `retain_graph`.
+    pub fn is_consumed(&self) -> bool {
+        self.consumed
+    }
+    /// Number of saved-tensor references still on the tape.
+    pub fn saved_count(&self) -> usize {
+        self.saved.len() + self.checkpoints.iter().map(Vec::len).sum::<usize>()
+    }
+    /// Releases everything the tape still references: saved tensors, checkpoints, the loss
+    /// and held tensors.
+    pub fn release<M: TensorMemory>(mut self, store: &mut TensorStore<M>) {
+        self.release_saved(store);
+        if let Some(l) = self.loss.take() {
+            store.release(l);
+        }
+        for h in self.held.drain(..) {
+            store.release(h);
+        }
+    }
+    fn release_saved<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
+        for t in self.saved.drain(..) {
+            if t != TensorId::HOLE {
+                store.release(t);
+            }
+        }
+        for r in self.ranges.iter_mut() {
+            *r = (0, 0);
+        }
+        for c in self.checkpoints.iter_mut() {
+            for t in c.drain(..) {
+                store.release(t);
+            }
+        }
+    }
+}
+
+/// How a forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradMode {
+    /// Record for backward.
+    Train,
+    /// `no_grad`: save nothing.
+    NoGrad,
+}
+
+/// Executes a [`Program`] over a [`TensorStore`].
+#[derive(Debug)]
+pub struct Graph<'p> {
+    program: &'p Program,
+    table: Vec<Vec<Saved>>,
+    last_use: Vec<u32>,
+    compute: Dtype,
+    value_bytes: Vec<u64>,
+    bytes_for: (u64, f64),
+    value_tensor: Vec<Option<TensorId>>,
+    grads: Vec<Option<TensorId>>,
+    segments: Vec<Segment>,
+    boundaries: Vec<Vec<ValueId>>,
+    /// Parameter gradients, one slot per parameter of the program.
+    pub param_grads: Vec<Option<TensorId>>,
+    /// Bytes of each parameter's gradient (set by the caller: dtype, sharding).
+    pub param_grad_bytes: Vec<u64>,
+}
+
+impl<'p> Graph<'p> {
+    /// A graph over `program` with the saved-tensor `table` and activations in `compute`.
+    pub fn new(program: &'p Program, table: &SavedTable, compute: Dtype) -> Graph<'p> {
+        let table = program.ops.iter().map(|o| table.get(o.kind).to_vec()).collect();
+        let n = program.values.len();
+        let mut g = Graph {
+            program,
+            table,
+            last_use: program.last_uses(),
+            compute,
+            value_bytes: vec![0; n],
+            bytes_for: (u64::MAX, 0.0),
+            value_tensor: vec![None; n],
+            grads: vec![None; n],
+            segments: Vec::new(),
+            boundaries: Vec::new(),
+            param_grads: vec![None; program.params.len()],
+            param_grad_bytes: program.params.iter().map(|p| p.elems * compute.size()).collect(),
+        };
+        g.set_segments(crate::checkpoint::segments(program, &[]));
+        g
+    }
+
+    /// The program.
+    pub fn program(&self) -> &'p Program {
+        self.program
+    }
+
+    /// Sets the checkpoint segments (see [`crate::checkpoint`]).
+    pub fn set_segments(&mut self, segments: Vec<Segment>) {
+        let p = self.program;
+        self.boundaries = segments
+            .iter()
+            .map(|s| {
+                let start = p.layers.get(s.layers.0 as usize).map_or(0, |l| l.0);
+                let end = p
+                    .layers
+                    .get(s.layers.1 as usize - 1)
+                    .map_or(0, |l| l.1);
+                let mut produced_inside = vec![];
+                let mut b: Vec<ValueId> = vec![];
+                for op in &p.ops[start as usize..end as usize] {
+                    for &v in op.input_ids() {
+                        if !produced_inside.contains(&v) && !b.contains(&v) {
+                            b.push(v);
+                        }
+                    }
+                    produced_inside.push(op.output);
+                }
+                b
+            })
+            .collect();
+        self.segments = segments;
+    }
+
+    /// The current segments.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Bytes of a value for a batch and size factor.
+    pub fn value_bytes(&mut self, v: ValueId, batch: u64, scale: f64) -> u64 {
+        self.prepare(batch, scale);
+        self.value_bytes[v as usize]
+    }
+
+    fn prepare(&mut self, batch: u64, scale: f64) {
+        if self.bytes_for == (batch, scale) {
+            return;
+        }
+        for (i, v) in self.program.values.iter().enumerate() {
+            let size = match v.dtype {
+                ValueDtype::Compute => self.compute.size(),
+                ValueDtype::Fixed(d) => d.size(),
+            };
+            self.value_bytes[i] = v.elems(batch, scale) * size;
+        }
+        self.bytes_for = (batch, scale);
+    }
+
+    fn saved_bytes(&self, op_index: usize, s: Saved, batch: u64, scale: f64) -> u64 {
+        let op = &self.program.ops[op_index];
+        let out = &self.program.values[op.output as usize];
+        let out_elems = out.elems(batch, scale);
+        let rows = || {
+            let r = op.rows_per_sample as f64 * if scale == 1.0 { 1.0 } else { scale };
+            (r.round() as u64) * batch
+        };
+        match s {
+            Saved::Mask => out_elems,
+            Saved::FloatMask => out_elems * self.compute.size(),
+            Saved::Indices => out_elems * 8,
+            Saved::InputSized(i) => {
+                let v = op.inputs[i as usize] as usize;
+                self.program.values[v].elems(batch, scale) * 4
+            }
+            Saved::RowStats(n) => rows() * n as u64 * 4,
+            Saved::ChannelStats(n) => op.channels * n as u64 * 4,
+            Saved::Input(_) | Saved::Output => 0,
+        }
+    }
+
+    /// Runs forward. `inputs` are the tensors of [`Program::inputs`] (the caller keeps its
+    /// references); `hold` lists values whose tensors the caller wants to keep (returned in
+    /// [`Tape::held`]). The loss tensor is kept on the tape.
+    pub fn forward<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        inputs: &[TensorId],
+        batch: u64,
+        scale: f64,
+        mode: GradMode,
+        hold: &[ValueId],
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<Tape, M::Error> {
+        self.prepare(batch, scale);
+        let p = self.program;
+        let mut tape = Tape {
+            saved: Vec::new(),
+            ranges: vec![(0, 0); p.ops.len()],
+            checkpoints: vec![Vec::new(); self.segments.len()],
+            loss: None,
+            held: Vec::new(),
+            batch,
+            scale,
+            grad: mode == GradMode::Train,
+            consumed: false,
+        };
+        for (&v, &t) in p.inputs.iter().zip(inputs) {
+            self.value_tensor[v as usize] = Some(t);
+        }
+        let result = self.forward_inner(store, &mut tape, mode, hold, hooks);
+        // program inputs are the caller's references: forget them without releasing
+        for &v in &p.inputs {
+            self.value_tensor[v as usize] = None;
+        }
+        match result {
+            Ok(()) => Ok(tape),
+            Err(e) => {
+                self.drop_values(store);
+                tape.release(store);
+                Err(e)
+            }
+        }
+    }
+
+    fn drop_values<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
+        let inputs = &self.program.inputs;
+        for (v, t) in self.value_tensor.iter_mut().enumerate() {
+            if let Some(t) = t.take() {
+                if !inputs.contains(&(v as ValueId)) {
+                    store.release(t);
+                }
+            }
+        }
+        for g in self.grads.iter_mut() {
+            if let Some(t) = g.take() {
+                store.release(t);
+            }
+        }
+    }
+
+    fn forward_inner<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        mode: GradMode,
+        hold: &[ValueId],
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<(), M::Error> {
+        let p = self.program;
+        for si in 0..self.segments.len() {
+            let seg = self.segments[si];
+            let save = mode == GradMode::Train && !seg.checkpointed;
+            if mode == GradMode::Train && seg.checkpointed {
+                for &v in &self.boundaries[si] {
+                    if let Some(t) = self.value_tensor[v as usize] {
+                        store.retain(t);
+                        tape.checkpoints[si].push(t);
+                    }
+                }
+            }
+            for layer in seg.layers.0..seg.layers.1 {
+                hooks.before_layer(store, layer, Pass::Forward)?;
+                let (s, e) = p.layers[layer as usize];
+                for i in s as usize..e as usize {
+                    self.run_op(store, tape, i, save, true)?;
+                    let out = p.ops[i].output;
+                    if hold.contains(&out) {
+                        if let Some(t) = self.value_tensor[out as usize] {
+                            store.retain(t);
+                            tape.held.push(t);
+                        }
+                    }
+                }
+                hooks.after_layer(store, layer, Pass::Forward, &mut self.param_grads)?;
+            }
+        }
+        if let Some(l) = p.loss {
+            tape.loss = self.value_tensor[l as usize].take();
+        }
+        Ok(())
+    }
+
+    /// Runs op `i` forward: allocates its output, records its saved tensors when `save`,
+    /// and drops forward references of values past their last use (when `release_inputs`).
+    fn run_op<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        i: usize,
+        save: bool,
+        release_inputs: bool,
+    ) -> Result<(), M::Error> {
+        let p = self.program;
+        let op = p.ops[i];
+        let (batch, scale) = (tape.batch, tape.scale);
+        let out = if op.kind == OpKind::View {
+            let t = self.value_tensor[op.inputs[0] as usize].expect("view of a dead value");
+            store.retain(t);
+            t
+        } else {
+            store.alloc(self.value_bytes[op.output as usize], Category::Activation)?
+        };
+        self.value_tensor[op.output as usize] = Some(out);
+        if save {
+            let start = tape.saved.len() as u32;
+            for k in 0..self.table[i].len() {
+                let s = self.table[i][k];
+                match s {
+                    Saved::Input(j) => {
+                        if let Some(t) = self.value_tensor[op.inputs[j as usize] as usize] {
+                            store.retain(t);
+                            tape.saved.push(t);
+                        }
+                    }
+                    Saved::Output => {
+                        store.retain(out);
+                        tape.saved.push(out);
+                    }
+                    other => {
+                        let b = self.saved_bytes(i, other, batch, scale);
+                        let t = store.alloc(b, Category::Activation)?;
+                        tape.saved.push(t);
+                    }
+                }
+            }
+            tape.ranges[i] = (start, tape.saved.len() as u32);
+        }
+        if release_inputs {
+            for (k, &v) in op.input_ids().iter().enumerate() {
+                if op.inputs[..k].contains(&v) {
+                    continue;
+                }
+                if self.last_use[v as usize] == i as u32 && !p.inputs.contains(&v) {
+                    if let Some(t) = self.value_tensor[v as usize].take() {
+                        store.release(t);
+                    }
+                }
+            }
+            if self.last_use[op.output as usize] == u32::MAX && Some(op.output) != p.loss {
+                if let Some(t) = self.value_tensor[op.output as usize].take() {
+                    store.release(t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs backward from the tape's loss. With `retain_graph`, saved tensors stay on the
+    /// tape; otherwise each op's saved tensors are released as soon as its backward is done.
+    pub fn backward<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        retain_graph: bool,
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<(), BackwardError<M::Error>> {
+        if !tape.grad {
+            return Err(BackwardError::NoGraph);
+        }
+        if tape.consumed {
+            return Err(BackwardError::Consumed);
+        }
+        let loss = tape.loss.ok_or(BackwardError::NoGraph)?;
+        self.prepare(tape.batch, tape.scale);
+        let r = self.backward_inner(store, tape, loss, retain_graph, hooks);
+        if r.is_err() {
+            self.drop_values(store);
+        }
+        r.map_err(BackwardError::Memory)?;
+        if !retain_graph {
+            tape.release_saved(store);
+            tape.consumed = true;
+        }
+        Ok(())
+    }
+
+    fn backward_inner<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        loss: TensorId,
+        retain_graph: bool,
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<(), M::Error> {
+        let p = self.program;
+        let lv = p.loss.expect("validated program has a loss");
+        let g = store.alloc(store.size(loss), Category::Temporary)?;
+        self.grads[lv as usize] = Some(g);
+        for si in (0..self.segments.len()).rev() {
+            let seg = self.segments[si];
+            if seg.checkpointed {
+                self.recompute(store, tape, si, hooks)?;
+            }
+            for layer in (seg.layers.0..seg.layers.1).rev() {
+                hooks.before_layer(store, layer, Pass::Backward)?;
+                let (s, e) = p.layers[layer as usize];
+                for i in (s as usize..e as usize).rev() {
+                    self.backward_op(store, tape, i, retain_graph && !seg.checkpointed)?;
+                }
+                hooks.after_layer(store, layer, Pass::Backward, &mut self.param_grads)?;
+            }
+            if seg.checkpointed && !retain_graph {
+                for t in tape.checkpoints[si].drain(..) {
+                    store.release(t);
+                }
+            }
+        }
+        for g in self.grads.iter_mut() {
+            if let Some(t) = g.take() {
+                store.release(t);
+            }
+        }
+        Ok(())
+    }
+
+    fn recompute<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        si: usize,
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<(), M::Error> {
+        let p = self.program;
+        let seg = self.segments[si];
+        for (k, &v) in self.boundaries[si].iter().enumerate() {
+            let t = tape.checkpoints[si][k];
+            store.retain(t);
+            self.value_tensor[v as usize] = Some(t);
+        }
+        let (start, end) = (p.layers[seg.layers.0 as usize].0, p.layers[seg.layers.1 as usize - 1].1);
+        for layer in seg.layers.0..seg.layers.1 {
+            hooks.before_layer(store, layer, Pass::Recompute)?;
+            let (s, e) = p.layers[layer as usize];
+            for i in s as usize..e as usize {
+                self.run_op(store, tape, i, true, true)?;
+            }
+            hooks.after_layer(store, layer, Pass::Recompute, &mut self.param_grads)?;
+        }
+        // values produced inside the segment and still referenced (the segment's outputs)
+        for op in &p.ops[start as usize..end as usize] {
+            if let Some(t) = self.value_tensor[op.output as usize].take() {
+                store.release(t);
+            }
+        }
+        for &v in &self.boundaries[si] {
+            if let Some(t) = self.value_tensor[v as usize].take() {
+                store.release(t);
+            }
+        }
+        Ok(())
+    }
+
+    fn backward_op<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        tape: &mut Tape,
+        i: usize,
+        keep_saved: bool,
+    ) -> Result<(), M::Error> {
+        let p = self.program;
+        let op = p.ops[i];
+        let gout = self.grads[op.output as usize].take();
+        if let Some(gout) = gout {
+            for (k, &v) in op.input_ids().iter().enumerate() {
+                if !p.values[v as usize].requires_grad {
+                    continue;
+                }
+                let _ = k;
+                if op.kind == OpKind::View && self.grads[v as usize].is_none() {
+                    store.retain(gout);
+                    self.grads[v as usize] = Some(gout);
+                    continue;
+                }
+                let bytes = self.value_bytes[v as usize];
+                let t = store.alloc(bytes, Category::Temporary)?;
+                match self.grads[v as usize] {
+                    None => self.grads[v as usize] = Some(t),
+                    // accumulate into the existing gradient: the new part is a temporary
+                    Some(_) => store.release(t),
+                }
+            }
+            for &pid in p.params_of(&op) {
+                let bytes = self.param_grad_bytes[pid as usize];
+                match self.param_grads[pid as usize] {
+                    None => {
+                        let t = store.alloc(bytes, Category::Gradient)?;
+                        self.param_grads[pid as usize] = Some(t);
+                    }
+                    Some(_) => {
+                        let t = store.alloc(bytes, Category::Temporary)?;
+                        store.release(t);
+                    }
+                }
+            }
+            store.release(gout);
+        }
+        if !keep_saved {
+            let (s, e) = tape.ranges[i];
+            for k in s..e {
+                store.release(tape.saved[k as usize]);
+            }
+            // mark released so the tape does not release them again
+            for k in s..e {
+                tape.saved[k as usize] = TAPE_HOLE;
+            }
+            tape.ranges[i] = (0, 0);
+        }
+        Ok(())
+    }
+
+    /// Releases every parameter gradient (`zero_grad(set_to_none=True)`).
+    pub fn drop_param_grads<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
+        for g in self.param_grads.iter_mut() {
+            if let Some(t) = g.take() {
+                store.release(t);
+            }
+        }
+    }
+}
+
+const TAPE_HOLE: TensorId = TensorId::HOLE;
+
+/// Errors of [`Graph::backward`].
+#[derive(Debug, thiserror::Error)]
+pub enum BackwardError<E> {
+    /// An allocation failed.
+    #[error("allocation failed during backward")]
+    Memory(E),
+    /// The tape was recorded without grad (or has no loss).
+    #[error("the forward pass was run without grad: there is no graph to run backward")]
+    NoGraph,
+    /// Backward already ran on this tape without `retain_graph`.
+    #[error("backward already ran on this graph and freed its saved tensors (use retain_graph)")]
+    Consumed,
+}

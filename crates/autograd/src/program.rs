@@ -1,0 +1,356 @@
+//! A program: the op list of one forward pass over abstract tensors, built once per model and
+//! run every step.
+//!
+//! Tensor sizes are given per sample; a run multiplies them by the (micro-)batch and an
+//! optional size factor (variable image sizes or sequence lengths).
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::Dtype;
+use crate::op::OpKind;
+
+/// Index of a value (an abstract tensor) in a [`Program`].
+pub type ValueId = u32;
+/// Index of a parameter in a [`Program`].
+pub type ParamId = u32;
+
+/// Which dtype a value has, resolved when the program is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ValueDtype {
+    /// The run's compute dtype (f32, or f16/bf16 under mixed precision).
+    Compute,
+    /// A fixed dtype (token ids are i64, losses f32, ...).
+    Fixed(Dtype),
+}
+
+/// An abstract tensor of the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueInfo {
+    /// Elements per sample (scaled by the batch and the size factor).
+    pub per_sample: u64,
+    /// Elements independent of the batch (e.g. a scalar loss).
+    pub fixed: u64,
+    /// Dtype.
+    pub dtype: ValueDtype,
+    /// Whether gradients flow into it.
+    pub requires_grad: bool,
+}
+
+impl ValueInfo {
+    /// Elements for a batch of `batch` samples with size factor `scale`.
+    pub fn elems(&self, batch: u64, scale: f64) -> u64 {
+        let per = if scale == 1.0 {
+            self.per_sample
+        } else {
+            (self.per_sample as f64 * scale).round() as u64
+        };
+        per * batch + self.fixed
+    }
+}
+
+/// A trainable parameter tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    /// Elements.
+    pub elems: u64,
+    /// Name for reports (`layers.3.attn.qkv.weight`).
+    pub name: String,
+    /// Layer it belongs to.
+    pub layer: u32,
+}
+
+/// One op of the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Op {
+    /// The kind (indexes the saved-tensor table).
+    pub kind: OpKind,
+    /// Activation inputs (`inputs[..arity]`).
+    pub inputs: [ValueId; 2],
+    /// Number of inputs used.
+    pub arity: u8,
+    /// The output value.
+    pub output: ValueId,
+    /// Parameters used: `params_start .. params_start + params_len` into [`Program::op_params`].
+    pub params_start: u32,
+    /// Number of parameters used.
+    pub params_len: u32,
+    /// Normalisation rows per sample (for row statistics).
+    pub rows_per_sample: u64,
+    /// Channels (for per-channel statistics).
+    pub channels: u64,
+    /// Layer index (checkpoint segments are ranges of layers).
+    pub layer: u32,
+}
+
+impl Op {
+    /// The inputs actually used.
+    pub fn input_ids(&self) -> &[ValueId] {
+        &self.inputs[..self.arity as usize]
+    }
+}
+
+/// A forward program: values, ops in execution order, parameters, and layer boundaries.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Program {
+    /// Every value.
+    pub values: Vec<ValueInfo>,
+    /// Ops in forward order.
+    pub ops: Vec<Op>,
+    /// Every parameter.
+    pub params: Vec<ParamInfo>,
+    /// Parameter ids referenced by ops (flattened).
+    pub op_params: Vec<ParamId>,
+    /// Values supplied by the caller (the batch and targets); the program never frees them.
+    pub inputs: Vec<ValueId>,
+    /// The value backward starts from (the loss).
+    pub loss: Option<ValueId>,
+    /// For each layer, the range of ops it covers (`start..end`). Layers are contiguous.
+    pub layers: Vec<(u32, u32)>,
+    /// Display name of each layer.
+    pub layer_names: Vec<String>,
+    /// Whether each layer may be checkpointed (repeated blocks; not embeddings or heads).
+    pub checkpointable: Vec<bool>,
+}
+
+/// Errors building a program.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramError {
+    /// An op referenced a value that does not exist yet.
+    #[error("op {op} ({kind}) reads value {value}, which is not defined before it")]
+    UndefinedValue {
+        /// Op index.
+        op: usize,
+        /// Op kind name.
+        kind: &'static str,
+        /// The value.
+        value: ValueId,
+    },
+    /// An op got the wrong number of inputs.
+    #[error("{kind} takes {expected} input(s), got {got}")]
+    Arity {
+        /// Op kind name.
+        kind: &'static str,
+        /// Inputs it takes.
+        expected: usize,
+        /// Inputs given.
+        got: usize,
+    },
+    /// A program without a loss cannot be run backward.
+    #[error("the program has no loss")]
+    NoLoss,
+    /// Layers must cover every op, contiguously and in order.
+    #[error("layers do not cover the ops contiguously")]
+    Layers,
+}
+
+impl Program {
+    /// Total parameter elements.
+    pub fn param_elems(&self) -> u64 {
+        self.params.iter().map(|p| p.elems).sum()
+    }
+
+    /// The parameter ids used by an op.
+    pub fn params_of(&self, op: &Op) -> &[ParamId] {
+        let s = op.params_start as usize;
+        &self.op_params[s..s + op.params_len as usize]
+    }
+
+    /// Number of layers.
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Checks that every op reads defined values and that a loss exists.
+    pub fn validate(&self) -> Result<(), ProgramError> {
+        let mut defined = vec![false; self.values.len()];
+        for &v in &self.inputs {
+            defined[v as usize] = true;
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            if op.arity as usize != op.kind.arity() {
+                return Err(ProgramError::Arity {
+                    kind: op.kind.name(),
+                    expected: op.kind.arity(),
+                    got: op.arity as usize,
+                });
+            }
+            for &v in op.input_ids() {
+                if !defined.get(v as usize).copied().unwrap_or(false) {
+                    return Err(ProgramError::UndefinedValue {
+                        op: i,
+                        kind: op.kind.name(),
+                        value: v,
+                    });
+                }
+            }
+            defined[op.output as usize] = true;
+        }
+        if self.loss.is_none() {
+            return Err(ProgramError::NoLoss);
+        }
+        let mut next = 0u32;
+        for &(s, e) in &self.layers {
+            if s != next || e < s {
+                return Err(ProgramError::Layers);
+            }
+            next = e;
+        }
+        if next as usize != self.ops.len() {
+            return Err(ProgramError::Layers);
+        }
+        Ok(())
+    }
+
+    /// For each value, the index of the last op that reads it (`u32::MAX` if none).
+    pub fn last_uses(&self) -> Vec<u32> {
+        let mut last = vec![u32::MAX; self.values.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            for &v in op.input_ids() {
+                last[v as usize] = i as u32;
+            }
+        }
+        last
+    }
+}
+
+/// Builds a [`Program`] op by op.
+#[derive(Debug, Default)]
+pub struct ProgramBuilder {
+    p: Program,
+    layer_start: u32,
+    layer: u32,
+    in_layer: bool,
+}
+
+impl ProgramBuilder {
+    /// An empty builder.
+    pub fn new() -> ProgramBuilder {
+        ProgramBuilder::default()
+    }
+
+    /// Declares a caller-supplied input (batch or target).
+    pub fn input(&mut self, per_sample: u64, dtype: ValueDtype) -> ValueId {
+        let id = self.value(ValueInfo {
+            per_sample,
+            fixed: 0,
+            dtype,
+            requires_grad: false,
+        });
+        self.p.inputs.push(id);
+        id
+    }
+
+    fn value(&mut self, v: ValueInfo) -> ValueId {
+        self.p.values.push(v);
+        (self.p.values.len() - 1) as ValueId
+    }
+
+    /// Adds a parameter.
+    pub fn param(&mut self, elems: u64, name: impl Into<String>) -> ParamId {
+        self.p.params.push(ParamInfo {
+            elems,
+            name: name.into(),
+            layer: self.layer,
+        });
+        (self.p.params.len() - 1) as ParamId
+    }
+
+    /// Starts a new layer (closing the current one) that is never checkpointed.
+    pub fn begin_layer(&mut self, name: impl Into<String>) {
+        self.begin(name.into(), false);
+    }
+
+    /// Starts a new layer that gradient checkpointing may drop and recompute.
+    pub fn begin_block(&mut self, name: impl Into<String>) {
+        self.begin(name.into(), true);
+    }
+
+    fn begin(&mut self, name: String, checkpointable: bool) {
+        self.end_layer();
+        self.layer_start = self.p.ops.len() as u32;
+        self.in_layer = true;
+        self.p.layer_names.push(name);
+        self.p.checkpointable.push(checkpointable);
+    }
+
+    /// Closes the current layer, if any.
+    pub fn end_layer(&mut self) {
+        if self.in_layer {
+            self.p.layers.push((self.layer_start, self.p.ops.len() as u32));
+            self.in_layer = false;
+            self.layer += 1;
+        }
+    }
+
+    /// The value's info.
+    pub fn info(&self, v: ValueId) -> ValueInfo {
+        self.p.values[v as usize]
+    }
+
+    /// Adds an op with full control; returns its output value.
+    #[allow(clippy::too_many_arguments)]
+    pub fn op_full(
+        &mut self,
+        kind: OpKind,
+        inputs: &[ValueId],
+        out_per_sample: u64,
+        out_fixed: u64,
+        out_dtype: ValueDtype,
+        params: &[ParamId],
+        rows_per_sample: u64,
+        channels: u64,
+    ) -> ValueId {
+        let requires_grad = !params.is_empty()
+            || inputs
+                .iter()
+                .any(|&v| self.p.values.get(v as usize).is_some_and(|i| i.requires_grad));
+        let output = self.value(ValueInfo {
+            per_sample: out_per_sample,
+            fixed: out_fixed,
+            dtype: out_dtype,
+            requires_grad,
+        });
+        let mut ins = [0; 2];
+        for (i, &v) in inputs.iter().take(2).enumerate() {
+            ins[i] = v;
+        }
+        let params_start = self.p.op_params.len() as u32;
+        self.p.op_params.extend_from_slice(params);
+        self.p.ops.push(Op {
+            kind,
+            inputs: ins,
+            arity: inputs.len().min(2) as u8,
+            output,
+            params_start,
+            params_len: params.len() as u32,
+            rows_per_sample,
+            channels,
+            layer: self.layer,
+        });
+        output
+    }
+
+    /// Adds an op whose output has `out_per_sample` elements in the compute dtype.
+    pub fn op(&mut self, kind: OpKind, inputs: &[ValueId], out_per_sample: u64, params: &[ParamId]) -> ValueId {
+        self.op_full(kind, inputs, out_per_sample, 0, ValueDtype::Compute, params, 0, 0)
+    }
+
+    /// Adds a normalisation-like op with `rows_per_sample` rows (for row statistics).
+    pub fn op_rows(&mut self, kind: OpKind, inputs: &[ValueId], out_per_sample: u64, params: &[ParamId], rows_per_sample: u64) -> ValueId {
+        self.op_full(kind, inputs, out_per_sample, 0, ValueDtype::Compute, params, rows_per_sample, 0)
+    }
+
+    /// Adds a loss op (scalar f32 output) and marks it as the loss.
+    pub fn loss(&mut self, kind: OpKind, inputs: &[ValueId]) -> ValueId {
+        let v = self.op_full(kind, inputs, 0, 1, ValueDtype::Fixed(Dtype::F32), &[], 0, 0);
+        self.p.loss = Some(v);
+        v
+    }
+
+    /// Finishes (closing the open layer) and validates.
+    pub fn finish(mut self) -> Result<Program, ProgramError> {
+        self.end_layer();
+        self.p.validate()?;
+        Ok(self.p)
+    }
+}

@@ -1,0 +1,185 @@
+//! Hand-computed byte counts for small graphs, and invariants.
+
+use proptest::prelude::*;
+use trainmem_probe::Category;
+
+use crate::checkpoint::{self, CheckpointPolicy};
+use crate::*;
+
+/// x[4] → linear → relu → linear → out[2]; mse against t[2].
+fn mlp() -> Program {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(4, ValueDtype::Compute);
+    let t = b.input(2, ValueDtype::Compute);
+    b.begin_layer("l0");
+    let w1 = b.param(32, "w1");
+    let b1 = b.param(8, "b1");
+    let h = b.op(OpKind::Linear, &[x], 8, &[w1, b1]);
+    let a = b.op(OpKind::Relu, &[h], 8, &[]);
+    b.begin_layer("l1");
+    let w2 = b.param(16, "w2");
+    let b2 = b.param(2, "b2");
+    let o = b.op(OpKind::Linear, &[a], 2, &[w2, b2]);
+    b.loss(OpKind::MseLoss, &[o, t]);
+    b.finish().unwrap()
+}
+
+fn inputs(store: &mut TensorStore<CountingMemory>, p: &Program, batch: u64) -> Vec<TensorId> {
+    p.inputs
+        .iter()
+        .map(|&v| store.alloc(p.values[v as usize].elems(batch, 1.0) * 4, Category::Input).unwrap())
+        .collect()
+}
+
+#[test]
+fn mlp_forward_backward_bytes_by_hand() {
+    let p = mlp();
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    assert_eq!(s.live_total(), 48);
+    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks).unwrap();
+    // relu output a (64, saved by relu and linear 2), out (16, saved by mse), loss (4)
+    assert_eq!(s.live_of(Category::Activation), 84);
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    // peak: inputs 48 + loss 4 + param grads (128+32+64+8) + grad of h 64 + grad of a 64 ... see module docs
+    assert_eq!(s.peak().0, 348);
+    assert_eq!(s.live_of(Category::Gradient), 232);
+    assert_eq!(s.live_of(Category::Temporary), 0);
+    assert_eq!(s.live_of(Category::Activation), 4, "only the loss stays on the tape");
+    tape.release(&mut s);
+    g.drop_param_grads(&mut s);
+    assert_eq!(s.live_total(), 48);
+}
+
+#[test]
+fn no_grad_forward_saves_nothing() {
+    let p = mlp();
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::NoGrad, &[], &mut NoHooks).unwrap();
+    assert_eq!(s.live_of(Category::Activation), 4);
+    assert!(matches!(g.backward(&mut s, &mut tape, false, &mut NoHooks), Err(BackwardError::NoGraph)));
+    tape.release(&mut s);
+    assert_eq!(s.live_total(), 48);
+}
+
+#[test]
+fn retain_graph_keeps_saved_tensors_until_the_tape_goes() {
+    let p = mlp();
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    let out_value = p.ops[2].output;
+    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[out_value], &mut NoHooks).unwrap();
+    g.backward(&mut s, &mut tape, true, &mut NoHooks).unwrap();
+    assert_eq!(s.live_of(Category::Activation), 84, "saved tensors retained");
+    // a second backward is allowed with a retained graph
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    assert!(matches!(g.backward(&mut s, &mut tape, false, &mut NoHooks), Err(BackwardError::Consumed)));
+    // the held output (16) and loss (4) remain
+    assert_eq!(s.live_of(Category::Activation), 20);
+    tape.release(&mut s);
+    g.drop_param_grads(&mut s);
+    assert_eq!(s.live_total(), 48);
+}
+
+/// `n` residual blocks of width `w`: h = h + linear(relu(linear(h))).
+fn deep(n: usize, w: u64) -> Program {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(w, ValueDtype::Compute);
+    let t = b.input(w, ValueDtype::Compute);
+    b.begin_layer("in");
+    let wi = b.param(w * w, "in");
+    let mut h = b.op(OpKind::Linear, &[x], w, &[wi]);
+    for i in 0..n {
+        b.begin_block(format!("block{i}"));
+        let w1 = b.param(w * 4 * w, "w1");
+        let w2 = b.param(w * 4 * w, "w2");
+        let a = b.op(OpKind::Linear, &[h], 4 * w, &[w1]);
+        let r = b.op(OpKind::Gelu, &[a], 4 * w, &[]);
+        let o = b.op(OpKind::Linear, &[r], w, &[w2]);
+        h = b.op(OpKind::Add, &[h, o], w, &[]);
+    }
+    b.begin_layer("head");
+    b.loss(OpKind::MseLoss, &[h, t]);
+    b.finish().unwrap()
+}
+
+fn run_step(p: &Program, segs: Vec<Segment>, batch: u64) -> (u64, u64, u64) {
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(p, &SavedTable::pytorch(), Dtype::F32);
+    g.set_segments(segs);
+    let ins = inputs(&mut s, p, batch);
+    let base = s.live_total();
+    let mut tape = g.forward(&mut s, &ins, batch, 1.0, GradMode::Train, &[], &mut NoHooks).unwrap();
+    let after_fwd = s.live_of(Category::Activation);
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    let grads = s.live_of(Category::Gradient);
+    tape.release(&mut s);
+    g.drop_param_grads(&mut s);
+    assert_eq!(s.live_total(), base, "everything freed");
+    (after_fwd, s.peak().0, grads)
+}
+
+#[test]
+fn checkpointing_trades_activation_memory() {
+    let p = deep(16, 8);
+    // a large batch so that activations, not parameter gradients, set the peak
+    let bs = 256;
+    let none = run_step(&p, checkpoint::segments_with(&p, 0, 16), bs);
+    let every4 = run_step(&p, checkpoint::segments_with(&p, 4, 0), bs);
+    let every1 = run_step(&p, checkpoint::segments_with(&p, 1, 0), bs);
+    assert!(every4.0 < none.0 / 3, "{every4:?} vs {none:?}");
+    // more segments keep more segment inputs after forward, but far less than no checkpointing
+    assert!(every1.0 > every4.0 && every1.0 < none.0 / 2);
+    assert!(every4.1 < none.1);
+    assert_eq!(none.2, every4.2, "same gradients");
+    // per block without checkpointing: linear saves h (32B/sample), gelu saves a (128), linear 2 saves r (128)
+    let block = (8 + 32 + 32) * 4 * bs;
+    let one_block_less = run_step(&p, checkpoint::segments_with(&p, 1, 15), bs);
+    assert_eq!(none.0 - one_block_less.0, block - 8 * 4 * bs, "checkpoint keeps the block input");
+}
+
+#[test]
+fn segments_group_blocks() {
+    let p = deep(5, 2);
+    let s = checkpoint::segments_with(&p, 2, 1);
+    let ck: Vec<_> = s.iter().map(|s| (s.layers, s.checkpointed)).collect();
+    assert_eq!(ck, vec![((0, 1), false), ((1, 3), true), ((3, 5), true), ((5, 7), false)]);
+    let r = checkpoint::resolve(&p, CheckpointPolicy::Sqrt, &SavedTable::pytorch(), Dtype::F32, 2);
+    assert_eq!(r.k, 3);
+    assert_eq!(r.recomputed, 5);
+}
+
+#[test]
+fn budget_policy_finds_least_recompute_that_fits() {
+    let p = deep(12, 8);
+    let t = SavedTable::pytorch();
+    let none = checkpoint::resolve(&p, CheckpointPolicy::None, &t, Dtype::F32, 4);
+    let sqrt = checkpoint::resolve(&p, CheckpointPolicy::Sqrt, &t, Dtype::F32, 4);
+    let budget = (none.activation_peak + sqrt.activation_peak) / 2;
+    let r = checkpoint::resolve(&p, CheckpointPolicy::Budget(budget), &t, Dtype::F32, 4);
+    assert!(r.fits);
+    assert!(r.activation_peak <= budget);
+    assert!(r.recomputed > 0 && r.recomputed < 12, "{r:?}");
+    // one block fewer recomputed would exceed the budget for every k
+    for k in 1..=12 {
+        let more = checkpoint::activation_peak(&p, &t, Dtype::F32, 4, 1.0, checkpoint::segments_with(&p, k, r.kept + 1));
+        assert!(more > budget || r.kept + 1 > 12, "k={k}");
+    }
+    let tiny = checkpoint::resolve(&p, CheckpointPolicy::Budget(1), &t, Dtype::F32, 4);
+    assert!(!tiny.fits);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn every_step_frees_everything(n in 1usize..6, w in 1u64..16, batch in 1u64..8, k in 0u32..4, kept in 0u32..6) {
+        let p = deep(n, w);
+        let (_, peak, grads) = run_step(&p, checkpoint::segments_with(&p, k, kept), batch);
+        prop_assert!(peak > 0);
+        prop_assert_eq!(grads, p.param_elems() * 4);
+    }
+}

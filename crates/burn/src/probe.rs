@@ -1,0 +1,225 @@
+//! The measurement side of a real run: samples taken at phase boundaries, after a sync.
+//!
+//! A [`Probe`] reads three sources each time a phase completes:
+//!
+//! * **host, exact**: live bytes per [`Category`] from trainmem-probe's counting global
+//!   allocator, and the peak of each category since the previous sample (so a spike inside a
+//!   phase, e.g. while a checkpoint is serialised, is not lost between boundaries). The
+//!   allocator is installed by the *binary* (`#[global_allocator]`); when it is not, the probe
+//!   notices ([`trainmem_probe::is_installed`]) and reports host categories as unavailable
+//!   (`None`) rather than as zeros.
+//! * **host, as the OS sees it**: the `/proc/self/status` breakdown (VmRSS, RssAnon, RssFile,
+//!   RssShmem, VmHWM), `None` where `/proc` is absent.
+//! * **device**: whatever the backend can report through [`MemoryBackend`]. On CUDA (feature
+//!   `cuda`) that is cubecl's `memory_usage()` (bytes in use ≈ PyTorch's `memory_allocated`,
+//!   bytes reserved ≈ `memory_reserved`) and the driver's free and total. CPU backends (Flex)
+//!   keep tensors in ordinary heap memory, so they report `None` here and everything shows up
+//!   in the host counts.
+//!
+//! Every sample first calls `B::sync(&device)`, so queued work has finished and the numbers
+//! describe the phase that just completed, never a timer on another thread.
+
+use std::time::Instant;
+
+use burn::prelude::Backend;
+use serde::{Deserialize, Serialize};
+use trainmem_probe::{Category, ProcStatus};
+use trainmem_sim::timeline::Phase;
+
+use crate::BurnRunError;
+
+/// Device memory as the backend reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    /// Live allocations (slices, not pages).
+    pub number_allocs: u64,
+    /// Bytes used by live allocations, padding excluded (≈ PyTorch's `memory_allocated`).
+    pub bytes_in_use: u64,
+    /// Padding bytes of live allocations.
+    pub bytes_padding: u64,
+    /// Bytes reserved from the device: in use plus pages kept for reuse (≈ PyTorch's
+    /// `memory_reserved`).
+    pub bytes_reserved: u64,
+    /// Free device memory according to the driver, when it could be read.
+    pub driver_free: Option<u64>,
+    /// Total device memory according to the driver, when it could be read.
+    pub driver_total: Option<u64>,
+}
+
+/// A backend whose memory a [`Probe`] can read beyond the host allocator.
+///
+/// CPU backends keep the default (`None`): their tensors are host heap memory and are counted
+/// by the counting allocator. Autodiff forwards to the backend it wraps.
+pub trait MemoryBackend: Backend {
+    /// Device memory figures for `device`, or `None` when the backend has no device pools.
+    fn device_memory(_device: &Self::Device) -> Option<DeviceMemory> {
+        None
+    }
+
+    /// Releases cached, unused device memory (`empty_cache`): `Backend::memory_cleanup`.
+    fn empty_cache(device: &Self::Device) {
+        Self::memory_cleanup(device);
+    }
+}
+
+impl MemoryBackend for burn::backend::Flex {}
+
+impl<B: MemoryBackend, C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy>
+    MemoryBackend for burn::backend::Autodiff<B, C>
+{
+    fn device_memory(device: &Self::Device) -> Option<DeviceMemory> {
+        B::device_memory(device)
+    }
+
+    fn empty_cache(device: &Self::Device) {
+        B::empty_cache(device);
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl MemoryBackend for burn::backend::Cuda {
+    fn device_memory(device: &Self::Device) -> Option<DeviceMemory> {
+        crate::cuda::device_memory(device)
+    }
+}
+
+/// Host bytes per category, indexed by [`Category::index`].
+pub type CategoryArray = [u64; 8];
+
+/// One measurement, taken when `phase` has just completed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSample {
+    /// The phase that just completed.
+    pub phase: Phase,
+    /// Optimizer step index (0-based).
+    pub step: u64,
+    /// Epoch index (0-based).
+    pub epoch: u64,
+    /// Micro-batch within the step under gradient accumulation.
+    pub micro_batch: Option<u32>,
+    /// Microseconds since the probe was created.
+    pub time_us: f64,
+    /// Live host bytes per category; `None` when no counting allocator is installed.
+    pub host: Option<CategoryArray>,
+    /// Peak live host bytes per category since the previous sample (this one included);
+    /// `None` when no counting allocator is installed.
+    pub host_peak: Option<CategoryArray>,
+    /// Peak of all host categories together since the previous sample.
+    pub host_total_peak: Option<u64>,
+    /// The OS view of this process's memory; `None` where `/proc` is unavailable.
+    pub rss: Option<ProcStatus>,
+    /// Device figures; `None` on CPU backends.
+    pub device: Option<DeviceMemory>,
+}
+
+impl ProbeSample {
+    /// Live host bytes of one category (`None` without the counting allocator).
+    pub fn host_bytes(&self, category: Category) -> Option<u64> {
+        self.host.map(|h| h[category.index()])
+    }
+
+    /// Peak host bytes of one category since the previous sample.
+    pub fn host_peak_bytes(&self, category: Category) -> Option<u64> {
+        self.host_peak.map(|h| h[category.index()])
+    }
+
+    /// Live host bytes, all categories together.
+    pub fn host_total(&self) -> Option<u64> {
+        self.host.map(|h| h.iter().sum())
+    }
+}
+
+/// Whether host bytes per category can be measured in this process: a
+/// [`trainmem_probe::CountingAlloc`] is the global allocator.
+///
+/// The counters only move once the installed allocator has served an allocation, so this
+/// allocates a small probe block first.
+pub fn host_counting_available() -> bool {
+    let probe = std::hint::black_box(vec![0u8; 64]);
+    drop(probe);
+    trainmem_probe::is_installed()
+}
+
+/// Samples memory at phase boundaries of one run.
+#[derive(Debug)]
+pub struct Probe<B: MemoryBackend> {
+    device: B::Device,
+    start: Instant,
+    counting: bool,
+    samples: Vec<ProbeSample>,
+}
+
+impl<B: MemoryBackend> Probe<B> {
+    /// A probe for `device`; resets the per-category peaks so the first sample's peaks start
+    /// here.
+    pub fn new(device: &B::Device) -> Probe<B> {
+        Probe::with_capacity(device, 0)
+    }
+
+    /// A probe with room for `samples` samples reserved up front, so that growing its own
+    /// sample vector does not show up as memory growth between the run's phases.
+    pub fn with_capacity(device: &B::Device, samples: usize) -> Probe<B> {
+        let counting = host_counting_available();
+        if counting {
+            trainmem_probe::reset_peaks();
+        }
+        Probe {
+            device: device.clone(),
+            start: Instant::now(),
+            counting,
+            samples: Vec::with_capacity(samples),
+        }
+    }
+
+    /// Whether host categories are measured (a counting allocator is installed).
+    pub fn counts_host(&self) -> bool {
+        self.counting
+    }
+
+    /// Syncs the device, then records a sample for the phase that just completed.
+    pub fn sample(
+        &mut self,
+        phase: Phase,
+        step: u64,
+        epoch: u64,
+        micro_batch: Option<u32>,
+    ) -> Result<&ProbeSample, BurnRunError> {
+        B::sync(&self.device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
+        let (host, host_peak, host_total_peak) = if self.counting {
+            let snap = trainmem_probe::snapshot();
+            trainmem_probe::reset_peaks();
+            (
+                Some(snap.live.map(|v| v as u64)),
+                Some(snap.peak.map(|v| v as u64)),
+                Some(snap.total_peak as u64),
+            )
+        } else {
+            (None, None, None)
+        };
+        let sample = ProbeSample {
+            phase,
+            step,
+            epoch,
+            micro_batch,
+            time_us: self.start.elapsed().as_secs_f64() * 1e6,
+            host,
+            host_peak,
+            host_total_peak,
+            rss: trainmem_probe::rss::read().ok(),
+            device: B::device_memory(&self.device),
+        };
+        self.samples.push(sample);
+        let last = self.samples.len() - 1;
+        Ok(&self.samples[last])
+    }
+
+    /// The samples so far.
+    pub fn samples(&self) -> &[ProbeSample] {
+        &self.samples
+    }
+
+    /// Consumes the probe, returning its samples.
+    pub fn into_samples(self) -> Vec<ProbeSample> {
+        self.samples
+    }
+}

@@ -1,0 +1,648 @@
+//! A real, measured burn training run driven by a plan.
+//!
+//! [`run_measured`] trains the plan's model on a burn backend (Flex on the CPU by default, CUDA
+//! with the `cuda` feature) and samples memory with a [`Probe`] at every phase boundary. The
+//! training thread carries a category tag the counting allocator reads:
+//!
+//! | phase | tag |
+//! |---|---|
+//! | building the model (parameters materialised eagerly) | `parameter` |
+//! | pulling a batch and moving it to the device | `input` |
+//! | forward pass and loss | `activation` |
+//! | backward pass (gradients, and the graph's frees) | `gradient` |
+//! | optimizer step | `optimizer_state` |
+//! | checkpoint serialisation | `temporary` |
+//! | everything else (metrics, bookkeeping) | `other` |
+//!
+//! Bytes are attributed **at allocation time** and released from the category they were
+//! allocated under, whoever frees them. On a CPU backend the backward pass both frees the
+//! activations saved by forward (they leave `activation`) and allocates gradients (they join
+//! `gradient`); temporaries made and dropped inside backward cancel out. A buffer keeps its
+//! tag for life: see the crate docs (`burn_facts`) for where that shows (momentum's first
+//! velocity is the gradient buffer itself, so it stays under `gradient`).
+//!
+//! Plan knobs honoured: model, batch and micro-batch (accumulation through burn-optim's
+//! `GradientsAccumulator`), epochs, steps per epoch, max steps, optimizer kind (`sgd`,
+//! `momentum`, `adam`, `adamw`, amsgrad), gradient checkpointing (burn's
+//! `BalancedCheckpointing` for any policy other than `none`), half precision (`f16`/`bf16`
+//! parameters and inputs, where the backend supports the dtype), checkpoint saving through
+//! burn's `BinFileRecorder` (full precision) into the run's work directory, metric retention
+//! (scalars vs tensors), output retention (the leak: outputs kept across steps, with their
+//! graph when `retain_graph`), `empty_cache` (`Backend::memory_cleanup`). Knobs burn cannot
+//! express (eager optimizer state, f32 master weights, gradients kept between steps,
+//! data/pipeline parallelism, a raw `layers` model) are refused with
+//! [`BurnRunError::Unsupported`], never silently ignored.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{
+    Adam, AdamConfig, AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer, Sgd,
+    SgdConfig,
+};
+use burn::prelude::{Backend, Tensor};
+use burn::record::{BinFileRecorder, BurnRecord, FullPrecisionSettings, Record, Recorder};
+use burn::tensor::{ElementConversion, FloatDType};
+use burn::tensor::backend::AutodiffBackend;
+use trainmem_probe::{Category, CategoryScope};
+use trainmem_sim::plan::{
+    CheckpointPolicyKind, Dtype, EmptyCachePolicy, MetricRetention, OptimizerKind, Plan,
+    StateAllocation,
+};
+use trainmem_sim::timeline::{Phase, Timeline};
+
+use crate::data::{BatchSource, SyntheticSource};
+use crate::model::{Batch, BatchInput, BatchTarget, Net, example_shape, materialize, parameter_bytes};
+use crate::probe::{MemoryBackend, Probe, ProbeSample};
+use crate::timeline::to_timeline;
+use crate::BurnRunError;
+
+/// Which burn backend a run trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// burn's Flex CPU backend (always available).
+    #[default]
+    Flex,
+    /// CUDA device `index` (feature `cuda`; fails at run time without a GPU).
+    #[cfg(feature = "cuda")]
+    Cuda {
+        /// Device ordinal.
+        index: usize,
+    },
+}
+
+/// Where a run is, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Optimizer steps finished.
+    pub step: u64,
+    /// Optimizer steps in the run.
+    pub total_steps: u64,
+    /// Current epoch (0-based).
+    pub epoch: u64,
+}
+
+/// How to run a plan for real (what the plan itself does not say).
+pub struct RunOptions<'a> {
+    /// The backend.
+    pub backend: BackendChoice,
+    /// Directory for checkpoints (and any generated files); a fresh directory under the
+    /// system temporary directory when `None`. It is created if missing.
+    pub work_dir: Option<PathBuf>,
+    /// Learning rate of every optimizer.
+    pub learning_rate: f64,
+    /// Called after every optimizer step.
+    pub progress: Option<&'a mut dyn FnMut(Progress)>,
+    /// The batch source; a [`SyntheticSource`] seeded from the plan when `None`.
+    pub source: Option<Box<dyn BatchSource + 'a>>,
+}
+
+impl Default for RunOptions<'_> {
+    fn default() -> Self {
+        RunOptions {
+            backend: BackendChoice::Flex,
+            work_dir: None,
+            learning_rate: 1e-3,
+            progress: None,
+            source: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RunOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("backend", &self.backend)
+            .field("work_dir", &self.work_dir)
+            .field("learning_rate", &self.learning_rate)
+            .field("progress", &self.progress.is_some())
+            .field("source", &self.source.is_some())
+            .finish()
+    }
+}
+
+/// Everything a measured run produced.
+#[derive(Debug, Clone)]
+pub struct MeasuredRun {
+    /// The shared timeline (source = measured).
+    pub timeline: Timeline,
+    /// The raw probe samples, with per-phase peaks and the full `/proc` breakdown.
+    pub samples: Vec<ProbeSample>,
+    /// Bytes of the model's parameters (element count × dtype size).
+    pub parameter_bytes: u64,
+    /// Whether host categories were measured (a counting allocator is installed).
+    pub host_counted: bool,
+    /// Checkpoint files written.
+    pub checkpoints: Vec<PathBuf>,
+}
+
+/// The counters of the counting allocator are process-wide, so measured runs in one process
+/// take turns.
+static RUN_LOCK: Mutex<()> = Mutex::new(());
+
+/// Trains `plan` for real and returns the measured timeline.
+pub fn run_measured(plan: &Plan, opts: RunOptions<'_>) -> Result<Timeline, BurnRunError> {
+    Ok(run_measured_detailed(plan, opts)?.timeline)
+}
+
+/// Trains `plan` for real and returns the timeline with the raw samples.
+pub fn run_measured_detailed(
+    plan: &Plan,
+    opts: RunOptions<'_>,
+) -> Result<MeasuredRun, BurnRunError> {
+    check_supported(plan)?;
+    let _turn = RUN_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let balanced = plan.checkpointing.policy != CheckpointPolicyKind::None;
+    match opts.backend {
+        BackendChoice::Flex => {
+            let device = burn::backend::flex::FlexDevice;
+            if balanced {
+                train::<burn::backend::Autodiff<
+                    burn::backend::Flex,
+                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+                >>(plan, opts, device, "burn 0.21.0 flex (balanced checkpointing)")
+            } else {
+                train::<burn::backend::Autodiff<burn::backend::Flex>>(
+                    plan,
+                    opts,
+                    device,
+                    "burn 0.21.0 flex",
+                )
+            }
+        }
+        #[cfg(feature = "cuda")]
+        BackendChoice::Cuda { index } => {
+            let device = burn::backend::cuda::CudaDevice { index };
+            if balanced {
+                train::<burn::backend::Autodiff<
+                    burn::backend::Cuda,
+                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+                >>(plan, opts, device, "burn 0.21.0 cuda (balanced checkpointing)")
+            } else {
+                train::<burn::backend::Autodiff<burn::backend::Cuda>>(
+                    plan,
+                    opts,
+                    device,
+                    "burn 0.21.0 cuda",
+                )
+            }
+        }
+    }
+}
+
+/// Refuses plan knobs a burn run cannot honour.
+fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
+    let no = |m: &str| Err(BurnRunError::Unsupported(m.to_string()));
+    if plan.optimizer.state == StateAllocation::Eager {
+        return no("optimizer.state = \"eager\": burn-optim creates state at the first step");
+    }
+    if plan.optimizer.state_dtype != Dtype::F32 {
+        return no("optimizer.state_dtype other than f32: burn keeps state in the gradient's dtype");
+    }
+    if !plan.training.grads_to_none {
+        return no("training.grads_to_none = false: burn consumes gradients at every step");
+    }
+    if plan.parallel.world_size != 1 || plan.parallel.pipeline_stages != 1 {
+        return no("data or pipeline parallelism: a measured run trains on one device");
+    }
+    if plan.loader.pin_memory {
+        return no("loader.pin_memory: burn's CPU and CUDA backends take batches from pageable memory");
+    }
+    match plan.precision.compute {
+        Dtype::F32 => {}
+        Dtype::F16 | Dtype::Bf16 => {
+            if plan.precision.master_weights {
+                return no(
+                    "precision.master_weights = true: burn keeps no f32 master copy; set \
+                     master_weights = false for a half-precision burn run",
+                );
+            }
+        }
+        other => {
+            return Err(BurnRunError::Unsupported(format!(
+                "precision.compute = {other}: the burn run trains in f32, f16 or bf16"
+            )));
+        }
+    }
+    if plan.precision.grads.is_some_and(|g| g != plan.precision.compute) {
+        return no("precision.grads different from compute: burn's gradients take the parameters' dtype");
+    }
+    Ok(())
+}
+
+/// One of burn-optim's optimizers, behind one type.
+enum AnyOptimizer<B: AutodiffBackend> {
+    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Net<B>, B>),
+    Adam(OptimizerAdaptor<Adam, Net<B>, B>),
+    AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
+}
+
+impl<B: AutodiffBackend> AnyOptimizer<B> {
+    fn new(plan: &Plan) -> AnyOptimizer<B> {
+        match plan.optimizer.kind {
+            OptimizerKind::Sgd => AnyOptimizer::Sgd(SgdConfig::new().init()),
+            OptimizerKind::Momentum => AnyOptimizer::Sgd(
+                SgdConfig::new()
+                    .with_momentum(Some(MomentumConfig::new()))
+                    .init(),
+            ),
+            OptimizerKind::Adam => AnyOptimizer::Adam(
+                AdamConfig::new()
+                    .with_amsgrad(plan.optimizer.amsgrad)
+                    .init(),
+            ),
+            OptimizerKind::AdamW => AnyOptimizer::AdamW(
+                AdamWConfig::new()
+                    .with_amsgrad(plan.optimizer.amsgrad)
+                    .init(),
+            ),
+        }
+    }
+
+    fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.step(lr, model, grads),
+            AnyOptimizer::Adam(o) => o.step(lr, model, grads),
+            AnyOptimizer::AdamW(o) => o.step(lr, model, grads),
+        }
+    }
+}
+
+/// Casts every float parameter to a dtype, keeping it a trainable leaf.
+struct CastParams(FloatDType);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|t| t.cast(dtype).detach().require_grad())
+    }
+}
+
+fn half_dtype(plan: &Plan) -> Option<FloatDType> {
+    match plan.precision.compute {
+        Dtype::F16 => Some(FloatDType::F16),
+        Dtype::Bf16 => Some(FloatDType::BF16),
+        _ => None,
+    }
+}
+
+fn cast_batch<B: Backend>(batch: Batch<B>, dtype: Option<FloatDType>) -> Batch<B> {
+    let Some(dt) = dtype else { return batch };
+    Batch {
+        input: match batch.input {
+            BatchInput::Vector(x) => BatchInput::Vector(x.cast(dt)),
+            BatchInput::Image(x) => BatchInput::Image(x.cast(dt)),
+            tokens @ BatchInput::Tokens(_) => tokens,
+        },
+        target: match batch.target {
+            BatchTarget::Values(t) => BatchTarget::Values(t.cast(dt)),
+            classes @ BatchTarget::Classes(_) => classes,
+        },
+    }
+}
+
+fn work_dir(opts: &RunOptions<'_>) -> Result<PathBuf, BurnRunError> {
+    let dir = match &opts.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("trainmem-burn-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).map_err(|source| BurnRunError::Io {
+        what: "creating work directory",
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// Serialises the model through burn's file recorder, sampling while the serialised copy
+/// (the record item: a host copy of every parameter) exists.
+fn save_checkpoint<B: AutodiffBackend + MemoryBackend>(
+    model: &Net<B>,
+    path: &Path,
+    probe: &mut Probe<B>,
+    step: u64,
+    epoch: u64,
+) -> Result<(), BurnRunError> {
+    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+    let fail = |reason: String| BurnRunError::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let _tag = CategoryScope::enter(Category::Temporary);
+    let item = model
+        .clone()
+        .into_record()
+        .into_item::<FullPrecisionSettings>();
+    let item = BurnRecord::<_, B>::new::<BinFileRecorder<FullPrecisionSettings>>(item);
+    probe.sample(Phase::CheckpointSave, step, epoch, None)?;
+    Recorder::<B>::save_item(&recorder, item, path.to_path_buf())
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(())
+}
+
+/// Frees autodiff graph state that no live tensor can reach any more.
+///
+/// burn-autodiff keeps every graph in a process-wide registry. When tracked outputs are
+/// dropped without a backward pass, their nodes (and the tensors saved for backward) are not
+/// freed at once: after each backward pass the registry frees the graph *roots* nobody
+/// references, one layer of the orphaned graph per pass. This runs trivial backward passes
+/// until the counting allocator sees no more bytes released (at most 256), or 8 passes when no
+/// counting allocator is installed.
+fn flush_orphaned_graphs<B: AutodiffBackend>(device: &B::Device) {
+    let _tag = CategoryScope::enter(Category::Other);
+    let counting = crate::probe::host_counting_available();
+    let mut before = trainmem_probe::total_live_bytes();
+    for pass in 0..256 {
+        let x = Tensor::<B, 1>::ones([1], device).require_grad();
+        let _ = x.sum().backward();
+        let now = trainmem_probe::total_live_bytes();
+        if (!counting && pass >= 7) || (counting && now >= before && pass >= 1) {
+            break;
+        }
+        before = now;
+    }
+}
+
+/// Runs one small matrix product on the calling thread.
+///
+/// Flex's matrix products go through the `gemm` crate, which keeps a thread-local packing
+/// buffer the size of the CPU's L2 cache (1 MiB on the machine these facts were measured on),
+/// allocated at the thread's first product and never freed. Without this warm-up it would be
+/// allocated inside the first forward pass and counted as an activation that never goes away.
+fn warm_up_kernels<B: Backend>(device: &B::Device) {
+    let a = Tensor::<B, 2>::ones([64, 64], device);
+    let _ = a.clone().matmul(a).into_data();
+}
+
+fn train<B>(
+    plan: &Plan,
+    mut opts: RunOptions<'_>,
+    device: B::Device,
+    producer: &str,
+) -> Result<MeasuredRun, BurnRunError>
+where
+    B: AutodiffBackend + MemoryBackend,
+{
+    let (shape, loss_kind) = example_shape(&plan.model)?;
+    let half = half_dtype(plan);
+    if let Some(dt) = half {
+        let dtype: burn::tensor::DType = dt.into();
+        if !B::supports_dtype(&device, dtype) {
+            return Err(BurnRunError::Unsupported(format!(
+                "{dtype:?} on this backend ({producer})"
+            )));
+        }
+    }
+    let dir = work_dir(&opts)?;
+    let micro = usize::try_from(plan.micro_batch_size())
+        .map_err(|_| BurnRunError::Unsupported("micro-batch size too large".into()))?;
+    let accumulation = plan.accumulation_steps().max(1);
+    let steps_per_epoch = plan.steps_per_epoch();
+    let total_steps = plan.total_steps();
+    let lr = opts.learning_rate;
+    let mut source: Box<dyn BatchSource + '_> = match opts.source.take() {
+        Some(s) => s,
+        None => Box::new(SyntheticSource::new(shape.clone(), plan.seed)),
+    };
+
+    {
+        // Kernel scratch that lives as long as the thread (see `warm_up_kernels`) is made
+        // before the baseline, under `other`, so it is not mistaken for activations.
+        let _tag = CategoryScope::enter(Category::Other);
+        warm_up_kernels::<B>(&device);
+    }
+    flush_orphaned_graphs::<B>(&device);
+    let expected_samples = (total_steps * (accumulation * 4 + 4) + plan.training.epochs * 3 + 8)
+        .min(1 << 20) as usize;
+    let mut probe = Probe::<B>::with_capacity(&device, expected_samples);
+    B::seed(&device, plan.seed);
+    probe.sample(Phase::Start, 0, 0, None)?;
+
+    let mut model = {
+        let _tag = CategoryScope::enter(Category::Parameter);
+        let mut model = Net::<B>::from_spec(&plan.model, &device)?;
+        if let Some(dt) = half {
+            model = model.map(&mut CastParams(dt));
+        }
+        materialize(&model);
+        model
+    };
+    let param_bytes = parameter_bytes(&model);
+    let mut optim = {
+        let _tag = CategoryScope::enter(Category::OptimizerState);
+        AnyOptimizer::<B>::new(plan)
+    };
+    probe.sample(Phase::ModelInit, 0, 0, None)?;
+
+    let mut kept_outputs: Vec<Tensor<B, 2>> = Vec::new();
+    let mut metric_tensors: Vec<Tensor<B, 1>> = Vec::new();
+    let mut metric_outputs: Vec<Tensor<B, 2>> = Vec::new();
+    let mut metric_scalars: Vec<f32> = Vec::new();
+    let mut checkpoints = Vec::new();
+    let mut step: u64 = 0;
+
+    'epochs: for epoch in 0..plan.training.epochs {
+        if step >= total_steps {
+            break;
+        }
+        {
+            let _tag = CategoryScope::enter(Category::Input);
+            source.start_epoch(epoch)?;
+        }
+        probe.sample(Phase::EpochStart, step, epoch, None)?;
+        for _ in 0..steps_per_epoch {
+            if step >= total_steps {
+                break 'epochs;
+            }
+            let mut accumulator = GradientsAccumulator::<Net<B>>::new();
+            let mut last_grads = None;
+            for m in 0..accumulation {
+                let mb = (accumulation > 1).then_some(m as u32);
+                let batch = {
+                    let _tag = CategoryScope::enter(Category::Input);
+                    let host = source.next_batch(micro)?;
+                    let batch =
+                        Batch::<B>::from_host(&shape, host.batch, host.inputs, host.targets, &device)?;
+                    cast_batch(batch, half)
+                };
+                probe.sample(Phase::BatchLoaded, step, epoch, mb)?;
+
+                let (logits, loss) = {
+                    let _tag = CategoryScope::enter(Category::Activation);
+                    if plan.leak.retain_outputs && plan.leak.retain_graph {
+                        // The kept output's graph is never backwarded: its saved activations
+                        // stay alive with it (burn has no retain_graph; this is its analogue).
+                        kept_outputs.push(model.forward(batch.input.clone())?);
+                    }
+                    model.loss(batch, loss_kind)?
+                };
+                probe.sample(Phase::Forward, step, epoch, mb)?;
+
+                {
+                    let _tag = CategoryScope::enter(Category::Gradient);
+                    let grads = loss.backward();
+                    let grads = GradientsParams::from_grads(grads, &model);
+                    if accumulation > 1 {
+                        accumulator.accumulate(&model, grads);
+                    } else {
+                        last_grads = Some(grads);
+                    }
+                }
+                probe.sample(Phase::Backward, step, epoch, mb)?;
+
+                {
+                    let _tag = CategoryScope::enter(Category::Other);
+                    if plan.leak.retain_outputs && !plan.leak.retain_graph {
+                        kept_outputs.push(logits.clone());
+                    }
+                    match plan.metrics.retention {
+                        MetricRetention::None => {}
+                        MetricRetention::Scalars => {
+                            let value: f32 = loss.clone().into_scalar().elem();
+                            for _ in 0..plan.metrics.per_step {
+                                metric_scalars.push(value);
+                            }
+                        }
+                        MetricRetention::Tensors => {
+                            for _ in 0..plan.metrics.per_step {
+                                metric_tensors.push(loss.clone().detach());
+                            }
+                            if plan.metrics.keep_outputs {
+                                metric_outputs.push(logits.clone().detach());
+                            }
+                        }
+                    }
+                }
+                drop((logits, loss));
+                if plan.metrics.retention != MetricRetention::None {
+                    probe.sample(Phase::Metrics, step, epoch, mb)?;
+                }
+            }
+
+            {
+                let _tag = CategoryScope::enter(Category::OptimizerState);
+                let grads = match last_grads.take() {
+                    Some(g) => g,
+                    None => accumulator.grads(),
+                };
+                model = optim.step(lr, model, grads);
+            }
+            probe.sample(Phase::OptimizerStep, step, epoch, None)?;
+
+            if plan.leak.clear_every > 0 && (step + 1) % plan.leak.clear_every == 0 {
+                kept_outputs.clear();
+                kept_outputs.shrink_to_fit();
+            }
+            if plan.training.checkpoint_every > 0 && (step + 1) % plan.training.checkpoint_every == 0
+            {
+                let path = dir.join(format!("checkpoint-step{}.bin", step + 1));
+                save_checkpoint(&model, &path, &mut probe, step, epoch)?;
+                checkpoints.push(path);
+            }
+            if plan.training.empty_cache == EmptyCachePolicy::EveryStep {
+                B::sync(&device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
+                B::empty_cache(&device);
+                probe.sample(Phase::EmptyCache, step, epoch, None)?;
+            }
+            step += 1;
+            if let Some(cb) = opts.progress.as_mut() {
+                cb(Progress {
+                    step,
+                    total_steps,
+                    epoch,
+                });
+            }
+        }
+        {
+            let _tag = CategoryScope::enter(Category::Input);
+            source.end_epoch()?;
+        }
+        probe.sample(Phase::EpochEnd, step.saturating_sub(1), epoch, None)?;
+        if plan.training.empty_cache == EmptyCachePolicy::EveryEpoch {
+            B::sync(&device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
+            B::empty_cache(&device);
+            probe.sample(Phase::EmptyCache, step.saturating_sub(1), epoch, None)?;
+        }
+    }
+    let last_epoch = probe.samples().last().map_or(0, |s| s.epoch);
+    probe.sample(Phase::End, step.saturating_sub(1), last_epoch, None)?;
+    // Everything the run kept is released only now, after the last sample; graphs orphaned
+    // by the release are freed before returning, so the next run starts clean.
+    drop((kept_outputs, metric_tensors, metric_outputs, metric_scalars, model, optim));
+    flush_orphaned_graphs::<B>(&device);
+
+    let host_counted = probe.counts_host();
+    let samples = probe.into_samples();
+    let timeline = to_timeline(plan, producer, param_bytes, &samples);
+    Ok(MeasuredRun {
+        timeline,
+        samples,
+        parameter_bytes: param_bytes,
+        host_counted,
+        checkpoints,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 4 → 8 → 2 MLP, batch 4, two steps.
+    fn base() -> Plan {
+        let mut p = Plan::from_toml_str("[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n")
+            .expect("plan");
+        p.training.batch_size = 4;
+        p.training.steps_per_epoch = Some(2);
+        p.validate().expect("valid");
+        p
+    }
+
+    #[test]
+    fn refuses_knobs_burn_cannot_honour() {
+        let mut p = base();
+        p.optimizer.state = StateAllocation::Eager;
+        assert!(
+            matches!(check_supported(&p), Err(BurnRunError::Unsupported(m)) if m.contains("eager"))
+        );
+        let mut p = base();
+        p.precision.compute = Dtype::F16;
+        assert!(
+            matches!(check_supported(&p), Err(BurnRunError::Unsupported(m)) if m.contains("master_weights"))
+        );
+        p.precision.master_weights = false;
+        assert!(check_supported(&p).is_ok());
+        let mut p = base();
+        p.training.grads_to_none = false;
+        assert!(check_supported(&p).is_err());
+        assert!(check_supported(&base()).is_ok());
+    }
+
+    #[test]
+    fn a_tiny_run_produces_every_phase_in_order() {
+        let p = base();
+        let mut seen = Vec::new();
+        let mut progress = |pr: Progress| seen.push(pr.step);
+        let opts = RunOptions {
+            progress: Some(&mut progress),
+            ..RunOptions::default()
+        };
+        let run = run_measured_detailed(&p, opts).expect("run");
+        assert_eq!(seen, vec![1, 2]);
+        let phases: Vec<Phase> = run.samples.iter().map(|s| s.phase).collect();
+        assert_eq!(phases[0], Phase::Start);
+        assert_eq!(phases[1], Phase::ModelInit);
+        assert_eq!(phases.last(), Some(&Phase::End));
+        let steps = phases.iter().filter(|p| **p == Phase::OptimizerStep).count();
+        assert_eq!(steps, 2);
+        // 4*8 + 8 + 8*2 + 2 = 58 f32 parameters.
+        assert_eq!(run.parameter_bytes, 58 * 4);
+        assert_eq!(run.timeline.samples.len(), run.samples.len());
+        // This unit-test binary has no counting allocator: host categories are unavailable,
+        // not zero.
+        assert!(!run.host_counted);
+        assert!(run.samples.iter().all(|s| s.host.is_none()));
+    }
+}

@@ -1,0 +1,99 @@
+//! Turning probe samples into the shared [`Timeline`] (source = measured).
+//!
+//! * `host.categories`: live bytes per category from the counting allocator (all zero, with
+//!   the note `host_categories = unavailable`, when no counting allocator is installed);
+//! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`;
+//! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
+//!   `cache = reserved - allocated`; the per-category split of device bytes is not observable
+//!   there and stays zero. On a CPU backend tensors are host memory, so `device` is all zero
+//!   and every tensor byte is in the host categories.
+
+use trainmem_probe::Category;
+use trainmem_sim::plan::Plan;
+use trainmem_sim::timeline::{
+    CategoryBytes, DeviceBytes, HostBytes, Sample, Source, Timeline, TimelineMeta,
+};
+
+use crate::probe::ProbeSample;
+
+/// One probe sample as a timeline sample.
+pub fn to_sample(s: &ProbeSample) -> Sample {
+    let mut host = HostBytes::default();
+    if let Some(h) = s.host {
+        host.categories = CategoryBytes(h);
+    }
+    if let Some(rss) = s.rss {
+        host.anon_rss = rss.rss_anon;
+        host.file_rss = rss.rss_file + rss.rss_shmem;
+    }
+    let mut device = DeviceBytes::default();
+    if let Some(d) = s.device {
+        device.allocated = d.bytes_in_use;
+        device.reserved = d.bytes_reserved;
+        device.peak_allocated = d.bytes_in_use;
+        device.peak_reserved = d.bytes_reserved;
+        device
+            .categories
+            .set(Category::Cache, d.bytes_reserved.saturating_sub(d.bytes_in_use));
+    }
+    Sample {
+        phase: s.phase,
+        step: s.step,
+        epoch: s.epoch,
+        micro_batch: s.micro_batch,
+        time_us: s.time_us,
+        host,
+        device,
+    }
+}
+
+/// The measured timeline of a run of `plan`.
+pub fn to_timeline(
+    plan: &Plan,
+    producer: &str,
+    parameter_bytes: u64,
+    samples: &[ProbeSample],
+) -> Timeline {
+    let mut meta = TimelineMeta {
+        name: plan.name.clone(),
+        producer: producer.to_string(),
+        device: if samples.iter().any(|s| s.device.is_some()) {
+            "cuda".to_string()
+        } else {
+            "cpu (tensors are host memory: see the host categories)".to_string()
+        },
+        ..Default::default()
+    };
+    if let Some(total) = samples
+        .iter()
+        .rev()
+        .find_map(|s| s.device.and_then(|d| d.driver_total))
+    {
+        meta.device_capacity = Some(total);
+    }
+    let counted = samples.iter().any(|s| s.host.is_some());
+    meta.notes.insert(
+        "host_categories".into(),
+        if counted {
+            "counting allocator, tagged at allocation time".into()
+        } else {
+            "unavailable (no counting global allocator installed)".into()
+        },
+    );
+    meta.notes
+        .insert("parameter_bytes".into(), parameter_bytes.to_string());
+    meta.notes.insert(
+        "batch".into(),
+        format!(
+            "{} (micro-batch {}, accumulation {})",
+            plan.training.batch_size,
+            plan.micro_batch_size(),
+            plan.accumulation_steps()
+        ),
+    );
+    let mut t = Timeline::new(Source::Measured, meta);
+    for s in samples {
+        t.push(to_sample(s));
+    }
+    t
+}

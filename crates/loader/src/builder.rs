@@ -1,0 +1,195 @@
+//! How a worker turns sample indices into a batch: the [`BatchBuilder`] trait, the user's
+//! per-sample transform plus collate ([`MapCollate`]), and the zero-copy-to-one-copy column
+//! stacker for memory-mapped data sets ([`StackColumns`] → [`ColumnBatch`]).
+
+use crate::context::WorkerContext;
+use crate::dataset::{Dataset, MmapDataset};
+use crate::dtype::{DType, Element};
+use crate::staging::BatchBuffer;
+
+/// The error type builders and transforms return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bytes of memory a batch holds, as the loader accounts it.
+pub trait ByteSize {
+    /// Bytes held (allocated capacity, not just the used length).
+    fn byte_size(&self) -> usize;
+}
+
+impl<T: bytemuck::Pod> ByteSize for Vec<T> {
+    fn byte_size(&self) -> usize {
+        self.capacity() * std::mem::size_of::<T>()
+    }
+}
+
+impl<A: ByteSize, B: ByteSize> ByteSize for (A, B) {
+    fn byte_size(&self) -> usize {
+        self.0.byte_size() + self.1.byte_size()
+    }
+}
+
+impl ByteSize for BatchBuffer {
+    fn byte_size(&self) -> usize {
+        self.capacity()
+    }
+}
+
+/// Builds one batch from sample indices, inside a worker (or the caller's thread).
+pub trait BatchBuilder<D: Dataset>: Send + Sync + 'static {
+    /// The batch type.
+    type Batch: ByteSize + Send + 'static;
+
+    /// Builds the batch of `indices` (in sampler order). Call [`WorkerContext::set_sample`]
+    /// before touching each sample so failures are reported against it.
+    fn build(
+        &self,
+        dataset: &D,
+        indices: &[usize],
+        ctx: &mut WorkerContext,
+    ) -> Result<Self::Batch, BoxError>;
+}
+
+/// A per-sample transform followed by a collate step, both supplied by the user.
+#[derive(Debug, Clone)]
+pub struct MapCollate<F, C> {
+    transform: F,
+    collate: C,
+}
+
+impl<F, C> MapCollate<F, C> {
+    /// `transform(sample, ctx)` runs on every sample, then `collate(items, ctx)` makes the
+    /// batch.
+    pub fn new(transform: F, collate: C) -> MapCollate<F, C> {
+        MapCollate { transform, collate }
+    }
+}
+
+impl<D, F, C, T, B> BatchBuilder<D> for MapCollate<F, C>
+where
+    D: Dataset,
+    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError>
+        + Send
+        + Sync
+        + 'static,
+    C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
+    B: ByteSize + Send + 'static,
+{
+    type Batch = B;
+
+    fn build(&self, dataset: &D, indices: &[usize], ctx: &mut WorkerContext) -> Result<B, BoxError> {
+        let mut items = Vec::with_capacity(indices.len());
+        for &i in indices {
+            if ctx.is_cancelled() {
+                return Err("epoch cancelled".into());
+            }
+            ctx.set_sample(i);
+            let sample = dataset.sample(i)?;
+            items.push((self.transform)(sample, ctx)?);
+        }
+        ctx.clear_sample();
+        (self.collate)(items, ctx)
+    }
+}
+
+/// A batch of a [`MmapDataset`]: one contiguous buffer per column, rows in sampler order.
+#[derive(Debug)]
+pub struct ColumnBatch {
+    /// The sample indices, in order.
+    pub indices: Vec<usize>,
+    /// One buffer per column.
+    pub columns: Vec<BatchBuffer>,
+    /// Element type per column.
+    pub dtypes: Vec<DType>,
+    /// Shape per column, `[batch, sample shape...]`.
+    pub shapes: Vec<Vec<usize>>,
+}
+
+impl ColumnBatch {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.indices.is_empty()
+    }
+
+    /// Column `k` as typed elements, or `None` on a dtype mismatch.
+    pub fn column<T: Element>(&self, k: usize) -> Option<&[T]> {
+        if self.dtypes.get(k) != Some(&T::DTYPE) {
+            return None;
+        }
+        self.columns[k].typed()
+    }
+}
+
+impl ByteSize for ColumnBatch {
+    fn byte_size(&self) -> usize {
+        self.columns.iter().map(BatchBuffer::capacity).sum::<usize>()
+            + self.indices.capacity() * std::mem::size_of::<usize>()
+    }
+}
+
+/// Copies each sample's rows of every column into one buffer per column (the only copy:
+/// page cache → batch buffer). Runs of consecutive indices are copied with one `memcpy`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StackColumns;
+
+/// Copies rows of `array` for `indices` into `out`, one memcpy per run of consecutive indices.
+pub(crate) fn copy_rows(
+    array: &crate::MappedArray,
+    indices: &[usize],
+    out: &mut [u8],
+    ctx: &mut WorkerContext,
+) -> Result<(), BoxError> {
+    let bps = array.bytes_per_sample();
+    let mut row = 0;
+    while row < indices.len() {
+        let start = indices[row];
+        let mut run = 1;
+        while row + run < indices.len() && indices[row + run] == start + run {
+            run += 1;
+        }
+        ctx.set_sample(start);
+        let src = array
+            .samples(start..start + run)
+            .ok_or_else(|| format!("sample {start} out of range"))?;
+        out[row * bps..(row + run) * bps].copy_from_slice(src);
+        row += run;
+    }
+    Ok(())
+}
+
+impl BatchBuilder<MmapDataset> for StackColumns {
+    type Batch = ColumnBatch;
+
+    fn build(
+        &self,
+        dataset: &MmapDataset,
+        indices: &[usize],
+        ctx: &mut WorkerContext,
+    ) -> Result<ColumnBatch, BoxError> {
+        let n = indices.len();
+        let mut columns = Vec::with_capacity(dataset.columns().len());
+        let mut dtypes = Vec::with_capacity(columns.capacity());
+        let mut shapes = Vec::with_capacity(columns.capacity());
+        for c in dataset.columns() {
+            let a = &c.array;
+            let mut buf = ctx.alloc_buffer(n * a.bytes_per_sample());
+            copy_rows(a, indices, buf.as_bytes_mut(), ctx)?;
+            columns.push(buf);
+            dtypes.push(a.dtype());
+            let mut shape = vec![n];
+            shape.extend_from_slice(a.sample_shape());
+            shapes.push(shape);
+        }
+        ctx.clear_sample();
+        Ok(ColumnBatch {
+            indices: indices.to_vec(),
+            columns,
+            dtypes,
+            shapes,
+        })
+    }
+}

@@ -1,0 +1,258 @@
+//! The loader's knobs, serde-serialisable so plans (and the simulator) can carry them.
+//!
+//! The names and defaults follow PyTorch's `DataLoader` where one exists: `workers` is
+//! `num_workers`, `prefetch_factor` is per worker (at most `prefetch_factor × workers` batches in
+//! flight), `persistent_workers` keeps the worker threads across epochs, `pin_memory` builds
+//! batches in page-locked staging buffers.
+
+use serde::{Deserialize, Serialize};
+
+/// How the sample order of an epoch is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Order {
+    /// `0, 1, 2, ...` every epoch.
+    #[default]
+    Sequential,
+    /// A permutation drawn from `seed` and the epoch number: a new order every epoch, the same
+    /// order for the same `(seed, epoch)` on every run and every rank.
+    Shuffled {
+        /// The seed of the permutation.
+        seed: u64,
+    },
+}
+
+/// One rank's share of a data set split across `world_size` ranks. Rank `r` takes positions
+/// `r, r + world_size, r + 2·world_size, ...` of the epoch order, so every sample goes to
+/// exactly one rank per epoch (no padding: shard lengths differ by at most one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// This rank, `0..world_size`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world_size: usize,
+}
+
+/// Every knob of a loader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoaderConfig {
+    /// Samples per batch (at least 1).
+    pub batch_size: usize,
+    /// Drop the last batch of an epoch when it is shorter than `batch_size`.
+    pub drop_last: bool,
+    /// Sample order.
+    pub order: Order,
+    /// The distributed shard this process reads, or `None` for the whole data set.
+    pub shard: Option<Shard>,
+    /// Worker threads; 0 builds batches in the caller's thread when it asks for them.
+    pub workers: usize,
+    /// Batches in flight per worker (at least 1; ignored when `workers == 0`).
+    pub prefetch_factor: usize,
+    /// Keep worker threads alive across epochs (otherwise they are spawned at the start of each
+    /// epoch and joined at its end, as PyTorch does by default).
+    pub persistent_workers: bool,
+    /// Build batches in reusable page-locked (mlock'ed) staging buffers.
+    pub pin_memory: bool,
+    /// Give up on a batch that takes longer than this many milliseconds to arrive.
+    pub timeout_ms: Option<u64>,
+    /// Seed of the workers' seeds and of each batch's random generator (augmentation).
+    pub seed: u64,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 1,
+            drop_last: false,
+            order: Order::Sequential,
+            shard: None,
+            workers: 0,
+            prefetch_factor: 2,
+            persistent_workers: false,
+            pin_memory: false,
+            timeout_ms: None,
+            seed: 0,
+        }
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `batch_size` is 0.
+    #[error("batch_size must be at least 1")]
+    ZeroBatchSize,
+    /// `prefetch_factor` is 0 with workers.
+    #[error("prefetch_factor must be at least 1 when workers > 0")]
+    ZeroPrefetch,
+    /// The shard is outside its world.
+    #[error("shard rank {rank} is not below world_size {world_size}")]
+    BadShard {
+        /// The rank.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+    },
+    /// A timeout of 0 ms.
+    #[error("timeout_ms must be positive when set")]
+    ZeroTimeout,
+}
+
+impl LoaderConfig {
+    /// Checks the knobs against each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.batch_size == 0 {
+            return Err(ConfigError::ZeroBatchSize);
+        }
+        if self.workers > 0 && self.prefetch_factor == 0 {
+            return Err(ConfigError::ZeroPrefetch);
+        }
+        if let Some(Shard { rank, world_size }) = self.shard
+            && rank >= world_size
+        {
+            return Err(ConfigError::BadShard { rank, world_size });
+        }
+        if self.timeout_ms == Some(0) {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        Ok(())
+    }
+
+    /// The most batches that exist inside the loader at once (queued, being built, or waiting
+    /// in the reorder buffer): `prefetch_factor × workers`, or 0 when `workers == 0` (the caller
+    /// builds each batch on demand and owns it at once). Batches the caller still holds are
+    /// outside this count.
+    pub fn max_batches_in_flight(&self) -> usize {
+        if self.workers == 0 {
+            0
+        } else {
+            self.prefetch_factor.saturating_mul(self.workers)
+        }
+    }
+
+    /// Number of samples this process reads in an epoch over `dataset_len` samples (after
+    /// sharding).
+    pub fn samples_per_epoch(&self, dataset_len: usize) -> usize {
+        match self.shard {
+            None => dataset_len,
+            Some(Shard { rank, world_size }) if world_size > 0 && rank < world_size => {
+                dataset_len / world_size + usize::from(rank < dataset_len % world_size)
+            }
+            Some(_) => 0,
+        }
+    }
+
+    /// Number of batches in an epoch over `dataset_len` samples: `ceil(n / batch_size)`, or
+    /// `floor(n / batch_size)` with `drop_last`, where `n` is [`Self::samples_per_epoch`].
+    pub fn batches_per_epoch(&self, dataset_len: usize) -> usize {
+        let n = self.samples_per_epoch(dataset_len);
+        let b = self.batch_size.max(1);
+        if self.drop_last { n / b } else { n.div_ceil(b) }
+    }
+
+    /// The bound on the loader's own bytes for batches of at most `batch_bytes` bytes and a
+    /// per-worker scratch of at most `scratch_bytes`:
+    /// `max_batches_in_flight × batch_bytes + workers × scratch_bytes` (plus the staging pool
+    /// when `pin_memory`, see [`crate::LoaderMemory`]). With `workers == 0` it is one batch plus
+    /// one scratch, both built in the caller's thread.
+    pub fn in_flight_bound(&self, batch_bytes: usize, scratch_bytes: usize) -> usize {
+        if self.workers == 0 {
+            batch_bytes.saturating_add(scratch_bytes)
+        } else {
+            self.max_batches_in_flight()
+                .saturating_mul(batch_bytes)
+                .saturating_add(self.workers.saturating_mul(scratch_bytes))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_pytorch_and_validate() {
+        let c = LoaderConfig::default();
+        assert_eq!((c.batch_size, c.workers, c.prefetch_factor), (1, 0, 2));
+        assert!(!c.persistent_workers && !c.pin_memory && !c.drop_last);
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.max_batches_in_flight(), 0);
+    }
+
+    #[test]
+    fn invalid_configs_are_named() {
+        let bad = |f: fn(&mut LoaderConfig)| {
+            let mut c = LoaderConfig::default();
+            f(&mut c);
+            c.validate().expect_err("invalid")
+        };
+        assert_eq!(bad(|c| c.batch_size = 0), ConfigError::ZeroBatchSize);
+        assert_eq!(
+            bad(|c| {
+                c.workers = 2;
+                c.prefetch_factor = 0
+            }),
+            ConfigError::ZeroPrefetch
+        );
+        assert_eq!(
+            bad(|c| c.shard = Some(Shard { rank: 2, world_size: 2 })),
+            ConfigError::BadShard { rank: 2, world_size: 2 }
+        );
+        assert_eq!(bad(|c| c.timeout_ms = Some(0)), ConfigError::ZeroTimeout);
+    }
+
+    #[test]
+    fn counts_per_epoch() {
+        let mut c = LoaderConfig {
+            batch_size: 4,
+            ..LoaderConfig::default()
+        };
+        assert_eq!(c.batches_per_epoch(10), 3);
+        c.drop_last = true;
+        assert_eq!(c.batches_per_epoch(10), 2);
+        assert_eq!(c.batches_per_epoch(3), 0);
+        c.shard = Some(Shard { rank: 1, world_size: 3 });
+        assert_eq!(c.samples_per_epoch(10), 3);
+        let total: usize = (0..3)
+            .map(|rank| {
+                LoaderConfig {
+                    shard: Some(Shard { rank, world_size: 3 }),
+                    ..LoaderConfig::default()
+                }
+                .samples_per_epoch(10)
+            })
+            .sum();
+        assert_eq!(total, 10);
+    }
+
+    #[test]
+    fn bound_formula() {
+        let c = LoaderConfig {
+            workers: 3,
+            prefetch_factor: 2,
+            ..LoaderConfig::default()
+        };
+        assert_eq!(c.max_batches_in_flight(), 6);
+        assert_eq!(c.in_flight_bound(100, 10), 630);
+    }
+
+    #[test]
+    fn serde_round_trip_with_defaults() {
+        let c = LoaderConfig {
+            batch_size: 32,
+            order: Order::Shuffled { seed: 7 },
+            shard: Some(Shard { rank: 0, world_size: 2 }),
+            workers: 4,
+            timeout_ms: Some(500),
+            ..LoaderConfig::default()
+        };
+        let text = serde_json::to_string(&c).expect("ser");
+        let back: LoaderConfig = serde_json::from_str(&text).expect("de");
+        assert_eq!(back, c);
+        let partial: LoaderConfig =
+            serde_json::from_str(r#"{"batch_size": 8, "workers": 2}"#).expect("partial");
+        assert_eq!(partial.prefetch_factor, 2);
+        assert!(serde_json::from_str::<LoaderConfig>(r#"{"num_workers": 2}"#).is_err());
+    }
+}

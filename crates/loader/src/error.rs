@@ -1,0 +1,146 @@
+//! Errors of data-set files and of the loader.
+
+use std::path::PathBuf;
+
+use crate::npy::HeaderError;
+
+/// What is wrong with one file.
+#[derive(Debug, thiserror::Error)]
+pub enum FileProblem {
+    /// The file could not be opened, read, or mapped.
+    #[error("cannot read: {0}")]
+    Io(#[source] std::io::Error),
+    /// The `.npy` header is not usable.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// Fewer data bytes than the header describes.
+    #[error(
+        "truncated: shape {shape:?} of {dtype} needs {expected} data bytes, the file holds {actual}"
+    )]
+    Truncated {
+        /// Shape from the header.
+        shape: Vec<usize>,
+        /// Element type.
+        dtype: crate::DType,
+        /// Bytes needed.
+        expected: u64,
+        /// Bytes present.
+        actual: u64,
+    },
+    /// More bytes than the header describes.
+    #[error("{extra} bytes after the {expected} data bytes the header describes (corrupt file?)")]
+    TrailingBytes {
+        /// Bytes the header describes.
+        expected: u64,
+        /// Bytes beyond them.
+        extra: u64,
+    },
+    /// `prod(shape) × itemsize` overflows.
+    #[error("shape {0:?} is too large to address")]
+    Overflow(Vec<usize>),
+    /// The data does not start on a multiple of the element size.
+    #[error("data offset {offset} is not a multiple of the {align}-byte element size")]
+    Misaligned {
+        /// Data offset in the file.
+        offset: usize,
+        /// Required alignment.
+        align: usize,
+    },
+    /// The raw-record sidecar is missing or wrong.
+    #[error("raw sidecar {}: {message}", sidecar.display())]
+    Sidecar {
+        /// The sidecar path.
+        sidecar: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The raw data length is not a whole number of records.
+    #[error("{data_bytes} data bytes are not a whole number of {record_bytes}-byte records")]
+    PartialRecord {
+        /// Bytes after the offset.
+        data_bytes: u64,
+        /// Bytes per record.
+        record_bytes: u64,
+    },
+    /// The file is shorter now than when it was opened.
+    #[error(
+        "file shrank from {opened} to {now} bytes while mapped (reading it could crash with SIGBUS)"
+    )]
+    Shrunk {
+        /// Length at open.
+        opened: u64,
+        /// Length now.
+        now: u64,
+    },
+    /// A raw file without a sidecar and without the `.npy` magic.
+    #[error("not a .npy file (no \\x93NUMPY magic) and no raw sidecar {}", sidecar.display())]
+    Unrecognised {
+        /// The sidecar that was looked for.
+        sidecar: PathBuf,
+    },
+}
+
+/// An error about a data set.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file cannot be used.
+    #[error("{}: {problem}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The problem.
+        problem: FileProblem,
+    },
+    /// Columns of one data set disagree on the number of samples.
+    #[error("columns have different sample counts: {0}")]
+    LengthMismatch(String),
+    /// A data set needs at least one column.
+    #[error("a data set needs at least one column")]
+    NoColumns,
+    /// A sample index past the end.
+    #[error("sample {index} is out of range (data set has {len})")]
+    OutOfRange {
+        /// The index.
+        index: usize,
+        /// The length.
+        len: usize,
+    },
+    /// A typed view of the wrong type.
+    #[error("column {column} holds {actual}, not {requested}")]
+    DTypeMismatch {
+        /// The column.
+        column: String,
+        /// Its dtype.
+        actual: crate::DType,
+        /// The dtype asked for.
+        requested: crate::DType,
+    },
+    /// A bytemuck cast failed (misaligned or wrong length).
+    #[error("cannot view column {column} as {requested}: {reason}")]
+    Cast {
+        /// The column.
+        column: String,
+        /// The type asked for.
+        requested: crate::DType,
+        /// bytemuck's reason.
+        reason: String,
+    },
+    /// Writing a fixture or sidecar failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DataError {
+    pub(crate) fn file(path: &std::path::Path, problem: impl Into<FileProblem>) -> DataError {
+        DataError::File {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! [`Loader`]: worker threads that build whole batches, at most `prefetch_factor × workers`
+//! in flight, delivered in sampler order.
+//!
+//! # How it runs
+//!
+//! At the start of an epoch the loader draws the epoch's order ([`EpochPlan`]), hands the first
+//! `P·W` batch tasks to a shared task queue, and then hands out one new task per batch the
+//! caller takes (PyTorch's credit scheme: batches queued, being built, or waiting in the reorder
+//! buffer never exceed `P·W`). Workers pull tasks, build the batch with the user's
+//! [`BatchBuilder`], and send it back; a batch that arrives ahead of its turn waits in the
+//! reorder buffer, so the caller always sees sampler order. With `workers == 0` each batch is
+//! built in the caller's thread when asked for.
+//!
+//! Worker threads tag themselves [`Category::Input`], so a counting global allocator
+//! (trainmem-probe) attributes their bytes to input; in-caller building does the same in a
+//! scope.
+//!
+//! # Worker lifetime
+//!
+//! With `persistent_workers` the threads are spawned once (at the first epoch) and reused;
+//! otherwise a fresh set is spawned at every epoch start and joined at its end, as PyTorch does
+//! by default, which is one cause of the epoch-start memory spike.
+//!
+//! # Failure and shutdown
+//!
+//! * A transform or collate that returns an error or panics becomes
+//!   `Err(`[`LoaderError::Sample`]`)` / `Err(`[`LoaderError::Panic`]`)` for that batch, naming
+//!   the sample index; the epoch continues with the next batch. A worker init hook that panics
+//!   makes every batch that worker picks up an error ([`LoaderError::WorkerInit`]).
+//! * With `timeout_ms`, a batch that has not arrived in time yields
+//!   `Err(`[`LoaderError::Timeout`]`)` and ends the epoch. Without it the wait is unbounded but
+//!   the loader checks every 100 ms that workers are alive ([`LoaderError::WorkersGone`]). The
+//!   timeout does not apply with `workers == 0`.
+//! * Dropping an [`Epoch`] mid-way cancels it: workers abandon its remaining tasks (checked
+//!   between samples), per-epoch workers are joined before `drop` returns, persistent ones go
+//!   back to waiting and are joined when the [`Loader`] is dropped.
+//! * An empty data set (or a shard with no samples) gives an epoch with no batches. A batch
+//!   size larger than the data set gives one short batch, or none with `drop_last`.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use trainmem_probe::{Category, CategoryScope, set_thread_category};
+
+use crate::builder::{BatchBuilder, BoxError, ByteSize, MapCollate};
+use crate::config::{ConfigError, LoaderConfig, Order};
+use crate::context::WorkerContext;
+use crate::dataset::Dataset;
+use crate::error::DataError;
+use crate::memory::{LoaderMemory, MemoryCounters, Term};
+use crate::rng::mix;
+use crate::sampler::EpochPlan;
+use crate::staging::StagingPool;
+
+/// How often a waiting consumer checks that its workers are still alive.
+const LIVENESS_POLL: Duration = Duration::from_millis(100);
+
+/// Errors the loader reports.
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    /// The configuration is invalid.
+    #[error("invalid loader configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The data set failed its epoch-start check.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// A transform, collate or data access returned an error.
+    #[error("{} (batch {batch} of epoch {epoch}) failed: {message}", at(*.sample, *.batch))]
+    Sample {
+        /// Epoch.
+        epoch: u64,
+        /// Batch position in the epoch.
+        batch: usize,
+        /// The sample being processed, if known (`None` in collate).
+        sample: Option<usize>,
+        /// The error text.
+        message: String,
+    },
+    /// A transform or collate panicked.
+    #[error("{} (batch {batch} of epoch {epoch}) panicked: {message}", at(*.sample, *.batch))]
+    Panic {
+        /// Epoch.
+        epoch: u64,
+        /// Batch position in the epoch.
+        batch: usize,
+        /// The sample being processed, if known.
+        sample: Option<usize>,
+        /// The panic payload.
+        message: String,
+    },
+    /// The worker init hook panicked.
+    #[error("worker {worker} init hook panicked: {message}")]
+    WorkerInit {
+        /// The worker.
+        worker: usize,
+        /// The panic payload.
+        message: String,
+    },
+    /// A batch did not arrive within `timeout_ms`.
+    #[error("batch {batch} of epoch {epoch} did not arrive within {timeout_ms} ms")]
+    Timeout {
+        /// Epoch.
+        epoch: u64,
+        /// Batch position.
+        batch: usize,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// Every worker thread has exited.
+    #[error("all loader workers exited while batch {batch} of epoch {epoch} was pending")]
+    WorkersGone {
+        /// Epoch.
+        epoch: u64,
+        /// Batch position.
+        batch: usize,
+    },
+    /// A worker thread could not be spawned.
+    #[error("cannot spawn a loader worker: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+fn at(sample: Option<usize>, batch: usize) -> String {
+    match sample {
+        Some(s) => format!("sample {s}"),
+        None => format!("collate of batch {batch}"),
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// What a worker init hook is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// The worker, `0..num_workers`.
+    pub id: usize,
+    /// Number of workers.
+    pub num_workers: usize,
+    /// A seed for this worker: from the config seed, the spawn generation (which changes when
+    /// workers are respawned each epoch) and the worker id.
+    pub seed: u64,
+}
+
+type InitHook = dyn Fn(&WorkerInfo) + Send + Sync;
+
+struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
+    dataset: Arc<D>,
+    builder: Bd,
+    init: Option<Box<InitHook>>,
+    memory: Arc<MemoryCounters>,
+    staging: Option<Arc<StagingPool>>,
+    seed: u64,
+}
+
+/// A finished batch whose bytes are counted as queued or reordered until it is handed out or
+/// dropped.
+struct InFlight<B: ByteSize> {
+    batch: Option<B>,
+    bytes: usize,
+    term: Term,
+    memory: Arc<MemoryCounters>,
+}
+
+impl<B: ByteSize> InFlight<B> {
+    fn new(batch: B, memory: Arc<MemoryCounters>) -> InFlight<B> {
+        let bytes = batch.byte_size();
+        memory.add(Term::Queue, bytes);
+        memory.add(Term::ReadyBatches, 1);
+        InFlight {
+            batch: Some(batch),
+            bytes,
+            term: Term::Queue,
+            memory,
+        }
+    }
+
+    fn move_to_reorder(&mut self) {
+        self.memory.sub(self.term, self.bytes);
+        self.memory.add(Term::Reorder, self.bytes);
+        self.term = Term::Reorder;
+    }
+
+    fn release(&mut self) -> Option<B> {
+        let b = self.batch.take()?;
+        self.memory.sub(self.term, self.bytes);
+        self.memory.sub(Term::ReadyBatches, 1);
+        Some(b)
+    }
+}
+
+impl<B: ByteSize> Drop for InFlight<B> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+type Msg<B> = (usize, Result<InFlight<B>, LoaderError>);
+
+struct Job<B: ByteSize> {
+    epoch: u64,
+    plan: Arc<EpochPlan>,
+    results: Sender<Msg<B>>,
+    cancel: Arc<AtomicBool>,
+}
+
+struct Task<B: ByteSize> {
+    batch: usize,
+    job: Arc<Job<B>>,
+}
+
+struct WorkerPool<B: ByteSize> {
+    tasks: Option<Sender<Task<B>>>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl<B: ByteSize> WorkerPool<B> {
+    fn all_exited(&self) -> bool {
+        self.handles.iter().all(JoinHandle::is_finished)
+    }
+
+    fn send(&self, task: Task<B>) {
+        if let Some(tx) = &self.tasks {
+            // Fails only when every worker has exited; the consumer notices through liveness.
+            let _ = tx.send(task);
+        }
+    }
+}
+
+impl<B: ByteSize> Drop for WorkerPool<B> {
+    fn drop(&mut self) {
+        self.tasks = None;
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn build_batch<D: Dataset, Bd: BatchBuilder<D>>(
+    shared: &Shared<D, Bd>,
+    epoch: u64,
+    batch: usize,
+    indices: &[usize],
+    cancel: Option<Arc<AtomicBool>>,
+    ctx: &mut WorkerContext,
+) -> Result<InFlight<Bd::Batch>, LoaderError> {
+    ctx.begin_batch(
+        epoch,
+        batch,
+        mix(&[shared.seed, epoch, batch as u64]),
+        cancel,
+    );
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        shared.builder.build(&shared.dataset, indices, ctx)
+    }));
+    let sample = ctx.current_sample();
+    // The built batch (if any) becomes `queue` bytes before its `building` bytes are released,
+    // so the total never dips below what is really held.
+    let out = match r {
+        Ok(Ok(b)) => Ok(InFlight::new(b, Arc::clone(&shared.memory))),
+        Ok(Err(e)) => Err(LoaderError::Sample {
+            epoch,
+            batch,
+            sample,
+            message: error_chain(&*e),
+        }),
+        Err(p) => Err(LoaderError::Panic {
+            epoch,
+            batch,
+            sample,
+            message: panic_message(p),
+        }),
+    };
+    ctx.end_batch();
+    out
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn worker_main<D: Dataset, Bd: BatchBuilder<D>>(
+    shared: Arc<Shared<D, Bd>>,
+    tasks: Receiver<Task<Bd::Batch>>,
+    info: WorkerInfo,
+) {
+    set_thread_category(Category::Input);
+    let init_error = shared
+        .init
+        .as_ref()
+        .and_then(|f| catch_unwind(AssertUnwindSafe(|| f(&info))).err())
+        .map(panic_message);
+    let mut ctx = WorkerContext::new(
+        Some(info.id),
+        info.num_workers,
+        Arc::clone(&shared.memory),
+        shared.staging.clone(),
+    );
+    for task in tasks.iter() {
+        let job = &task.job;
+        if job.cancel.load(Ordering::Relaxed) {
+            continue;
+        }
+        let result = match &init_error {
+            Some(message) => Err(LoaderError::WorkerInit {
+                worker: info.id,
+                message: message.clone(),
+            }),
+            None => build_batch(
+                &shared,
+                job.epoch,
+                task.batch,
+                job.plan.batch(task.batch),
+                Some(Arc::clone(&job.cancel)),
+                &mut ctx,
+            ),
+        };
+        // If the epoch was dropped the send fails and the batch is dropped (and uncounted).
+        let _ = job.results.send((task.batch, result));
+    }
+}
+
+/// A multi-worker, bounded, in-order prefetching loader over a [`Dataset`].
+pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
+    shared: Arc<Shared<D, Bd>>,
+    config: LoaderConfig,
+    next_epoch: u64,
+    pool: Option<WorkerPool<Bd::Batch>>,
+    spawned: u64,
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> std::fmt::Debug for Loader<D, Bd> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("config", &self.config)
+            .field("next_epoch", &self.next_epoch)
+            .field("threads_spawned", &self.spawned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D, F, C, T, B> Loader<D, MapCollate<F, C>>
+where
+    D: Dataset,
+    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError>
+        + Send
+        + Sync
+        + 'static,
+    C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
+    B: ByteSize + Send + 'static,
+{
+    /// A loader with a per-sample `transform` and a `collate` step.
+    pub fn with_transform(
+        dataset: Arc<D>,
+        config: LoaderConfig,
+        transform: F,
+        collate: C,
+    ) -> Result<Self, LoaderError> {
+        Loader::new(dataset, config, MapCollate::new(transform, collate))
+    }
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
+    /// A loader over `dataset` building batches with `builder`.
+    pub fn new(dataset: Arc<D>, config: LoaderConfig, builder: Bd) -> Result<Self, LoaderError> {
+        config.validate()?;
+        let memory = Arc::new(MemoryCounters::default());
+        let staging = config.pin_memory.then(|| {
+            // Enough idle blocks for every batch in flight plus the one the caller holds.
+            let keep = config.max_batches_in_flight().max(1) * 4 + 4;
+            Arc::new(StagingPool::new(true, keep, Arc::clone(&memory)))
+        });
+        let seed = match config.order {
+            Order::Shuffled { seed } => mix(&[config.seed, seed]),
+            Order::Sequential => config.seed,
+        };
+        Ok(Loader {
+            shared: Arc::new(Shared {
+                dataset,
+                builder,
+                init: None,
+                memory,
+                staging,
+                seed,
+            }),
+            config,
+            next_epoch: 0,
+            pool: None,
+            spawned: 0,
+        })
+    }
+
+    /// Sets a hook run once in each worker thread when it starts, before it builds any batch.
+    /// Call before the first epoch.
+    pub fn with_worker_init(mut self, hook: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.init = Some(Box::new(hook));
+        }
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.config
+    }
+
+    /// The data set.
+    pub fn dataset(&self) -> &Arc<D> {
+        &self.shared.dataset
+    }
+
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.config.batches_per_epoch(self.shared.dataset.len())
+    }
+
+    /// Worker threads spawned so far (grows by `workers` every epoch unless persistent).
+    pub fn threads_spawned(&self) -> u64 {
+        self.spawned
+    }
+
+    /// The loader's own bytes right now (see [`LoaderMemory`]).
+    pub fn memory(&self) -> LoaderMemory {
+        self.shared.memory.current()
+    }
+
+    /// The largest value each term reached since creation or [`Self::reset_memory_peak`].
+    pub fn memory_peak(&self) -> LoaderMemory {
+        self.shared.memory.peaks()
+    }
+
+    /// Lowers every peak to the current value.
+    pub fn reset_memory_peak(&self) {
+        self.shared.memory.reset_peaks();
+    }
+
+    fn spawn_pool(&mut self) -> Result<WorkerPool<Bd::Batch>, LoaderError> {
+        let n = self.config.workers;
+        let generation = self.spawned / n.max(1) as u64;
+        let (tx, rx) = crossbeam_channel::unbounded::<Task<Bd::Batch>>();
+        let mut pool = WorkerPool {
+            tasks: Some(tx),
+            handles: Vec::with_capacity(n),
+        };
+        for id in 0..n {
+            let info = WorkerInfo {
+                id,
+                num_workers: n,
+                seed: mix(&[self.shared.seed, generation, id as u64]),
+            };
+            let shared = Arc::clone(&self.shared);
+            let rx = rx.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("trainmem-loader-{id}"))
+                .spawn(move || worker_main(shared, rx, info))
+                .map_err(LoaderError::Spawn)?;
+            pool.handles.push(h);
+            self.spawned += 1;
+        }
+        Ok(pool)
+    }
+
+    /// Starts the next epoch (0, 1, 2, ...).
+    pub fn epoch(&mut self) -> Result<Epoch<'_, D, Bd>, LoaderError> {
+        let e = self.next_epoch;
+        self.epoch_at(e)
+    }
+
+    /// Starts epoch `epoch` (its order depends on it when shuffled); the next call to
+    /// [`Self::epoch`] starts `epoch + 1`.
+    pub fn epoch_at(&mut self, epoch: u64) -> Result<Epoch<'_, D, Bd>, LoaderError> {
+        self.shared.dataset.check()?;
+        self.shared
+            .dataset
+            .advise(matches!(self.config.order, Order::Sequential));
+        self.next_epoch = epoch + 1;
+        let plan = Arc::new(EpochPlan::new(
+            self.shared.dataset.len(),
+            &self.config,
+            epoch,
+        ));
+        let sampler_bytes = plan.bytes();
+        self.shared.memory.add(Term::Sampler, sampler_bytes);
+        let state = if self.config.workers == 0 {
+            State::Inline(WorkerContext::new(
+                None,
+                0,
+                Arc::clone(&self.shared.memory),
+                self.shared.staging.clone(),
+            ))
+        } else {
+            let own = if self.config.persistent_workers {
+                if self.pool.as_ref().is_none_or(WorkerPool::all_exited) {
+                    self.pool = Some(self.spawn_pool()?);
+                }
+                None
+            } else {
+                Some(self.spawn_pool()?)
+            };
+            let (tx, rx) = crossbeam_channel::unbounded();
+            State::Workers {
+                job: Arc::new(Job {
+                    epoch,
+                    plan: Arc::clone(&plan),
+                    results: tx,
+                    cancel: Arc::new(AtomicBool::new(false)),
+                }),
+                results: rx,
+                reorder: BTreeMap::new(),
+                own_pool: own,
+            }
+        };
+        let mut it = Epoch {
+            loader: self,
+            plan,
+            epoch,
+            next: 0,
+            sent: 0,
+            done: false,
+            sampler_bytes,
+            state,
+        };
+        let prime = it.loader.config.max_batches_in_flight().min(it.plan.len());
+        for _ in 0..prime {
+            it.send_next();
+        }
+        Ok(it)
+    }
+}
+
+enum State<B: ByteSize> {
+    Inline(WorkerContext),
+    Workers {
+        job: Arc<Job<B>>,
+        results: Receiver<Msg<B>>,
+        reorder: BTreeMap<usize, Result<InFlight<B>, LoaderError>>,
+        own_pool: Option<WorkerPool<B>>,
+    },
+}
+
+/// One epoch: an iterator of batches in sampler order.
+pub struct Epoch<'l, D: Dataset, Bd: BatchBuilder<D>> {
+    loader: &'l mut Loader<D, Bd>,
+    plan: Arc<EpochPlan>,
+    epoch: u64,
+    next: usize,
+    sent: usize,
+    done: bool,
+    sampler_bytes: usize,
+    state: State<Bd::Batch>,
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> std::fmt::Debug for Epoch<'_, D, Bd> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoch")
+            .field("epoch", &self.epoch)
+            .field("next", &self.next)
+            .field("batches", &self.plan.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
+    /// The epoch number.
+    pub fn number(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The epoch's plan (order and batches).
+    pub fn plan(&self) -> &EpochPlan {
+        &self.plan
+    }
+
+    /// The loader's memory right now.
+    pub fn memory(&self) -> LoaderMemory {
+        self.loader.memory()
+    }
+
+    fn send_next(&mut self) {
+        if self.sent >= self.plan.len() {
+            return;
+        }
+        if let State::Workers { job, own_pool, .. } = &self.state {
+            let pool = own_pool.as_ref().or(self.loader.pool.as_ref());
+            if let Some(pool) = pool {
+                pool.send(Task {
+                    batch: self.sent,
+                    job: Arc::clone(job),
+                });
+            }
+        }
+        self.sent += 1;
+    }
+
+    fn workers_exited(&self) -> bool {
+        match &self.state {
+            State::Workers { own_pool, .. } => own_pool
+                .as_ref()
+                .or(self.loader.pool.as_ref())
+                .is_none_or(WorkerPool::all_exited),
+            State::Inline(_) => false,
+        }
+    }
+
+    fn stop(&mut self) {
+        self.done = true;
+        if let State::Workers {
+            job,
+            results,
+            reorder,
+            own_pool,
+        } = &mut self.state
+        {
+            job.cancel.store(true, Ordering::Relaxed);
+            reorder.clear();
+            // Joins per-epoch workers (they stop within one sample of the cancel flag).
+            *own_pool = None;
+            while results.try_recv().is_ok() {}
+        }
+    }
+
+    fn next_from_workers(&mut self) -> Result<Bd::Batch, LoaderError> {
+        let timeout = self.loader.config.timeout_ms.map(Duration::from_millis);
+        let started = Instant::now();
+        let want = self.next;
+        let item = loop {
+            let State::Workers {
+                results, reorder, ..
+            } = &mut self.state
+            else {
+                unreachable!("called only in worker mode");
+            };
+            if let Some(r) = reorder.remove(&want) {
+                break r;
+            }
+            let wait = match timeout {
+                Some(t) => t.saturating_sub(started.elapsed()).min(LIVENESS_POLL),
+                None => LIVENESS_POLL,
+            };
+            match results.recv_timeout(wait) {
+                Ok((k, r)) if k == want => break r,
+                Ok((k, mut r)) => {
+                    if let Ok(b) = &mut r {
+                        b.move_to_reorder();
+                    }
+                    reorder.insert(k, r);
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    if let Some(t) = timeout
+                        && started.elapsed() >= t
+                    {
+                        self.stop();
+                        return Err(LoaderError::Timeout {
+                            epoch: self.epoch,
+                            batch: want,
+                            timeout_ms: t.as_millis() as u64,
+                        });
+                    }
+                    if self.workers_exited() {
+                        self.stop();
+                        return Err(LoaderError::WorkersGone {
+                            epoch: self.epoch,
+                            batch: want,
+                        });
+                    }
+                }
+            }
+        };
+        self.next += 1;
+        self.send_next();
+        item.map(|mut b| {
+            b.release()
+                .expect("an in-flight batch is released exactly once")
+        })
+    }
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> Iterator for Epoch<'_, D, Bd> {
+    type Item = Result<Bd::Batch, LoaderError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.next >= self.plan.len() {
+            if !self.done {
+                self.stop();
+            }
+            return None;
+        }
+        if let State::Inline(ctx) = &mut self.state {
+            let k = self.next;
+            self.next += 1;
+            let _tag = CategoryScope::enter(Category::Input);
+            let shared = &self.loader.shared;
+            let r = build_batch(shared, self.epoch, k, self.plan.batch(k), None, ctx);
+            return Some(r.map(|mut b| {
+                b.release()
+                    .expect("an in-flight batch is released exactly once")
+            }));
+        }
+        Some(self.next_from_workers())
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = if self.done {
+            0
+        } else {
+            self.plan.len() - self.next
+        };
+        (left, Some(left))
+    }
+}
+
+impl<D: Dataset, Bd: BatchBuilder<D>> Drop for Epoch<'_, D, Bd> {
+    fn drop(&mut self) {
+        self.stop();
+        self.loader.shared.memory.sub(Term::Sampler, self.sampler_bytes);
+    }
+}

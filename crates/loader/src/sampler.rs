@@ -1,0 +1,133 @@
+//! Samplers: the order of one epoch (sequential, shuffled, sharded) cut into batches.
+
+use crate::config::{LoaderConfig, Order, Shard};
+use crate::rng::{Rng, mix};
+
+/// The sample order of one epoch and its batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochPlan {
+    order: Vec<usize>,
+    batch_size: usize,
+    batches: usize,
+}
+
+/// The full order of an epoch before sharding: `0..len`, or a permutation drawn from
+/// `(seed, epoch)` (Fisher–Yates).
+pub fn epoch_order(len: usize, order: Order, epoch: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..len).collect();
+    if let Order::Shuffled { seed } = order {
+        let mut rng = Rng::new(mix(&[seed, epoch]));
+        for i in (1..len).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+    v
+}
+
+impl EpochPlan {
+    /// The plan of `epoch` over a data set of `len` samples: the epoch order, this rank's shard
+    /// of it (positions `rank, rank + world, ...`), cut into batches of `batch_size`, the last
+    /// one shorter unless `drop_last` drops it.
+    pub fn new(len: usize, config: &LoaderConfig, epoch: u64) -> EpochPlan {
+        let full = epoch_order(len, config.order, epoch);
+        let order: Vec<usize> = match config.shard {
+            Some(Shard { rank, world_size }) if world_size > 0 => {
+                full.into_iter().skip(rank).step_by(world_size).collect()
+            }
+            _ => full,
+        };
+        let batch_size = config.batch_size.max(1);
+        let batches = if config.drop_last {
+            order.len() / batch_size
+        } else {
+            order.len().div_ceil(batch_size)
+        };
+        EpochPlan {
+            order,
+            batch_size,
+            batches,
+        }
+    }
+
+    /// Number of batches.
+    pub fn len(&self) -> usize {
+        self.batches
+    }
+
+    /// Whether the epoch has no batches.
+    pub fn is_empty(&self) -> bool {
+        self.batches == 0
+    }
+
+    /// The sample indices of batch `k` (`k < len()`).
+    pub fn batch(&self, k: usize) -> &[usize] {
+        let start = (k * self.batch_size).min(self.order.len());
+        let end = (start + self.batch_size).min(self.order.len());
+        &self.order[start..end]
+    }
+
+    /// The shard's order (all samples of this rank, including any dropped by `drop_last`).
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// Bytes held by the index list.
+    pub fn bytes(&self) -> usize {
+        self.order.capacity() * std::mem::size_of::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(batch: usize, drop_last: bool, order: Order) -> LoaderConfig {
+        LoaderConfig {
+            batch_size: batch,
+            drop_last,
+            order,
+            ..LoaderConfig::default()
+        }
+    }
+
+    #[test]
+    fn sequential_batches_like_pytorch() {
+        let p = EpochPlan::new(10, &cfg(3, false, Order::Sequential), 0);
+        let got: Vec<&[usize]> = (0..p.len()).map(|k| p.batch(k)).collect();
+        assert_eq!(got, vec![&[0, 1, 2][..], &[3, 4, 5], &[6, 7, 8], &[9]]);
+        let p = EpochPlan::new(10, &cfg(3, true, Order::Sequential), 0);
+        assert_eq!(p.len(), 3);
+        assert!(EpochPlan::new(0, &cfg(3, false, Order::Sequential), 0).is_empty());
+        assert_eq!(EpochPlan::new(2, &cfg(5, false, Order::Sequential), 0).len(), 1);
+        assert!(EpochPlan::new(2, &cfg(5, true, Order::Sequential), 0).is_empty());
+    }
+
+    #[test]
+    fn shuffles_differ_per_epoch_and_reproduce() {
+        let o = Order::Shuffled { seed: 42 };
+        let a0 = epoch_order(100, o, 0);
+        let a1 = epoch_order(100, o, 1);
+        assert_ne!(a0, a1);
+        assert_eq!(a0, epoch_order(100, o, 0));
+        let mut s = a0.clone();
+        s.sort_unstable();
+        assert_eq!(s, (0..100).collect::<Vec<_>>());
+        assert_ne!(a0, epoch_order(100, Order::Shuffled { seed: 43 }, 0));
+    }
+
+    #[test]
+    fn shards_partition_the_epoch() {
+        let mut seen = Vec::new();
+        for rank in 0..3 {
+            let c = LoaderConfig {
+                shard: Some(Shard { rank, world_size: 3 }),
+                order: Order::Shuffled { seed: 1 },
+                ..LoaderConfig::default()
+            };
+            seen.extend_from_slice(EpochPlan::new(11, &c, 5).order());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..11).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,297 @@
+//! Batch buffers: 64-byte-aligned heap blocks, or reusable page-locked staging blocks.
+//!
+//! With `pin_memory`, batches are built directly in staging blocks taken from a pool: page
+//! aligned, a whole number of pages, locked in RAM with `mlock` so a device copy can DMA from
+//! them. A block returns to the pool when its batch is dropped and is reused by a later batch,
+//! so the steady state allocates nothing. If `mlock` fails (for example `RLIMIT_MEMLOCK` is
+//! low) the block is used unpinned and [`crate::LoaderMemory::pin_failures`] counts it. The
+//! CUDA host allocator is not used: trainmem-loader has no CUDA dependency; a device crate can
+//! register these blocks with the driver if it needs to.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use crate::dtype::Element;
+use crate::memory::{MemoryCounters, Term};
+
+const PAGE: usize = 4096;
+const HEAP_ALIGN: usize = 64;
+
+/// A block of raw memory with its layout.
+#[derive(Debug)]
+struct Block {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    pinned: bool,
+}
+
+// SAFETY: a `Block` exclusively owns its allocation (no aliasing pointers are kept anywhere
+// else), so moving it to another thread is sound.
+unsafe impl Send for Block {}
+
+impl Block {
+    fn alloc(size: usize, align: usize) -> Option<Block> {
+        let layout = Layout::from_size_align(size.max(1), align).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        Some(Block {
+            ptr,
+            layout,
+            pinned: false,
+        })
+    }
+
+    fn lock(&mut self) -> bool {
+        #[cfg(unix)]
+        {
+            // SAFETY: `ptr..ptr+size` is a live allocation owned by this block; mlock only
+            // changes residency, not contents. The block is page-aligned and page-sized, so no
+            // other allocation shares its pages.
+            let rc = unsafe { libc::mlock(self.ptr.as_ptr().cast(), self.layout.size()) };
+            self.pinned = rc == 0;
+        }
+        self.pinned
+    }
+
+    fn free(self) {
+        #[cfg(unix)]
+        if self.pinned {
+            // SAFETY: the range was locked by `lock` on this same live allocation.
+            unsafe { libc::munlock(self.ptr.as_ptr().cast(), self.layout.size()) };
+        }
+        // SAFETY: `ptr` was allocated by `Block::alloc` with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// The pool of staging blocks of one loader.
+#[derive(Debug)]
+pub(crate) struct StagingPool {
+    pin: bool,
+    idle: Mutex<Vec<Block>>,
+    max_idle: usize,
+    memory: Arc<MemoryCounters>,
+}
+
+impl StagingPool {
+    pub(crate) fn new(pin: bool, max_idle: usize, memory: Arc<MemoryCounters>) -> StagingPool {
+        StagingPool {
+            pin,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            memory,
+        }
+    }
+
+    fn take(&self, size: usize) -> Option<Block> {
+        let rounded = size.max(1).div_ceil(PAGE) * PAGE;
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            // Best fit among idle blocks at least as large.
+            let best = idle
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.layout.size() >= rounded)
+                .min_by_key(|(_, b)| b.layout.size())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let b = idle.swap_remove(i);
+                self.memory.sub(Term::StagingIdle, b.layout.size());
+                return Some(b);
+            }
+        }
+        let mut b = Block::alloc(rounded, PAGE)?;
+        self.memory.add(Term::Staging, rounded);
+        if self.pin {
+            if b.lock() {
+                self.memory.add(Term::StagingPinned, rounded);
+            } else {
+                self.memory.add(Term::PinFailures, 1);
+            }
+        }
+        Some(b)
+    }
+
+    fn give_back(&self, b: Block) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            self.memory.add(Term::StagingIdle, b.layout.size());
+            idle.push(b);
+        } else {
+            drop(idle);
+            self.release(b);
+        }
+    }
+
+    fn release(&self, b: Block) {
+        self.memory.sub(Term::Staging, b.layout.size());
+        if b.pinned {
+            self.memory.sub(Term::StagingPinned, b.layout.size());
+        }
+        b.free();
+    }
+}
+
+impl Drop for StagingPool {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for b in idle {
+            self.memory.sub(Term::StagingIdle, b.layout.size());
+            self.release(b);
+        }
+    }
+}
+
+/// A batch's byte buffer: `len` initialised (zeroed at allocation) bytes, 64-byte aligned on
+/// the heap or page aligned in staging, so typed views of any numeric dtype are aligned.
+#[derive(Debug)]
+pub struct BatchBuffer {
+    block: Option<Block>,
+    len: usize,
+    pool: Option<Arc<StagingPool>>,
+}
+
+impl BatchBuffer {
+    /// A zeroed heap buffer of `len` bytes. Panics only if the allocation itself fails.
+    pub fn heap(len: usize) -> BatchBuffer {
+        let block = if len == 0 {
+            None
+        } else {
+            Some(Block::alloc(len, HEAP_ALIGN).unwrap_or_else(|| {
+                std::alloc::handle_alloc_error(
+                    Layout::from_size_align(len, HEAP_ALIGN).unwrap_or(Layout::new::<u8>()),
+                )
+            }))
+        };
+        BatchBuffer {
+            block,
+            len,
+            pool: None,
+        }
+    }
+
+    pub(crate) fn staged(pool: &Arc<StagingPool>, len: usize) -> BatchBuffer {
+        match pool.take(len) {
+            Some(block) => BatchBuffer {
+                block: Some(block),
+                len,
+                pool: Some(Arc::clone(pool)),
+            },
+            None => BatchBuffer::heap(len),
+        }
+    }
+
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of memory it holds (its block size, at least `len`).
+    pub fn capacity(&self) -> usize {
+        self.block.as_ref().map_or(0, |b| b.layout.size())
+    }
+
+    /// Whether the memory is page-locked.
+    pub fn is_pinned(&self) -> bool {
+        self.block.as_ref().is_some_and(|b| b.pinned)
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.block {
+            // SAFETY: the block holds at least `len` initialised (zeroed or written) bytes and
+            // is exclusively owned by `self`, borrowed shared here.
+            Some(b) => unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.block {
+            // SAFETY: as in `as_bytes`, borrowed exclusively through `&mut self`.
+            Some(b) => unsafe { std::slice::from_raw_parts_mut(b.ptr.as_ptr(), self.len) },
+            None => &mut [],
+        }
+    }
+
+    /// A typed view (the buffer is aligned for every numeric type; `None` when `len` is not a
+    /// multiple of the element size).
+    pub fn typed<T: Element>(&self) -> Option<&[T]> {
+        bytemuck::try_cast_slice(self.as_bytes()).ok()
+    }
+
+    /// A typed mutable view.
+    pub fn typed_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        bytemuck::try_cast_slice_mut(self.as_bytes_mut()).ok()
+    }
+}
+
+impl Drop for BatchBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.block.take() {
+            match &self.pool {
+                Some(pool) => pool.give_back(b),
+                None => b.free(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_buffers_are_aligned_and_zeroed() {
+        let mut b = BatchBuffer::heap(1004);
+        assert_eq!(b.as_bytes().as_ptr() as usize % 64, 0);
+        assert!(b.as_bytes().iter().all(|&x| x == 0));
+        b.typed_mut::<f32>().expect("1004 = 251 f32")[3] = 2.5;
+        assert_eq!(b.typed::<f32>().expect("view")[3], 2.5);
+        assert!(b.typed::<f64>().is_none());
+        assert!(BatchBuffer::heap(0).is_empty());
+    }
+
+    #[test]
+    fn staging_blocks_are_reused_and_accounted() {
+        let mem = Arc::new(MemoryCounters::default());
+        let pool = Arc::new(StagingPool::new(true, 2, Arc::clone(&mem)));
+        let a = BatchBuffer::staged(&pool, 5000);
+        assert_eq!(a.capacity(), 8192);
+        assert_eq!(a.as_bytes().as_ptr() as usize % PAGE, 0);
+        let m = mem.current();
+        assert_eq!(m.staging, 8192);
+        // Pinned or a counted failure, never silent.
+        assert_eq!(
+            m.staging_pinned + m.pin_failures * 8192,
+            8192,
+            "{m:?}"
+        );
+        assert_eq!(a.is_pinned(), m.staging_pinned == 8192);
+        let ptr = a.as_bytes().as_ptr();
+        drop(a);
+        assert_eq!(mem.current().staging_idle, 8192);
+        let b = BatchBuffer::staged(&pool, 6000);
+        assert_eq!(b.as_bytes().as_ptr(), ptr, "reused");
+        assert_eq!(mem.current().staging_idle, 0);
+        let c = BatchBuffer::staged(&pool, 100);
+        let d = BatchBuffer::staged(&pool, 100);
+        let e = BatchBuffer::staged(&pool, 100);
+        assert_eq!(mem.current().staging, 8192 + 3 * 4096);
+        drop((b, c, d, e));
+        // Only two stay idle; the rest are freed.
+        let m = mem.current();
+        assert_eq!(m.staging_idle, m.staging);
+        assert!(m.staging <= 8192 + 4096);
+        drop(pool);
+        let m = mem.current();
+        assert_eq!((m.staging, m.staging_idle, m.staging_pinned), (0, 0, 0));
+    }
+}

@@ -1,0 +1,332 @@
+//! [`CountingAlloc`]: a global allocator that keeps live bytes per [`Category`].
+//!
+//! Every block handed out carries a one-byte category tag in a small header placed just before
+//! the pointer the program sees. The tag is the allocating thread's category (see
+//! [`crate::set_thread_category`]) at the moment of allocation; deallocation reads the tag back
+//! and decrements that same category, whichever thread frees the block. A `realloc` moves the
+//! whole block to the category of the thread that reallocates it: the old category loses the
+//! old size and the current one gains the new size.
+//!
+//! Counts are the sizes the program asked for (`Layout::size`). The header (at least 8 bytes,
+//! or the requested alignment when that is larger) and the system allocator's own overhead are
+//! not counted.
+//!
+//! The counters are process-wide atomics, so the readers ([`live_bytes`], [`snapshot`], ...)
+//! are free functions. They read zero until a binary installs the allocator:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Category;
+use crate::tag::{category_from_u8, current_tag_byte};
+
+/// Number of categories.
+const N: usize = Category::ALL.len();
+
+/// Smallest header in front of each block; the tag byte is its last byte.
+const HEADER: usize = 8;
+
+static LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+static PEAK: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+static ALLOCATED: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static TOTAL_LIVE: AtomicUsize = AtomicUsize::new(0);
+static TOTAL_PEAK: AtomicUsize = AtomicUsize::new(0);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// A `GlobalAlloc` over [`System`] that counts live bytes per category.
+///
+/// It never allocates itself, and reading the thread's tag inside `alloc` touches only a
+/// `const`-initialised thread-local cell, so there is no recursion.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CountingAlloc {
+    _private: (),
+}
+
+impl CountingAlloc {
+    /// A counting allocator, ready to be a `static` `#[global_allocator]`.
+    pub const fn new() -> CountingAlloc {
+        CountingAlloc { _private: () }
+    }
+}
+
+/// The header offset for an alignment and the layout of the whole block (header + data), or
+/// `None` when the enlarged size overflows.
+fn outer_layout(layout: Layout) -> Option<(Layout, usize)> {
+    // The offset is a multiple of the alignment (both are powers of two and the offset is the
+    // larger of them), so the pointer after the header keeps the requested alignment.
+    let offset = layout.align().max(HEADER);
+    let size = layout.size().checked_add(offset)?;
+    let outer = Layout::from_size_align(size, layout.align()).ok()?;
+    Some((outer, offset))
+}
+
+fn record_alloc(tag: u8, size: usize) {
+    let i = usize::from(tag).min(N - 1);
+    let now = LIVE[i]
+        .fetch_add(size, Ordering::Relaxed)
+        .wrapping_add(size);
+    PEAK[i].fetch_max(now, Ordering::Relaxed);
+    ALLOCATED[i].fetch_add(size as u64, Ordering::Relaxed);
+    COUNT[i].fetch_add(1, Ordering::Relaxed);
+    let total = TOTAL_LIVE
+        .fetch_add(size, Ordering::Relaxed)
+        .wrapping_add(size);
+    TOTAL_PEAK.fetch_max(total, Ordering::Relaxed);
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
+}
+
+fn record_dealloc(tag: u8, size: usize) {
+    let i = usize::from(tag).min(N - 1);
+    LIVE[i].fetch_sub(size, Ordering::Relaxed);
+    TOTAL_LIVE.fetch_sub(size, Ordering::Relaxed);
+}
+
+// SAFETY: every method forwards to `System` with a layout that is valid and at least as large
+// as the caller's, and returns a pointer `offset` bytes into the block, where `offset` is a
+// multiple of the requested alignment and at least `HEADER`; so the returned pointer is aligned
+// as asked, has `layout.size()` usable bytes after it, and the tag byte just before it lies
+// inside the same block. `dealloc`/`realloc` recompute the same offset and outer layout from the
+// caller's layout (which the `GlobalAlloc` contract says is the one used to allocate), so the
+// pointer given back to `System` is the one `System` returned, with its layout.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let Some((outer, offset)) = outer_layout(layout) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `outer` has a non-zero size (it includes the header).
+        let base = unsafe { System.alloc(outer) };
+        if base.is_null() {
+            return base;
+        }
+        let tag = current_tag_byte();
+        // SAFETY: `offset < outer.size()`, so `base + offset` and the byte before it are inside
+        // the block `System` just returned.
+        unsafe {
+            let user = base.add(offset);
+            user.sub(1).write(tag);
+            record_alloc(tag, layout.size());
+            user
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let Some((outer, offset)) = outer_layout(layout) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `outer` has a non-zero size (it includes the header).
+        let base = unsafe { System.alloc_zeroed(outer) };
+        if base.is_null() {
+            return base;
+        }
+        let tag = current_tag_byte();
+        // SAFETY: as in `alloc`; the tag byte is in the header, the user bytes stay zero.
+        unsafe {
+            let user = base.add(offset);
+            user.sub(1).write(tag);
+            record_alloc(tag, layout.size());
+            user
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let Some((outer, offset)) = outer_layout(layout) else {
+            // Unreachable for a block this allocator handed out: `alloc` succeeded with the
+            // same layout, so `outer_layout` succeeded then too.
+            return;
+        };
+        // SAFETY: `ptr` came from `alloc`/`realloc` with this layout, so the header byte before
+        // it holds the tag and `ptr - offset` is the block `System` returned for `outer`.
+        unsafe {
+            let tag = ptr.sub(1).read();
+            record_dealloc(tag, layout.size());
+            System.dealloc(ptr.sub(offset), outer);
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let Some((outer, offset)) = outer_layout(layout) else {
+            return std::ptr::null_mut();
+        };
+        let Some(new_outer_size) = new_size.checked_add(offset) else {
+            return std::ptr::null_mut();
+        };
+        if Layout::from_size_align(new_outer_size, layout.align()).is_err() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `ptr - offset` is the block `System` returned for `outer` (see `dealloc`);
+        // `new_outer_size` is non-zero and valid for the alignment (checked just above).
+        let base = unsafe { System.realloc(ptr.sub(offset), outer, new_outer_size) };
+        if base.is_null() {
+            // The old block is untouched and still counted where it was.
+            return base;
+        }
+        let tag = current_tag_byte();
+        // SAFETY: `System.realloc` copied the header with the data, so the old tag is at
+        // `base + offset - 1`, inside the new block of `new_outer_size > offset` bytes.
+        unsafe {
+            let user = base.add(offset);
+            let old_tag = user.sub(1).read();
+            record_dealloc(old_tag, layout.size());
+            user.sub(1).write(tag);
+            record_alloc(tag, new_size);
+            user
+        }
+    }
+}
+
+/// Whether a [`CountingAlloc`] is installed and has counted at least one allocation; while it
+/// is false every reader returns zero.
+pub fn is_installed() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Bytes currently allocated under `category`.
+pub fn live_bytes(category: Category) -> usize {
+    LIVE[category.index()].load(Ordering::Relaxed)
+}
+
+/// The largest value [`live_bytes`] reached for `category` since the start or the last reset.
+pub fn peak_bytes(category: Category) -> usize {
+    PEAK[category.index()].load(Ordering::Relaxed)
+}
+
+/// Bytes currently allocated, all categories together.
+pub fn total_live_bytes() -> usize {
+    TOTAL_LIVE.load(Ordering::Relaxed)
+}
+
+/// Lowers the peak of `category` to its current live bytes.
+pub fn reset_peak(category: Category) {
+    let i = category.index();
+    PEAK[i].store(LIVE[i].load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// Lowers every per-category peak, and the total peak, to the current live bytes.
+pub fn reset_peaks() {
+    for c in Category::ALL {
+        reset_peak(c);
+    }
+    TOTAL_PEAK.store(TOTAL_LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// A copy of every counter, indexed by [`Category::index`].
+///
+/// The counters are read one by one while other threads may be allocating, so the fields are
+/// each exact but not necessarily taken at the same instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocSnapshot {
+    /// Live bytes per category.
+    pub live: [usize; N],
+    /// Peak live bytes per category since the start or the last reset.
+    pub peak: [usize; N],
+    /// Bytes ever allocated per category (cumulative, never reset).
+    pub allocated: [u64; N],
+    /// Number of allocations per category (cumulative, never reset).
+    pub allocations: [u64; N],
+    /// Live bytes, all categories together.
+    pub total_live: usize,
+    /// Peak of `total_live` since the start or the last [`reset_peaks`].
+    pub total_peak: usize,
+}
+
+impl AllocSnapshot {
+    /// Live bytes of one category.
+    pub fn live(&self, category: Category) -> usize {
+        self.live[category.index()]
+    }
+
+    /// Peak bytes of one category.
+    pub fn peak(&self, category: Category) -> usize {
+        self.peak[category.index()]
+    }
+
+    /// `(category, live bytes)` for every category, in display order.
+    pub fn iter_live(&self) -> impl Iterator<Item = (Category, usize)> + '_ {
+        Category::ALL.into_iter().map(|c| (c, self.live(c)))
+    }
+}
+
+/// Reads every counter.
+pub fn snapshot() -> AllocSnapshot {
+    let mut s = AllocSnapshot {
+        live: [0; N],
+        peak: [0; N],
+        allocated: [0; N],
+        allocations: [0; N],
+        total_live: TOTAL_LIVE.load(Ordering::Relaxed),
+        total_peak: TOTAL_PEAK.load(Ordering::Relaxed),
+    };
+    for i in 0..N {
+        s.live[i] = LIVE[i].load(Ordering::Relaxed);
+        s.peak[i] = PEAK[i].load(Ordering::Relaxed);
+        s.allocated[i] = ALLOCATED[i].load(Ordering::Relaxed);
+        s.allocations[i] = COUNT[i].load(Ordering::Relaxed);
+    }
+    s
+}
+
+/// The category recorded in a block's header (for tests and debugging).
+///
+/// # Safety
+/// `ptr` must point to a live block allocated by [`CountingAlloc`] (the installed global
+/// allocator) and not yet freed.
+pub unsafe fn block_category(ptr: *const u8) -> Category {
+    // SAFETY: the caller guarantees `ptr` is a live block from this allocator, whose header
+    // byte just before `ptr` holds the tag.
+    category_from_u8(unsafe { ptr.sub(1).read() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_offset_keeps_alignment_and_room_for_the_tag() {
+        for align in [1usize, 2, 4, 8, 16, 64, 4096] {
+            for size in [1usize, 7, 100, 5000] {
+                let layout = Layout::from_size_align(size, align).expect("layout");
+                let (outer, offset) = outer_layout(layout).expect("fits");
+                assert_eq!(offset % align, 0);
+                assert!(offset >= HEADER);
+                assert_eq!(outer.size(), size + offset);
+                assert_eq!(outer.align(), align);
+            }
+        }
+        let huge = Layout::from_size_align(isize::MAX as usize - 2, 1).expect("layout");
+        assert!(outer_layout(huge).is_none());
+    }
+
+    #[test]
+    fn allocator_counts_when_called_directly() {
+        // Not installed in this unit-test binary: call it directly, under a category no other
+        // unit test uses.
+        let a = CountingAlloc::new();
+        let _scope = crate::CategoryScope::enter(Category::Cache);
+        let before = live_bytes(Category::Cache);
+        let layout = Layout::from_size_align(300, 32).expect("layout");
+        // SAFETY: non-zero layout; the block is freed below with the same layout.
+        unsafe {
+            let p = a.alloc(layout);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % 32, 0);
+            assert_eq!(block_category(p), Category::Cache);
+            assert_eq!(live_bytes(Category::Cache), before + 300);
+            let q = a.realloc(p, layout, 1000);
+            assert!(!q.is_null());
+            assert_eq!(live_bytes(Category::Cache), before + 1000);
+            a.dealloc(q, Layout::from_size_align(1000, 32).expect("layout"));
+        }
+        assert_eq!(live_bytes(Category::Cache), before);
+        assert!(is_installed());
+    }
+}

@@ -1,0 +1,70 @@
+//! Hand-computed bytes for small plans.
+
+use trainmem_probe::Category;
+
+use super::*;
+use crate::plan::Plan;
+use crate::timeline::Phase;
+
+const TINY: &str = r#"
+[model.mlp]
+input = 4
+hidden = [8]
+output = 2
+
+[training]
+batch_size = 2
+epochs = 1
+steps_per_epoch = 3
+
+[optimizer]
+kind = "adam"
+
+[device]
+kind = "cpu"
+capacity = "1MiB"
+"#;
+
+#[test]
+fn tiny_mlp_bytes_by_hand() {
+    let plan = Plan::from_toml_str(TINY).unwrap();
+    let r = simulate(&plan, SimOptions::default()).unwrap();
+    let t = &r.timeline;
+    let init = t.at_phase(Phase::ModelInit).next().unwrap();
+    // parameters: 4·8 + 8 + 8·2 + 2 = 58 f32
+    assert_eq!(init.device.categories.get(Category::Parameter), 232);
+    let loaded = t.find(0, Phase::BatchLoaded).unwrap();
+    // x: 2·4 f32, target: 2·2 f32
+    assert_eq!(loaded.device.categories.get(Category::Input), 48);
+    let fwd = t.find(0, Phase::Forward).unwrap();
+    // relu output 2·8 f32 (saved twice, one tensor), output 2·2 f32, loss 1 f32
+    assert_eq!(fwd.device.categories.get(Category::Activation), 84);
+    let bwd = t.find(0, Phase::Backward).unwrap();
+    assert_eq!(bwd.device.categories.get(Category::Gradient), 232);
+    assert_eq!(bwd.device.peak_allocated, 232 + 348);
+    let step0 = t.find(0, Phase::OptimizerStep).unwrap();
+    assert_eq!(step0.device.categories.get(Category::OptimizerState), 464, "Adam: 2× parameters at the first step");
+    assert_eq!(fwd.device.categories.get(Category::OptimizerState), 0, "lazy state");
+    let z = t.find(2, Phase::ZeroGrad).unwrap();
+    assert_eq!(z.device.allocated, 232 + 464);
+    // the peak is the optimizer step: parameters, gradients, moments, and for-loop Adam's two
+    // scratch buffers for the largest parameter (32 elements)
+    assert_eq!(r.summary.peak_allocated, 232 + 232 + 464 + 2 * 32 * 4);
+    assert_eq!(r.summary.peak_when.unwrap().phase, Phase::OptimizerStep);
+    assert_eq!(r.summary.peak_breakdown.get(Category::Temporary), 256);
+    assert!(r.summary.all_freed_at_teardown);
+    assert_eq!(r.summary.retained_at_end, 0);
+    assert!(r.summary.oom.is_none());
+    // CPU device: tensors are host memory too
+    assert_eq!(z.host.categories.get(Category::Parameter), 232);
+}
+
+#[test]
+fn tiny_capacity_predicts_oom_with_message() {
+    let plan = Plan::from_toml_str(&TINY.replace("1MiB", "700")).unwrap();
+    let r = simulate(&plan, SimOptions::default()).unwrap();
+    let oom = r.summary.oom.expect("oom");
+    assert_eq!(oom.when.phase, Phase::OptimizerStep);
+    assert!(oom.message.contains("out of memory"), "{}", oom.message);
+    assert_eq!(r.timeline.samples.last().unwrap().phase, Phase::OutOfMemory);
+}

@@ -1,0 +1,328 @@
+//! Explanations: the memory patterns a simulated (or measured) timeline shows, each with its
+//! size and its cause, in words.
+
+use serde::{Deserialize, Serialize};
+use trainmem_probe::Category;
+
+use crate::bytes::{human, human_signed};
+use crate::engine::Summary;
+use crate::plan::{DataStorage, DeviceKind, MetricRetention, Plan};
+use crate::timeline::{Domain, Phase, Timeline};
+
+/// The kind of a pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PatternKind {
+    /// Memory taken before the first step (parameters, eager state, data set).
+    Startup,
+    /// A one-time jump (the optimizer state at the first step).
+    Jump,
+    /// Activations held from forward until backward.
+    ActivationRetention,
+    /// Memory returns to the same level every step.
+    Plateau,
+    /// Memory grows every step.
+    GrowthPerStep,
+    /// Host memory peaks at the start of each epoch.
+    EpochSpike,
+    /// A short spike while a checkpoint is written.
+    CheckpointSpike,
+    /// Reserved memory well above allocated (the allocator's cache).
+    CacheOverhead,
+    /// The run does not fit.
+    OutOfMemory,
+}
+
+/// One pattern found, with its size and cause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The pattern.
+    pub kind: PatternKind,
+    /// Memory domain.
+    pub domain: Domain,
+    /// Size of the effect in bytes (signed: growth per step, jump, spike height).
+    pub bytes: i128,
+    /// Where it shows (step), if at one place.
+    pub step: Option<u64>,
+    /// The explanation.
+    pub text: String,
+}
+
+fn at(t: &Timeline, step: u64, phase: Phase) -> Option<&crate::timeline::Sample> {
+    t.find(step, phase)
+}
+
+/// Finds the patterns of a timeline produced from `plan`.
+pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let dev = Domain::Device;
+    if let Some(init) = t.at_phase(Phase::ModelInit).next() {
+        let c = init.device.categories;
+        let p = c.get(Category::Parameter);
+        let o = c.get(Category::OptimizerState);
+        let mut text = format!(
+            "{} of parameters exist before the first step ({} elements{}).",
+            human(p),
+            s.parameters,
+            if plan.precision.compute.is_half() && plan.precision.master_weights {
+                format!(", in {} plus f32 master weights", plan.precision.compute)
+            } else {
+                format!(" in {}", plan.precision.compute)
+            }
+        );
+        if o > 0 {
+            text.push_str(&format!(" The optimizer state ({}) is allocated eagerly, with the optimizer.", human(o)));
+        }
+        if plan.data.storage == DataStorage::Preload {
+            text.push_str(&format!(
+                " The data set is preloaded into host memory: {} of anonymous RSS from the start.",
+                human(init.host.categories.get(Category::Input))
+            ));
+        }
+        out.push(Finding {
+            kind: PatternKind::Startup,
+            domain: dev,
+            bytes: (p + o) as i128,
+            step: None,
+            text,
+        });
+    }
+    // optimizer jump
+    let first_state = t
+        .samples
+        .iter()
+        .position(|x| x.device.categories.get(Category::OptimizerState) > 0);
+    if let Some(i) = first_state {
+        let x = &t.samples[i];
+        if x.phase == Phase::OptimizerStep {
+            let b = x.device.categories.get(Category::OptimizerState);
+            let params = s.model_state.parameters - s.model_state.master_weights;
+            let ratio = if params > 0 { b as f64 / params as f64 } else { 0.0 };
+            out.push(Finding {
+                kind: PatternKind::Jump,
+                domain: dev,
+                bytes: b as i128,
+                step: Some(x.step),
+                text: format!(
+                    "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per parameter in {} ({:.2}× the parameter bytes), created lazily on first use; it stays flat afterwards.",
+                    human(b),
+                    x.step,
+                    plan.optimizer.kind.name(),
+                    match plan.optimizer.kind {
+                        trainmem_optim::OptimizerKind::Sgd => 0,
+                        trainmem_optim::OptimizerKind::Momentum => 1,
+                        _ => 2 + plan.optimizer.amsgrad as u64,
+                    },
+                    plan.optimizer.state_dtype,
+                    ratio
+                ),
+            });
+        }
+    } else if plan.optimizer.kind == trainmem_optim::OptimizerKind::Sgd {
+        out.push(Finding {
+            kind: PatternKind::Jump,
+            domain: dev,
+            bytes: 0,
+            step: Some(0),
+            text: "Plain SGD keeps no state: no jump at the first step.".into(),
+        });
+    }
+    // activation retention
+    let step = if t.find(1, Phase::Forward).is_some() { 1 } else { 0 };
+    if let (Some(f), Some(b)) = (at(t, step, Phase::Forward), at(t, step, Phase::Backward)) {
+        let a = f.device.categories.get(Category::Activation);
+        let after = b.device.categories.get(Category::Activation);
+        let mut text = format!(
+            "Forward holds {} of activations (tensors saved for backward, micro-batch {}); backward frees them as it goes ({} left after backward) while gradients ({}) appear.",
+            human(a),
+            plan.micro_batch_size(),
+            human(after),
+            human(b.device.categories.get(Category::Gradient))
+        );
+        if plan.accumulation_steps() > 1 {
+            text.push_str(&format!(
+                " With {} micro-batches per step only one micro-batch's activations are alive at a time: activation memory follows the micro-batch ({}), not the effective batch ({}).",
+                plan.accumulation_steps(),
+                plan.micro_batch_size(),
+                plan.training.batch_size
+            ));
+        }
+        if let Some((k, r)) = s.checkpointing {
+            text.push_str(&format!(
+                " Gradient checkpointing ({k} blocks per segment, {r} blocks recomputed) keeps only segment inputs and recomputes the rest during backward."
+            ));
+        }
+        out.push(Finding {
+            kind: PatternKind::ActivationRetention,
+            domain: dev,
+            bytes: a as i128,
+            step: Some(step),
+            text,
+        });
+    }
+    // plateau vs growth: allocated at the last phase of each step
+    let ends: Vec<(u64, u64)> = t
+        .samples
+        .iter()
+        .filter(|x| x.phase == Phase::OptimizerStep)
+        .map(|x| (x.step, x.device.allocated))
+        .collect();
+    if ends.len() >= 3 {
+        let tail = &ends[1..];
+        let n = tail.len() as f64;
+        let (mx, my) = (
+            tail.iter().map(|e| e.0 as f64).sum::<f64>() / n,
+            tail.iter().map(|e| e.1 as f64).sum::<f64>() / n,
+        );
+        let cov: f64 = tail.iter().map(|e| (e.0 as f64 - mx) * (e.1 as f64 - my)).sum();
+        let var: f64 = tail.iter().map(|e| (e.0 as f64 - mx).powi(2)).sum();
+        let slope = if var > 0.0 { cov / var } else { 0.0 };
+        if slope.abs() >= 1.0 && (slope * n).abs() > 0.001 * my {
+            let cause = if plan.leak.retain_outputs {
+                if plan.leak.retain_graph {
+                    "each step's output is kept and backward ran with retain_graph, so every step's saved activations stay alive with it".to_string()
+                } else {
+                    "each step's output tensor is kept across steps".to_string()
+                }
+            } else if plan.metrics.retention == MetricRetention::Tensors {
+                "per-step metric tensors (the loss and outputs) are kept on the device instead of as scalars".to_string()
+            } else {
+                "tensors kept across steps".to_string()
+            };
+            let mut text = format!("Memory grows by {} per step: {cause}.", human_signed(slope.round() as i128));
+            if plan.leak.clear_every > 0 {
+                text.push_str(&format!(" Clearing them every {} steps drops it back (a sawtooth).", plan.leak.clear_every));
+            } else {
+                text.push_str(" Keep scalars (`loss.item()`), detach, or clear the list to stop it.");
+            }
+            out.push(Finding {
+                kind: PatternKind::GrowthPerStep,
+                domain: dev,
+                bytes: slope.round() as i128,
+                step: None,
+                text,
+            });
+        } else {
+            out.push(Finding {
+                kind: PatternKind::Plateau,
+                domain: dev,
+                bytes: my as i128,
+                step: Some(1),
+                text: format!(
+                    "After the first step, memory per step is flat (a plateau at {} allocated after each optimizer step): every step allocates and frees the same tensors, and the caching allocator reuses its blocks.",
+                    human(my as u64)
+                ),
+            });
+        }
+    }
+    // epoch spike (host)
+    let host = t.total_series(Domain::Host);
+    let starts = t.indices_at(Phase::EpochStart);
+    if !starts.is_empty() && plan.loader.workers > 0 {
+        let spikes: Vec<(u64, u64, u64)> = starts
+            .iter()
+            .map(|&i| {
+                let epoch = t.samples[i].epoch;
+                let in_epoch: Vec<u64> = t
+                    .samples
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.epoch == epoch && x.phase == Phase::BatchLoaded)
+                    .map(|(j, _)| host[j])
+                    .collect();
+                let first = in_epoch.first().copied().unwrap_or(0);
+                let last = in_epoch.last().copied().unwrap_or(0);
+                (epoch, first, last)
+            })
+            .collect();
+        let spiking: Vec<&(u64, u64, u64)> = spikes.iter().filter(|s| s.1 > s.2).collect();
+        if !spiking.is_empty() {
+            let h = spiking.iter().map(|s| s.1 - s.2).max().unwrap_or(0);
+            let which: Vec<String> = spiking.iter().map(|s| s.0.to_string()).collect();
+            let mut text = format!(
+                "Host memory peaks in the first batches of epoch(s) {} by up to {} above the steady state: {} worker(s) start together, each filling {} prefetch slot(s) and holding augmentation scratch at once.",
+                which.join(", "),
+                human(h),
+                plan.loader.workers,
+                plan.loader.prefetch_factor
+            );
+            if plan.loader.persistent_workers {
+                text.push_str(" Persistent workers keep their queues across epochs, so later epochs stay flat.");
+            } else {
+                text.push_str(" Workers are respawned every epoch (persistent_workers = false), so the spike repeats; persistent workers flatten later epochs.");
+            }
+            out.push(Finding {
+                kind: PatternKind::EpochSpike,
+                domain: Domain::Host,
+                bytes: h as i128,
+                step: None,
+                text,
+            });
+        }
+    }
+    // checkpoint spike
+    if let Some(c) = t.at_phase(Phase::CheckpointSave).next() {
+        let ckpt = c.host.categories.get(Category::Other);
+        let i = t.samples.iter().position(|x| std::ptr::eq(x, c)).unwrap_or(0);
+        let before = i.checked_sub(1).map_or(0, |j| t.samples[j].host.categories.get(Category::Other));
+        out.push(Finding {
+            kind: PatternKind::CheckpointSpike,
+            domain: Domain::Host,
+            bytes: ckpt as i128 - before as i128,
+            step: Some(c.step),
+            text: format!(
+                "Every {} steps a checkpoint is serialised: host memory spikes by {} (parameters and optimizer state copied out) and drops back when it is written.",
+                plan.training.checkpoint_every,
+                human(ckpt.saturating_sub(before))
+            ),
+        });
+    }
+    // cache overhead
+    if plan.device.kind == DeviceKind::Cuda {
+        let f = &s.fragmentation;
+        if s.peak_reserved > 0 && f.cached_unallocated > s.peak_reserved / 20 {
+            out.push(Finding {
+                kind: PatternKind::CacheOverhead,
+                domain: dev,
+                bytes: f.cached_unallocated as i128,
+                step: None,
+                text: format!(
+                    "At the end {} is reserved by the caching allocator but not allocated (largest free block {}). empty_cache() would return {} (segments with no live block); {} sits in segments that still hold live tensors and cannot be returned.{}",
+                    human(f.cached_unallocated),
+                    human(f.largest_free_block),
+                    human(f.releasable),
+                    human(f.non_releasable),
+                    if plan.data.size_variation > 0.0 {
+                        " Batch sizes that vary from step to step leave blocks of odd sizes behind: setting max_split_size_mb limits how large cached blocks are split."
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+    if let Some(o) = &s.oom {
+        let top = s
+            .peak_breakdown
+            .iter()
+            .filter(|(c, _)| *c != Category::Cache)
+            .max_by_key(|(_, b)| *b)
+            .map(|(c, b)| format!("{c} ({})", human(b)))
+            .unwrap_or_default();
+        out.push(Finding {
+            kind: PatternKind::OutOfMemory,
+            domain: dev,
+            bytes: o.requested as i128,
+            step: Some(o.when.step),
+            text: format!(
+                "Out of memory at step {} during {} allocating {} of {}. The largest category at the peak was {top}. {}",
+                o.when.step,
+                o.when.phase,
+                human(o.requested),
+                o.category,
+                o.message
+            ),
+        });
+    }
+    out
+}

@@ -1,0 +1,581 @@
+//! Lowering: a [`ModelSpec`] becomes an autograd [`Program`] (values per sample, ops, layers,
+//! parameters). Built once per plan; the simulator runs it every step.
+
+use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
+
+use crate::model::*;
+
+/// Errors lowering a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LowerError(pub String);
+
+fn act_op(a: Activation) -> OpKind {
+    match a {
+        Activation::Relu => OpKind::Relu,
+        Activation::Gelu => OpKind::Gelu,
+        Activation::Silu => OpKind::Silu,
+        Activation::Tanh => OpKind::Tanh,
+        Activation::Sigmoid => OpKind::Sigmoid,
+    }
+}
+
+/// Bytes of one sample's model input as the device receives it (features as f32, token ids
+/// as i64), plus its target.
+pub fn input_bytes_per_sample(model: &ModelSpec) -> u64 {
+    match model {
+        ModelSpec::Mlp(m) => m.input * 4 + target_bytes(m.loss, m.output),
+        ModelSpec::Cnn(c) => c.image.iter().product::<u64>() * 4 + target_bytes(c.loss, c.classes),
+        ModelSpec::Transformer(t) => {
+            t.seq_len * 8
+                + match t.kind {
+                    TransformerKind::Decoder => t.seq_len * 8,
+                    TransformerKind::Encoder => 8,
+                }
+        }
+        ModelSpec::Layers(l) => l.input.iter().product::<u64>() * 4,
+    }
+}
+
+fn target_bytes(loss: Loss, outputs: u64) -> u64 {
+    match loss {
+        Loss::Mse => outputs * 4,
+        Loss::CrossEntropy => 8,
+    }
+}
+
+fn add_loss(b: &mut ProgramBuilder, loss: Loss, logits: ValueId, outputs: u64) {
+    let target = match loss {
+        Loss::Mse => b.input(outputs, ValueDtype::Fixed(Dtype::F32)),
+        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(Dtype::I64)),
+    };
+    let kind = match loss {
+        Loss::Mse => OpKind::MseLoss,
+        Loss::CrossEntropy => OpKind::CrossEntropy,
+    };
+    b.loss(kind, &[logits, target]);
+}
+
+/// Lowers a model to a program.
+pub fn lower(model: &ModelSpec) -> Result<Program, LowerError> {
+    let p = match model {
+        ModelSpec::Mlp(m) => lower_mlp(m),
+        ModelSpec::Cnn(c) => lower_cnn(c)?,
+        ModelSpec::Transformer(t) => lower_transformer(t),
+        ModelSpec::Layers(l) => lower_layers(l)?,
+    };
+    p.map_err(|e| LowerError(e.to_string()))
+}
+
+fn lower_mlp(m: &MlpSpec) -> Result<Program, trainmem_autograd::ProgramError> {
+    let mut b = ProgramBuilder::new();
+    let mut x = b.input(m.input, ValueDtype::Compute);
+    let mut width = m.input;
+    for (i, &h) in m.hidden.iter().enumerate() {
+        b.begin_block(format!("fc{i}"));
+        let w = b.param(width * h, format!("fc{i}.weight"));
+        let mut ps = vec![w];
+        if m.bias {
+            ps.push(b.param(h, format!("fc{i}.bias")));
+        }
+        x = b.op(OpKind::Linear, &[x], h, &ps);
+        x = b.op(act_op(m.activation), &[x], h, &[]);
+        if m.dropout > 0.0 {
+            x = b.op(OpKind::Dropout, &[x], h, &[]);
+        }
+        width = h;
+    }
+    b.begin_layer("head");
+    let w = b.param(width * m.output, "head.weight");
+    let mut ps = vec![w];
+    if m.bias {
+        ps.push(b.param(m.output, "head.bias"));
+    }
+    let out = b.op(OpKind::Linear, &[x], m.output, &ps);
+    add_loss(&mut b, m.loss, out, m.output);
+    b.finish()
+}
+
+#[derive(Clone, Copy)]
+enum Shape {
+    Image(u64, u64, u64),
+    Flat(u64),
+}
+
+impl Shape {
+    fn elems(self) -> u64 {
+        match self {
+            Shape::Image(c, h, w) => c * h * w,
+            Shape::Flat(f) => f,
+        }
+    }
+}
+
+fn pool_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
+    (size + 2 * padding).checked_sub(kernel).map(|r| r / stride.max(1) + 1)
+}
+
+/// Walks a CNN's shapes; `Err` names the first layer that does not fit.
+fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
+    let mut shape = Shape::Image(c.image[0], c.image[1], c.image[2]);
+    let mut out = Vec::new();
+    for (i, l) in c.layers.iter().enumerate() {
+        let allowed: &[&str] = match l.op {
+            CnnOp::Conv => &["out", "kernel", "stride", "padding", "bias"],
+            CnnOp::MaxPool | CnnOp::AvgPool => &["kernel", "stride", "padding"],
+            CnnOp::Dropout => &["p"],
+            CnnOp::Linear => &["out", "bias"],
+            _ => &[],
+        };
+        for (name, present) in [
+            ("out", l.out.is_some()),
+            ("kernel", l.kernel.is_some()),
+            ("stride", l.stride.is_some()),
+            ("padding", l.padding.is_some()),
+            ("p", l.p.is_some()),
+            ("bias", l.bias.is_some()),
+        ] {
+            if present && !allowed.contains(&name) {
+                return Err(format!("layer {i} ({:?}): `{name}` does not apply", l.op));
+            }
+        }
+        let need = |v: Option<u64>, name: &str| {
+            v.filter(|&x| x > 0)
+                .ok_or_else(|| format!("layer {i} ({:?}): needs `{name}` ≥ 1", l.op))
+        };
+        shape = match (l.op, shape) {
+            (CnnOp::Conv, Shape::Image(_, h, w)) => {
+                let o = need(l.out, "out")?;
+                let k = need(l.kernel, "kernel")?;
+                let s = l.stride.unwrap_or(1).max(1);
+                let p = l.padding.unwrap_or(0);
+                match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
+                    (Some(h2), Some(w2)) => Shape::Image(o, h2, w2),
+                    _ => return Err(format!("layer {i} (conv): kernel {k} is larger than the {h}×{w} input")),
+                }
+            }
+            (CnnOp::MaxPool | CnnOp::AvgPool, Shape::Image(ch, h, w)) => {
+                let k = need(l.kernel, "kernel")?;
+                let s = l.stride.unwrap_or(k).max(1);
+                let p = l.padding.unwrap_or(0);
+                match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
+                    (Some(h2), Some(w2)) => Shape::Image(ch, h2, w2),
+                    _ => return Err(format!("layer {i} (pool): kernel {k} is larger than the {h}×{w} input")),
+                }
+            }
+            (CnnOp::GlobalAvgPool, Shape::Image(ch, _, _)) => Shape::Image(ch, 1, 1),
+            (CnnOp::Flatten, s) => Shape::Flat(s.elems()),
+            (CnnOp::Linear, s) => {
+                let _ = s;
+                Shape::Flat(need(l.out, "out")?)
+            }
+            (CnnOp::Dropout, s) => {
+                if let Some(p) = l.p {
+                    if !(0.0..1.0).contains(&p) {
+                        return Err(format!("layer {i} (dropout): p = {p} is outside 0 ≤ p < 1"));
+                    }
+                }
+                s
+            }
+            (CnnOp::BatchNorm | CnnOp::Relu | CnnOp::Gelu | CnnOp::Silu, s) => s,
+            (op, Shape::Flat(_)) => {
+                return Err(format!("layer {i} ({op:?}) needs an image, but the input was flattened"));
+            }
+        };
+        out.push(shape);
+    }
+    Ok(out)
+}
+
+/// Checks a CNN spec (fields that apply, shapes that fit).
+pub fn check_cnn(c: &CnnSpec) -> Result<(), String> {
+    cnn_shapes(c).map(|_| ())
+}
+
+fn lower_cnn(c: &CnnSpec) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
+    let shapes = cnn_shapes(c).map_err(LowerError)?;
+    let mut b = ProgramBuilder::new();
+    let mut x = b.input(c.image.iter().product(), ValueDtype::Compute);
+    let mut shape = Shape::Image(c.image[0], c.image[1], c.image[2]);
+    for (i, (l, &next)) in c.layers.iter().zip(&shapes).enumerate() {
+        b.begin_block(format!("{i}.{:?}", l.op).to_lowercase());
+        let out = next.elems();
+        x = match l.op {
+            CnnOp::Conv => {
+                let (cin, k) = match shape {
+                    Shape::Image(ch, _, _) => (ch, l.kernel.unwrap_or(1)),
+                    Shape::Flat(_) => unreachable!("checked by cnn_shapes"),
+                };
+                let o = l.out.unwrap_or(1);
+                let mut ps = vec![b.param(o * cin * k * k, format!("{i}.conv.weight"))];
+                if l.bias.unwrap_or(true) {
+                    ps.push(b.param(o, format!("{i}.conv.bias")));
+                }
+                b.op(OpKind::Conv2d, &[x], out, &ps)
+            }
+            CnnOp::BatchNorm => {
+                let ch = match shape {
+                    Shape::Image(ch, _, _) => ch,
+                    Shape::Flat(f) => f,
+                };
+                let w = b.param(ch, format!("{i}.bn.weight"));
+                let bias = b.param(ch, format!("{i}.bn.bias"));
+                b.op_full(OpKind::BatchNorm, &[x], out, 0, ValueDtype::Compute, &[w, bias], 0, ch)
+            }
+            CnnOp::Relu => b.op(OpKind::Relu, &[x], out, &[]),
+            CnnOp::Gelu => b.op(OpKind::Gelu, &[x], out, &[]),
+            CnnOp::Silu => b.op(OpKind::Silu, &[x], out, &[]),
+            CnnOp::MaxPool => b.op(OpKind::MaxPool2d, &[x], out, &[]),
+            CnnOp::AvgPool => b.op(OpKind::AvgPool2d, &[x], out, &[]),
+            CnnOp::GlobalAvgPool => b.op(OpKind::GlobalAvgPool, &[x], out, &[]),
+            CnnOp::Dropout => b.op(OpKind::Dropout, &[x], out, &[]),
+            CnnOp::Flatten => b.op(OpKind::View, &[x], out, &[]),
+            CnnOp::Linear => {
+                let fin = shape.elems();
+                if let Shape::Image(..) = shape {
+                    x = b.op(OpKind::View, &[x], fin, &[]);
+                }
+                let mut ps = vec![b.param(fin * out, format!("{i}.linear.weight"))];
+                if l.bias.unwrap_or(true) {
+                    ps.push(b.param(out, format!("{i}.linear.bias")));
+                }
+                b.op(OpKind::Linear, &[x], out, &ps)
+            }
+        };
+        shape = next;
+    }
+    b.begin_layer("head");
+    let fin = shape.elems();
+    if let Shape::Image(..) = shape {
+        x = b.op(OpKind::View, &[x], fin, &[]);
+    }
+    let w = b.param(fin * c.classes, "head.weight");
+    let bias = b.param(c.classes, "head.bias");
+    let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
+    add_loss(&mut b, c.loss, logits, c.classes);
+    Ok(b.finish())
+}
+
+fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::ProgramError> {
+    let (s, h) = (t.seq_len, t.hidden);
+    let head_dim = h / t.heads;
+    let kv = head_dim * t.kv_head_count();
+    let f = t.ffn_size();
+    let bias = t.norm == NormKind::LayerNorm;
+    let norm_op = match t.norm {
+        NormKind::LayerNorm => OpKind::LayerNorm,
+        NormKind::RmsNorm => OpKind::RmsNorm,
+    };
+    let mut b = ProgramBuilder::new();
+    let tokens = b.input(s, ValueDtype::Fixed(Dtype::I64));
+    b.begin_layer("embed");
+    let tok = b.param(t.vocab * h, "embed.tokens");
+    let mut ps = vec![tok];
+    if t.learned_positions {
+        ps.push(b.param(s * h, "embed.positions"));
+    }
+    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
+    if t.dropout > 0.0 {
+        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
+    }
+    let linear = |b: &mut ProgramBuilder, x: ValueId, fin: u64, fout: u64, name: String| {
+        let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
+        if bias {
+            ps.push(b.param(fout, format!("{name}.bias")));
+        }
+        b.op(OpKind::Linear, &[x], s * fout, &ps)
+    };
+    let norm = |b: &mut ProgramBuilder, x: ValueId, name: String| {
+        let mut ps = vec![b.param(h, format!("{name}.weight"))];
+        if bias {
+            ps.push(b.param(h, format!("{name}.bias")));
+        }
+        b.op_rows(norm_op, &[x], s * h, &ps, s)
+    };
+    for i in 0..t.layers {
+        b.begin_block(format!("block{i}"));
+        let n1 = norm(&mut b, x, format!("block{i}.norm1"));
+        let qkv = linear(&mut b, n1, h, h + 2 * kv, format!("block{i}.attn.qkv"));
+        let ctx = match t.attention {
+            AttentionImpl::Eager => {
+                let scores = b.op(OpKind::Matmul, &[qkv, qkv], t.heads * s * s, &[]);
+                let scaled = b.op(OpKind::Scale, &[scores], t.heads * s * s, &[]);
+                let mut probs = b.op_rows(OpKind::Softmax, &[scaled], t.heads * s * s, &[], t.heads * s);
+                if t.dropout > 0.0 {
+                    probs = b.op(OpKind::Dropout, &[probs], t.heads * s * s, &[]);
+                }
+                let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * h, &[]);
+                b.op(OpKind::Copy, &[ctx], s * h, &[])
+            }
+            AttentionImpl::Fused => b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s),
+        };
+        let mut o = linear(&mut b, ctx, h, h, format!("block{i}.attn.out"));
+        if t.dropout > 0.0 {
+            o = b.op(OpKind::Dropout, &[o], s * h, &[]);
+        }
+        x = b.op(OpKind::Add, &[x, o], s * h, &[]);
+        let n2 = norm(&mut b, x, format!("block{i}.norm2"));
+        let a = linear(&mut b, n2, h, f, format!("block{i}.ffn.up"));
+        let mut g = b.op(act_op(t.activation), &[a], s * f, &[]);
+        if t.gated_ffn {
+            let gate = linear(&mut b, n2, h, f, format!("block{i}.ffn.gate"));
+            g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
+        }
+        let mut d = linear(&mut b, g, f, h, format!("block{i}.ffn.down"));
+        if t.dropout > 0.0 {
+            d = b.op(OpKind::Dropout, &[d], s * h, &[]);
+        }
+        x = b.op(OpKind::Add, &[x, d], s * h, &[]);
+    }
+    b.begin_layer("head");
+    let n = norm(&mut b, x, "final_norm".into());
+    match t.kind {
+        TransformerKind::Decoder => {
+            let w = if t.tied_embeddings { tok } else { b.param(t.vocab * h, "lm_head.weight") };
+            let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &[w]);
+            let targets = b.input(s, ValueDtype::Fixed(Dtype::I64));
+            b.loss(OpKind::CrossEntropy, &[logits, targets]);
+        }
+        TransformerKind::Encoder => {
+            let classes = t.classes.unwrap_or(2);
+            let first = b.op(OpKind::Copy, &[n], h, &[]);
+            let w = b.param(h * classes, "classifier.weight");
+            let bb = b.param(classes, "classifier.bias");
+            let logits = b.op(OpKind::Linear, &[first], classes, &[w, bb]);
+            let targets = b.input(1, ValueDtype::Fixed(Dtype::I64));
+            b.loss(OpKind::CrossEntropy, &[logits, targets]);
+        }
+    }
+    b.finish()
+}
+
+/// Checks a raw layer list.
+pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
+    if l.input.is_empty() || l.input.contains(&0) {
+        return Err("`input` must be a non-empty shape of positive sizes".into());
+    }
+    if l.layers.is_empty() {
+        return Err("needs at least one layer".into());
+    }
+    for (i, layer) in l.layers.iter().enumerate() {
+        let kind = OpKind::from_name(&layer.op).ok_or_else(|| {
+            let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
+            format!("layer {i}: unknown op `{}` (known: {})", layer.op, names.join(", "))
+        })?;
+        if matches!(kind, OpKind::CrossEntropy | OpKind::MseLoss) {
+            return Err(format!("layer {i}: `{}` is a loss; set `loss` instead", layer.op));
+        }
+        if let Some(w) = layer.with {
+            if kind.arity() != 2 {
+                return Err(format!("layer {i}: `with` applies only to two-input ops (add, mul, matmul)"));
+            }
+            if w >= i {
+                return Err(format!("layer {i}: `with = {w}` must name an earlier layer"));
+            }
+        }
+        if layer.out.as_ref().is_some_and(|o| o.is_empty() || o.contains(&0)) {
+            return Err(format!("layer {i}: `out` must be a non-empty shape of positive sizes"));
+        }
+        if kind == OpKind::View {
+            let prev: u64 = if i == 0 {
+                l.input.iter().product()
+            } else {
+                layer_out(l, i - 1)
+            };
+            if layer_out(l, i) != prev {
+                return Err(format!("layer {i}: a view cannot change the element count"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn layer_out(l: &LayersSpec, i: usize) -> u64 {
+    let mut cur: u64 = l.input.iter().product();
+    for layer in &l.layers[..=i] {
+        if let Some(o) = &layer.out {
+            cur = o.iter().product();
+        }
+    }
+    cur
+}
+
+fn lower_layers(l: &LayersSpec) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
+    check_layers(l).map_err(LowerError)?;
+    let mut b = ProgramBuilder::new();
+    let mut x = b.input(l.input.iter().product(), ValueDtype::Compute);
+    let mut outs: Vec<ValueId> = Vec::new();
+    for (i, layer) in l.layers.iter().enumerate() {
+        let kind = OpKind::from_name(&layer.op).expect("checked");
+        let name = layer.name.clone().unwrap_or_else(|| format!("{i}.{}", layer.op));
+        b.begin_block(name.clone());
+        let ps: Vec<_> = layer
+            .params
+            .iter()
+            .enumerate()
+            .map(|(j, &e)| b.param(e, format!("{name}.p{j}")))
+            .collect();
+        let out = layer_out(l, i);
+        let inputs: Vec<ValueId> = if kind.arity() == 2 {
+            vec![x, layer.with.map_or(x, |w| outs[w])]
+        } else {
+            vec![x]
+        };
+        x = b.op(kind, &inputs, out, &ps);
+        outs.push(x);
+    }
+    b.begin_layer("loss");
+    let out = layer_out(l, l.layers.len() - 1);
+    add_loss(&mut b, l.loss, x, out);
+    Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt(layers: u64, h: u64, heads: u64, s: u64, vocab: u64) -> TransformerSpec {
+        TransformerSpec {
+            kind: TransformerKind::Decoder,
+            layers,
+            hidden: h,
+            heads,
+            kv_heads: None,
+            ffn: None,
+            gated_ffn: false,
+            seq_len: s,
+            vocab,
+            tied_embeddings: true,
+            activation: Activation::Gelu,
+            norm: NormKind::LayerNorm,
+            dropout: 0.1,
+            attention: AttentionImpl::Eager,
+            learned_positions: true,
+            classes: None,
+        }
+    }
+
+    #[test]
+    fn gpt2_small_has_124m_parameters() {
+        let p = lower(&ModelSpec::Transformer(gpt(12, 768, 12, 1024, 50257))).unwrap();
+        let n = p.param_elems();
+        assert!((124_000_000..124_600_000).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn llama_7b_shape_has_about_6_7b_parameters() {
+        let mut t = gpt(32, 4096, 32, 2048, 32000);
+        t.ffn = Some(11008);
+        t.gated_ffn = true;
+        t.norm = NormKind::RmsNorm;
+        t.tied_embeddings = false;
+        t.learned_positions = false;
+        t.activation = Activation::Silu;
+        let p = lower(&ModelSpec::Transformer(t)).unwrap();
+        let n = p.param_elems();
+        assert!((6_700_000_000..6_800_000_000).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn cnn_shapes_and_errors() {
+        let layer = |op, out, kernel| CnnLayer {
+            op,
+            out,
+            kernel,
+            stride: None,
+            padding: None,
+            p: None,
+            bias: None,
+        };
+        let c = CnnSpec {
+            image: [3, 32, 32],
+            layers: vec![
+                layer(CnnOp::Conv, Some(16), Some(3)),
+                layer(CnnOp::Relu, None, None),
+                layer(CnnOp::MaxPool, None, Some(2)),
+            ],
+            classes: 10,
+            loss: Loss::CrossEntropy,
+        };
+        let p = lower(&ModelSpec::Cnn(c.clone())).unwrap();
+        // conv 16·3·3·3 + 16, head 16·15·15·10 + 10
+        assert_eq!(p.param_elems(), 16 * 27 + 16 + 16 * 15 * 15 * 10 + 10);
+        let mut bad = c;
+        bad.layers[2].kernel = Some(64);
+        assert!(check_cnn(&bad).unwrap_err().contains("layer 2"));
+    }
+}
+
+/// Splits a program into `stages` consecutive pipeline stages with balanced block counts.
+/// Values crossing a stage boundary become inputs of the later stage (keeping their
+/// `requires_grad`, so backward produces the gradient sent back); each stage but the last
+/// starts backward from its output.
+pub fn split_stages(program: &Program, stages: u64) -> Result<Vec<Program>, LowerError> {
+    let n_layers = program.layers.len();
+    let blocks: Vec<usize> = (0..n_layers).filter(|&l| program.checkpointable[l]).collect();
+    if (blocks.len() as u64) < stages {
+        return Err(LowerError(format!(
+            "{stages} pipeline stages need at least {stages} repeated blocks; the model has {}",
+            blocks.len()
+        )));
+    }
+    let per = (blocks.len() as u64).div_ceil(stages) as usize;
+    // layer index where each stage after the first begins
+    let mut cuts = Vec::new();
+    for s in 1..stages as usize {
+        cuts.push(blocks[(s * per).min(blocks.len() - 1)]);
+    }
+    let mut bounds = vec![0];
+    bounds.extend(cuts);
+    bounds.push(n_layers);
+    bounds.dedup();
+    Ok(bounds.windows(2).map(|w| slice(program, w[0], w[1])).collect())
+}
+
+fn slice(p: &Program, l0: usize, l1: usize) -> Program {
+    use std::collections::HashMap;
+    let (o0, o1) = (p.layers[l0].0 as usize, p.layers[l1 - 1].1 as usize);
+    let mut out = Program::default();
+    let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut pmap: HashMap<u32, u32> = HashMap::new();
+    let mut map_value = |out: &mut Program, v: ValueId, as_input: bool| -> ValueId {
+        *vmap.entry(v).or_insert_with(|| {
+            out.values.push(p.values[v as usize]);
+            let id = (out.values.len() - 1) as ValueId;
+            if as_input {
+                out.inputs.push(id);
+            }
+            id
+        })
+    };
+    for op in &p.ops[o0..o1] {
+        let mut new = *op;
+        for k in 0..op.arity as usize {
+            new.inputs[k] = map_value(&mut out, op.inputs[k], true);
+        }
+        new.output = map_value(&mut out, op.output, false);
+        new.params_start = out.op_params.len() as u32;
+        for &pid in p.params_of(op) {
+            let np = *pmap.entry(pid).or_insert_with(|| {
+                let mut info = p.params[pid as usize].clone();
+                info.layer -= l0 as u32;
+                out.params.push(info);
+                (out.params.len() - 1) as u32
+            });
+            out.op_params.push(np);
+        }
+        new.layer -= l0 as u32;
+        out.ops.push(new);
+    }
+    for l in l0..l1 {
+        let (s, e) = p.layers[l];
+        out.layers.push((s - o0 as u32, e - o0 as u32));
+        out.layer_names.push(p.layer_names[l].clone());
+        out.checkpointable.push(p.checkpointable[l]);
+    }
+    out.loss = match p.loss {
+        Some(l) if vmap.contains_key(&l) => vmap.get(&l).copied(),
+        _ => out.ops.last().map(|o| o.output),
+    };
+    out
+}

@@ -1,0 +1,921 @@
+//! Plans: a TOML file describing a training run whose memory the simulator predicts.
+//!
+//! Every section except `[model]` is optional and has documented defaults. Unknown keys are
+//! errors naming the key and its line; so are inconsistent values (a micro-batch that does not
+//! divide the batch, a ZeRO stage above 3, heads that do not divide the hidden size, ...).
+//!
+//! ```toml
+//! name = "gpt2-small on one 24 GiB GPU"
+//!
+//! [model.transformer]
+//! layers = 12
+//! hidden = 768
+//! heads = 12
+//! seq_len = 1024
+//! vocab = 50257
+//!
+//! [training]
+//! batch_size = 16
+//! micro_batch_size = 4      # gradient accumulation over 4 micro-batches
+//! epochs = 1
+//! steps_per_epoch = 50
+//!
+//! [precision]
+//! compute = "bf16"
+//! master_weights = true
+//!
+//! [optimizer]
+//! kind = "adamw"
+//!
+//! [device]
+//! capacity = "24GiB"
+//! allocator = "max_split_size_mb:128"
+//! ```
+//!
+//! The loader section is trainmem-sim's own [`LoaderPlan`] (worker count, prefetch factor,
+//! persistence, pinning); it mirrors the knobs of trainmem-loader's configuration.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+pub use trainmem_autograd::{Dtype, Framework};
+pub use trainmem_optim::{OptimizerKind, StateAllocation, StepImpl};
+
+pub use crate::bytes::ByteSize;
+pub use crate::model::*;
+
+/// A whole plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// A short name for reports.
+    #[serde(default)]
+    pub name: String,
+    /// Seed of the deterministic pseudo-random sizes (augmentation size variation).
+    #[serde(default)]
+    pub seed: u64,
+    /// Whose autograd rules decide what forward saves for backward (`pytorch` or `burn`).
+    #[serde(default)]
+    pub framework: Framework,
+    /// The network.
+    pub model: ModelSpec,
+    /// Batch, accumulation, epochs, steps, checkpoints, `empty_cache`.
+    #[serde(default)]
+    pub training: TrainingPlan,
+    /// Parameter and activation dtypes.
+    #[serde(default)]
+    pub precision: PrecisionPlan,
+    /// Optimizer and its state.
+    #[serde(default)]
+    pub optimizer: OptimizerPlan,
+    /// Gradient checkpointing.
+    #[serde(default)]
+    pub checkpointing: CheckpointingPlan,
+    /// The data set.
+    #[serde(default)]
+    pub data: DataPlan,
+    /// The data loader.
+    #[serde(default)]
+    pub loader: LoaderPlan,
+    /// What is kept of per-step metrics.
+    #[serde(default)]
+    pub metrics: MetricsPlan,
+    /// Deliberate retention of outputs across steps (a leak, for study).
+    #[serde(default)]
+    pub leak: LeakPlan,
+    /// The accelerator (or CPU) the tensors live on.
+    #[serde(default)]
+    pub device: DevicePlan,
+    /// The host.
+    #[serde(default)]
+    pub host: HostPlan,
+    /// Data-parallel and pipeline layout.
+    #[serde(default)]
+    pub parallel: ParallelPlan,
+}
+
+/// When `empty_cache` is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EmptyCachePolicy {
+    /// Never.
+    #[default]
+    Never,
+    /// After every optimizer step.
+    EveryStep,
+    /// At the end of every epoch.
+    EveryEpoch,
+}
+
+/// `[training]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainingPlan {
+    /// Samples per optimizer step on each data-parallel rank (the effective batch).
+    pub batch_size: u64,
+    /// Samples per forward/backward; must divide `batch_size`. Default: `batch_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_size: Option<u64>,
+    /// Alternative to `micro_batch_size`: micro-batches per optimizer step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_accumulation: Option<u64>,
+    /// Epochs.
+    pub epochs: u64,
+    /// Optimizer steps per epoch; default: data set samples / batch_size (rounded per
+    /// `loader.drop_last`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_per_epoch: Option<u64>,
+    /// Stop after this many optimizer steps in total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// Save a checkpoint every this many steps (0 = never).
+    pub checkpoint_every: u64,
+    /// When `empty_cache` is called.
+    pub empty_cache: EmptyCachePolicy,
+    /// `zero_grad(set_to_none=True)`: gradients are freed after each step (PyTorch ≥ 2.0 and
+    /// burn). With `false` they stay allocated and are zeroed in place.
+    pub grads_to_none: bool,
+}
+
+impl Default for TrainingPlan {
+    fn default() -> Self {
+        TrainingPlan {
+            batch_size: 32,
+            micro_batch_size: None,
+            grad_accumulation: None,
+            epochs: 1,
+            steps_per_epoch: None,
+            max_steps: None,
+            checkpoint_every: 0,
+            empty_cache: EmptyCachePolicy::Never,
+            grads_to_none: true,
+        }
+    }
+}
+
+/// `[precision]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrecisionPlan {
+    /// Dtype of parameters and activations (`f32`, `f16`, `bf16`).
+    pub compute: Dtype,
+    /// Under `f16`/`bf16`: keep f32 master weights beside the half-precision parameters
+    /// (mixed precision). Ignored for f32.
+    pub master_weights: bool,
+    /// Dtype of gradients; default = `compute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grads: Option<Dtype>,
+}
+
+impl Default for PrecisionPlan {
+    fn default() -> Self {
+        PrecisionPlan {
+            compute: Dtype::F32,
+            master_weights: true,
+            grads: None,
+        }
+    }
+}
+
+/// `[optimizer]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerPlan {
+    /// `sgd`, `momentum`, `adam`, `adamw`.
+    pub kind: OptimizerKind,
+    /// `lazy` (state created at the first step, as PyTorch and burn do) or `eager`.
+    pub state: StateAllocation,
+    /// How the step is computed, which sets its temporaries: `foreach` (~1× parameter bytes
+    /// of scratch), `for_loop` (one parameter's worth at a time) or `fused` (none).
+    pub implementation: StepImpl,
+    /// Dtype of the optimizer state.
+    pub state_dtype: Dtype,
+    /// AMSGrad keeps a third Adam buffer (max of the second moment).
+    pub amsgrad: bool,
+}
+
+impl Default for OptimizerPlan {
+    fn default() -> Self {
+        OptimizerPlan {
+            kind: OptimizerKind::Adam,
+            state: StateAllocation::Lazy,
+            implementation: StepImpl::ForLoop,
+            state_dtype: Dtype::F32,
+            amsgrad: false,
+        }
+    }
+}
+
+/// Gradient-checkpointing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointPolicyKind {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Checkpoint segments of `every` layers.
+    Every,
+    /// Segments of about √n layers (Chen et al. 2016).
+    Sqrt,
+    /// The segment length whose predicted peak is lowest while activations fit in `budget`.
+    Budget,
+}
+
+/// `[checkpointing]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointingPlan {
+    /// The policy.
+    pub policy: CheckpointPolicyKind,
+    /// Segment length in layers, for `every`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    /// Activation budget, for `budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<ByteSize>,
+}
+
+/// How the data set is held on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DataStorage {
+    /// Memory-mapped file: costs page cache (file RSS) up to the bytes touched.
+    #[default]
+    Mmap,
+    /// Read fully into memory at start: costs anonymous RSS equal to the data set.
+    Preload,
+    /// Read per batch and dropped: no resident data set.
+    Stream,
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataPlan {
+    /// Bytes of one decoded sample on the host; default: what the model takes per sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_bytes: Option<ByteSize>,
+    /// Bytes of one stored sample (what a memory map touches); default = `sample_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_sample_bytes: Option<ByteSize>,
+    /// Samples in the data set.
+    pub samples: u64,
+    /// How the data set is held.
+    pub storage: DataStorage,
+    /// Scratch a worker needs while augmenting, as a multiple of the batch's bytes.
+    pub augmentation_scratch: f64,
+    /// ± fraction by which the per-sample size varies from batch to batch (random crops,
+    /// variable sequence lengths). 0 = every batch the same size.
+    pub size_variation: f64,
+}
+
+impl Default for DataPlan {
+    fn default() -> Self {
+        DataPlan {
+            sample_bytes: None,
+            stored_sample_bytes: None,
+            samples: 10_000,
+            storage: DataStorage::Mmap,
+            augmentation_scratch: 0.0,
+            size_variation: 0.0,
+        }
+    }
+}
+
+/// `[loader]`: trainmem-sim's model of a multi-worker prefetching loader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoaderPlan {
+    /// Worker processes/threads (0 = load in the training loop).
+    pub workers: u64,
+    /// Batches each worker keeps ready.
+    pub prefetch_factor: u64,
+    /// Keep workers (and their queues) alive across epochs.
+    pub persistent_workers: bool,
+    /// Copy batches into page-locked staging buffers (rounded up to a power of two).
+    pub pin_memory: bool,
+    /// Drop the last incomplete batch of an epoch.
+    pub drop_last: bool,
+    /// Private memory of each worker once started (interpreter, copied pages, ...).
+    pub worker_overhead: ByteSize,
+}
+
+impl Default for LoaderPlan {
+    fn default() -> Self {
+        LoaderPlan {
+            workers: 0,
+            prefetch_factor: 2,
+            persistent_workers: false,
+            pin_memory: false,
+            drop_last: true,
+            worker_overhead: ByteSize(0),
+        }
+    }
+}
+
+/// What is kept of per-step metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricRetention {
+    /// Nothing is kept.
+    #[default]
+    None,
+    /// A host float per metric per step (`loss.item()`).
+    Scalars,
+    /// The device tensors themselves (loss and outputs), detached from the graph.
+    Tensors,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsPlan {
+    /// What is kept per step.
+    pub retention: MetricRetention,
+    /// Metrics recorded per step.
+    pub per_step: u64,
+    /// With `tensors`: the model outputs are kept too (for accuracy at epoch end).
+    pub keep_outputs: bool,
+}
+
+impl Default for MetricsPlan {
+    fn default() -> Self {
+        MetricsPlan {
+            retention: MetricRetention::None,
+            per_step: 1,
+            keep_outputs: false,
+        }
+    }
+}
+
+/// `[leak]`: deliberately keeping graph-holding outputs across steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeakPlan {
+    /// Keep each step's model output (still attached to its graph).
+    pub retain_outputs: bool,
+    /// Backward with `retain_graph`: the saved tensors stay with the kept output.
+    pub retain_graph: bool,
+    /// Drop the kept outputs every this many steps (0 = never).
+    pub clear_every: u64,
+}
+
+/// What kind of memory tensors live in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// A GPU behind a caching allocator (PyTorch semantics).
+    #[default]
+    Cuda,
+    /// The host: tensors are host memory (burn's CPU backends), and count in host RSS too.
+    Cpu,
+}
+
+/// `[device]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DevicePlan {
+    /// Where tensors live.
+    pub kind: DeviceKind,
+    /// Memory the allocator may obtain.
+    pub capacity: ByteSize,
+    /// Allocator configuration string (`PYTORCH_CUDA_ALLOC_CONF` syntax, e.g.
+    /// `max_split_size_mb:128`).
+    pub allocator: String,
+}
+
+impl Default for DevicePlan {
+    fn default() -> Self {
+        DevicePlan {
+            kind: DeviceKind::Cuda,
+            capacity: ByteSize(80 << 30),
+            allocator: String::new(),
+        }
+    }
+}
+
+/// `[host]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostPlan {
+    /// Host memory; reported against, not enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<ByteSize>,
+    /// Resident memory of the process before training (interpreter, libraries).
+    pub baseline: ByteSize,
+}
+
+/// `[parallel]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParallelPlan {
+    /// Data-parallel ranks.
+    pub world_size: u64,
+    /// ZeRO stage: 0 none, 1 optimizer state sharded, 2 + gradients, 3 + parameters.
+    pub zero_stage: u8,
+    /// Devices the layers are split across (pipeline / model parallel).
+    pub pipeline_stages: u64,
+}
+
+impl Default for ParallelPlan {
+    fn default() -> Self {
+        ParallelPlan {
+            world_size: 1,
+            zero_stage: 0,
+            pipeline_stages: 1,
+        }
+    }
+}
+
+/// Errors loading or validating a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The file could not be read.
+    #[error("cannot read plan {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key or a value of the wrong type. The message names the key
+    /// and its line.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// File name (or `<plan>`).
+        origin: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value that parses but is inconsistent.
+    #[error("{origin}{}: `{key}`: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        /// File name (or `<plan>`).
+        origin: String,
+        /// Dotted key, e.g. `training.micro_batch_size`.
+        key: String,
+        /// 1-based line of the key in the source, when found.
+        line: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The plan could not be written as TOML.
+    #[error("cannot write plan: {0}")]
+    Write(String),
+}
+
+impl Plan {
+    /// Reads and validates a plan file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Plan, PlanError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Plan::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Plan, PlanError> {
+        let plan: Plan = toml::from_str(text).map_err(|e| PlanError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        plan.validate_in(text, origin)?;
+        Ok(plan)
+    }
+
+    /// Parses without an origin name.
+    pub fn from_toml_str(text: &str) -> Result<Plan, PlanError> {
+        Plan::parse(text, "<plan>")
+    }
+
+    /// Writes the plan as TOML.
+    pub fn to_toml(&self) -> Result<String, PlanError> {
+        toml::to_string(self).map_err(|e| PlanError::Write(e.to_string()))
+    }
+
+    /// Checks consistency; errors carry no line (see [`Plan::parse`] for located errors).
+    pub fn validate(&self) -> Result<(), PlanError> {
+        self.validate_in("", "<plan>")
+    }
+
+    fn validate_in(&self, src: &str, origin: &str) -> Result<(), PlanError> {
+        let err = |key: &str, message: String| PlanError::Invalid {
+            origin: origin.to_string(),
+            key: key.to_string(),
+            line: locate_key(src, key),
+            message,
+        };
+        let t = &self.training;
+        if t.batch_size == 0 {
+            return Err(err("training.batch_size", "must be at least 1".into()));
+        }
+        if t.micro_batch_size.is_some() && t.grad_accumulation.is_some() {
+            return Err(err(
+                "training.grad_accumulation",
+                "give either micro_batch_size or grad_accumulation, not both".into(),
+            ));
+        }
+        if let Some(m) = t.micro_batch_size {
+            if m == 0 || t.batch_size % m != 0 {
+                return Err(err(
+                    "training.micro_batch_size",
+                    format!("{m} does not divide batch_size {}", t.batch_size),
+                ));
+            }
+        }
+        if let Some(a) = t.grad_accumulation {
+            if a == 0 || t.batch_size % a != 0 {
+                return Err(err(
+                    "training.grad_accumulation",
+                    format!("{a} does not divide batch_size {}", t.batch_size),
+                ));
+            }
+        }
+        if t.epochs == 0 {
+            return Err(err("training.epochs", "must be at least 1".into()));
+        }
+        if t.steps_per_epoch == Some(0) {
+            return Err(err("training.steps_per_epoch", "must be at least 1".into()));
+        }
+        if t.max_steps == Some(0) {
+            return Err(err("training.max_steps", "must be at least 1".into()));
+        }
+        if self.steps_per_epoch() == 0 {
+            return Err(err(
+                "data.samples",
+                format!(
+                    "{} samples make no batch of {} (with drop_last); give more samples or training.steps_per_epoch",
+                    self.data.samples, t.batch_size
+                ),
+            ));
+        }
+        let p = &self.precision;
+        if !matches!(p.compute, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
+            return Err(err(
+                "precision.compute",
+                format!("`{}` is not a float dtype (use f32, f16 or bf16)", p.compute),
+            ));
+        }
+        if let Some(g) = p.grads {
+            if !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
+                return Err(err("precision.grads", format!("`{g}` is not a float dtype")));
+            }
+        }
+        if !matches!(
+            self.optimizer.state_dtype,
+            Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
+        ) {
+            return Err(err(
+                "optimizer.state_dtype",
+                format!("`{}` is not a float dtype", self.optimizer.state_dtype),
+            ));
+        }
+        if self.optimizer.amsgrad && !self.optimizer.kind.is_adam() {
+            return Err(err(
+                "optimizer.amsgrad",
+                format!("amsgrad applies to adam and adamw, not {}", self.optimizer.kind.name()),
+            ));
+        }
+        let c = &self.checkpointing;
+        match c.policy {
+            CheckpointPolicyKind::Every => match c.every {
+                None | Some(0) => {
+                    return Err(err(
+                        "checkpointing.every",
+                        "policy \"every\" needs every = k (layers per segment, ≥ 1)".into(),
+                    ));
+                }
+                Some(_) => {}
+            },
+            CheckpointPolicyKind::Budget => {
+                if c.budget.is_none() {
+                    return Err(err(
+                        "checkpointing.budget",
+                        "policy \"budget\" needs budget = \"<bytes>\"".into(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if c.every.is_some() && c.policy != CheckpointPolicyKind::Every {
+            return Err(err(
+                "checkpointing.every",
+                "only applies to policy = \"every\"".into(),
+            ));
+        }
+        if c.budget.is_some() && c.policy != CheckpointPolicyKind::Budget {
+            return Err(err(
+                "checkpointing.budget",
+                "only applies to policy = \"budget\"".into(),
+            ));
+        }
+        let d = &self.data;
+        if d.samples == 0 {
+            return Err(err("data.samples", "must be at least 1".into()));
+        }
+        if !(0.0..=16.0).contains(&d.augmentation_scratch) || d.augmentation_scratch.is_nan() {
+            return Err(err(
+                "data.augmentation_scratch",
+                format!("{} is outside 0..=16", d.augmentation_scratch),
+            ));
+        }
+        if !(0.0..1.0).contains(&d.size_variation) || d.size_variation.is_nan() {
+            return Err(err(
+                "data.size_variation",
+                format!("{} is outside 0 ≤ v < 1", d.size_variation),
+            ));
+        }
+        if self.loader.workers > 0 && self.loader.prefetch_factor == 0 {
+            return Err(err(
+                "loader.prefetch_factor",
+                "must be at least 1 when workers > 0".into(),
+            ));
+        }
+        if self.loader.persistent_workers && self.loader.workers == 0 {
+            return Err(err(
+                "loader.persistent_workers",
+                "needs workers > 0 (there are no workers to keep)".into(),
+            ));
+        }
+        if self.metrics.keep_outputs && self.metrics.retention != MetricRetention::Tensors {
+            return Err(err(
+                "metrics.keep_outputs",
+                "only applies to retention = \"tensors\"".into(),
+            ));
+        }
+        if self.leak.retain_graph && !self.leak.retain_outputs {
+            return Err(err(
+                "leak.retain_graph",
+                "needs retain_outputs = true (a graph is kept alive only through an output)".into(),
+            ));
+        }
+        if self.device.capacity.0 == 0 {
+            return Err(err("device.capacity", "must be more than 0 bytes".into()));
+        }
+        let par = &self.parallel;
+        if par.world_size == 0 {
+            return Err(err("parallel.world_size", "must be at least 1".into()));
+        }
+        if par.zero_stage > 3 {
+            return Err(err(
+                "parallel.zero_stage",
+                format!("{} is not a ZeRO stage (0, 1, 2 or 3)", par.zero_stage),
+            ));
+        }
+        if par.zero_stage > 0 && par.world_size == 1 {
+            return Err(err(
+                "parallel.zero_stage",
+                "sharding needs world_size > 1".into(),
+            ));
+        }
+        if par.pipeline_stages == 0 {
+            return Err(err("parallel.pipeline_stages", "must be at least 1".into()));
+        }
+        self.validate_model(&err)?;
+        Ok(())
+    }
+
+    fn validate_model(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
+        match &self.model {
+            ModelSpec::Mlp(m) => {
+                if m.input == 0 || m.output == 0 || m.hidden.contains(&0) {
+                    return Err(err("model.mlp.hidden", "layer widths must be at least 1".into()));
+                }
+                check_prob(m.dropout, "model.mlp.dropout", err)?;
+            }
+            ModelSpec::Cnn(c) => {
+                if c.image.contains(&0) {
+                    return Err(err("model.cnn.image", "dimensions must be at least 1".into()));
+                }
+                if c.classes == 0 {
+                    return Err(err("model.cnn.classes", "must be at least 1".into()));
+                }
+                crate::lower::check_cnn(c).map_err(|m| err("model.cnn.layers", m))?;
+            }
+            ModelSpec::Transformer(t) => {
+                let k = "model.transformer";
+                for (name, v) in [
+                    ("layers", t.layers),
+                    ("hidden", t.hidden),
+                    ("heads", t.heads),
+                    ("seq_len", t.seq_len),
+                    ("vocab", t.vocab),
+                ] {
+                    if v == 0 {
+                        return Err(err(&format!("{k}.{name}"), "must be at least 1".into()));
+                    }
+                }
+                if t.hidden % t.heads != 0 {
+                    return Err(err(
+                        &format!("{k}.heads"),
+                        format!("{} heads do not divide hidden {}", t.heads, t.hidden),
+                    ));
+                }
+                let kv = t.kv_head_count();
+                if kv == 0 || t.heads % kv != 0 {
+                    return Err(err(
+                        &format!("{k}.kv_heads"),
+                        format!("{kv} key/value heads do not divide {} heads", t.heads),
+                    ));
+                }
+                if t.ffn == Some(0) {
+                    return Err(err(&format!("{k}.ffn"), "must be at least 1".into()));
+                }
+                if t.classes.is_some() && t.kind != TransformerKind::Encoder {
+                    return Err(err(
+                        &format!("{k}.classes"),
+                        "only applies to kind = \"encoder\"".into(),
+                    ));
+                }
+                check_prob(t.dropout, &format!("{k}.dropout"), err)?;
+                if self.parallel.pipeline_stages > t.layers {
+                    return Err(err(
+                        "parallel.pipeline_stages",
+                        format!(
+                            "{} stages for {} layers: each stage needs at least one layer",
+                            self.parallel.pipeline_stages, t.layers
+                        ),
+                    ));
+                }
+            }
+            ModelSpec::Layers(l) => {
+                crate::lower::check_layers(l).map_err(|m| err("model.layers.layers", m))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples per forward/backward.
+    pub fn micro_batch_size(&self) -> u64 {
+        let t = &self.training;
+        match (t.micro_batch_size, t.grad_accumulation) {
+            (Some(m), _) => m,
+            (None, Some(a)) => t.batch_size / a.max(1),
+            (None, None) => t.batch_size,
+        }
+    }
+
+    /// Micro-batches per optimizer step.
+    pub fn accumulation_steps(&self) -> u64 {
+        self.training.batch_size / self.micro_batch_size().max(1)
+    }
+
+    /// Optimizer steps per epoch.
+    pub fn steps_per_epoch(&self) -> u64 {
+        if let Some(s) = self.training.steps_per_epoch {
+            return s;
+        }
+        let b = self.training.batch_size.max(1);
+        if self.loader.drop_last {
+            self.data.samples / b
+        } else {
+            self.data.samples.div_ceil(b)
+        }
+    }
+
+    /// Optimizer steps in the whole run.
+    pub fn total_steps(&self) -> u64 {
+        let all = self.steps_per_epoch().saturating_mul(self.training.epochs);
+        self.training.max_steps.map_or(all, |m| m.min(all))
+    }
+
+    /// A copy with another effective batch size, keeping the accumulation structure (used
+    /// by `fit`).
+    pub fn with_batch(&self, batch_size: u64, micro_batch_size: Option<u64>) -> Plan {
+        let mut p = self.clone();
+        p.training.batch_size = batch_size;
+        p.training.micro_batch_size = micro_batch_size;
+        p.training.grad_accumulation = None;
+        p
+    }
+}
+
+fn check_prob(p: f64, key: &str, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
+    if !(0.0..1.0).contains(&p) || p.is_nan() {
+        return Err(err(key, format!("probability {p} is outside 0 ≤ p < 1")));
+    }
+    Ok(())
+}
+
+/// Finds the 1-based line where a dotted key (`training.batch_size`) is written in TOML text:
+/// under its `[table]` header (or `[a.b]` for `a.b.key`), or as a dotted key.
+pub fn locate_key(src: &str, key: &str) -> Option<usize> {
+    let (table, leaf) = match key.rfind('.') {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => ("", key),
+    };
+    let mut current = String::new();
+    let mut table_line = None;
+    for (i, raw) in src.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.starts_with("[[") {
+            current = line.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            continue;
+        }
+        if line.starts_with('[') {
+            current = line.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            if current == table {
+                table_line = Some(i + 1);
+            }
+            continue;
+        }
+        let Some((k, _)) = line.split_once('=') else {
+            continue;
+        };
+        let k = k.trim().trim_matches('"');
+        let full = if current.is_empty() {
+            k.to_string()
+        } else {
+            format!("{current}.{k}")
+        };
+        if full == key || (current == table && k == leaf) {
+            return Some(i + 1);
+        }
+    }
+    table_line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINI: &str = r#"
+name = "mini"
+[model.mlp]
+input = 4
+hidden = [8]
+output = 2
+
+[training]
+batch_size = 8
+micro_batch_size = 4
+epochs = 2
+steps_per_epoch = 3
+"#;
+
+    #[test]
+    fn parses_a_small_plan_with_defaults() {
+        let p = Plan::from_toml_str(MINI).unwrap();
+        assert_eq!(p.micro_batch_size(), 4);
+        assert_eq!(p.accumulation_steps(), 2);
+        assert_eq!(p.total_steps(), 6);
+        assert_eq!(p.optimizer.kind, OptimizerKind::Adam);
+        assert!(matches!(p.model, ModelSpec::Mlp(ref m) if m.hidden == vec![8]));
+        let again = Plan::from_toml_str(&p.to_toml().unwrap()).unwrap();
+        assert_eq!(again, p);
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = MINI.replace("epochs = 2", "epochs = 2\nepoch_count = 3");
+        let e = Plan::parse(&text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("epoch_count"), "{e}");
+        assert!(e.contains("line 12"), "{e}");
+        assert!(e.starts_with("x.toml"), "{e}");
+    }
+
+    #[test]
+    fn unknown_model_key_is_located() {
+        let text = MINI.replace("output = 2", "output = 2\nwidth = 3");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("width") && e.contains("line 7"), "{e}");
+    }
+
+    #[test]
+    fn inconsistent_values_name_key_and_line() {
+        let text = MINI.replace("micro_batch_size = 4", "micro_batch_size = 3");
+        let e = Plan::parse(&text, "p.toml").unwrap_err();
+        match &e {
+            PlanError::Invalid { key, line, .. } => {
+                assert_eq!(key, "training.micro_batch_size");
+                assert_eq!(*line, Some(10));
+            }
+            other => panic!("{other}"),
+        }
+        assert!(e.to_string().starts_with("p.toml:10: `training.micro_batch_size`: 3 does not divide"));
+    }
+
+    #[test]
+    fn zero_stage_and_byte_sizes() {
+        let text = format!("{MINI}\n[parallel]\nworld_size = 1\nzero_stage = 2\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("parallel.zero_stage"), "{e}");
+        let text = format!("{MINI}\n[device]\ncapacity = \"24GiB\"\n");
+        assert_eq!(Plan::from_toml_str(&text).unwrap().device.capacity.0, 24 << 30);
+        let text = format!("{MINI}\n[device]\ncapacity = \"24 parsecs\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("parsecs") && e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn locate_key_handles_tables_and_dotted_keys() {
+        let src = "a = 1\n[training]\nbatch_size = 3\n[model.transformer]\nheads = 5\n";
+        assert_eq!(locate_key(src, "training.batch_size"), Some(3));
+        assert_eq!(locate_key(src, "model.transformer.heads"), Some(5));
+        assert_eq!(locate_key(src, "model.transformer.hidden"), Some(4));
+        assert_eq!(locate_key(src, "a"), Some(1));
+        assert_eq!(locate_key(src, "nope.x"), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! Reports: the headline figures of a simulation, as text or JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use trainmem_probe::Category;
+
+use crate::bytes::human;
+use crate::engine::{SimResult, Summary};
+use crate::explain::{Finding, explain};
+use crate::plan::Plan;
+
+/// A serialisable report: summaries and findings.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The plan's name.
+    pub name: String,
+    /// The device with the highest peak.
+    pub summary: Summary,
+    /// One summary per pipeline stage.
+    pub stages: Vec<Summary>,
+    /// Patterns found.
+    pub findings: Vec<Finding>,
+}
+
+/// Builds the report of a simulation.
+pub fn report(plan: &Plan, r: &SimResult) -> Report {
+    Report {
+        name: plan.name.clone(),
+        summary: r.summary.clone(),
+        stages: r.stages.clone(),
+        findings: explain(plan, &r.timeline, &r.summary),
+    }
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 { 0.0 } else { 100.0 * part as f64 / whole as f64 }
+}
+
+/// Formats a report for a terminal.
+pub fn render_text(plan: &Plan, rep: &Report) -> String {
+    let s = &rep.summary;
+    let mut o = String::new();
+    let name = if rep.name.is_empty() { "plan" } else { &rep.name };
+    let _ = writeln!(o, "trainmem simulate: {name}");
+    let _ = writeln!(
+        o,
+        "  model: {} ({} parameters), batch {} (micro-batch {} × {}), {}, {}",
+        plan.model.kind_name(),
+        s.parameters,
+        plan.training.batch_size,
+        plan.micro_batch_size(),
+        plan.accumulation_steps(),
+        plan.precision.compute,
+        plan.optimizer.kind.name()
+    );
+    let _ = writeln!(
+        o,
+        "  device: {} capacity, allocator \"{}\"; {} step(s) simulated, {} allocations",
+        human(plan.device.capacity.0),
+        plan.device.allocator,
+        s.steps,
+        s.allocations
+    );
+    let cap = plan.device.capacity.0;
+    let when = s
+        .peak_when
+        .map(|w| format!(" at step {} ({}{})", w.step, w.phase, w.micro_batch.map(|m| format!(", micro-batch {m}")).unwrap_or_default()))
+        .unwrap_or_default();
+    let _ = writeln!(o, "\npeak allocated {} ({:.1}% of capacity){when}", human(s.peak_allocated), pct(s.peak_allocated, cap));
+    let _ = writeln!(o, "peak reserved  {} ({:.1}% of capacity)", human(s.peak_reserved), pct(s.peak_reserved, cap));
+    let _ = writeln!(o, "peak host RSS  {}", human(s.peak_host_rss));
+    let _ = writeln!(o, "\nat the peak:");
+    for c in Category::ALL {
+        let b = s.peak_breakdown.get(c);
+        if b > 0 {
+            let _ = writeln!(o, "  {:<16} {:>12}  {:5.1}%", c.name(), human(b), pct(b, s.peak_allocated.max(1)));
+        }
+    }
+    let ms = &s.model_state;
+    let _ = writeln!(
+        o,
+        "\nmodel state per device: parameters {} (of which master weights {}), gradients {}, optimizer state {}",
+        human(ms.parameters),
+        human(ms.master_weights),
+        human(ms.gradients),
+        human(ms.optimizer_state)
+    );
+    let f = &s.fragmentation;
+    let _ = writeln!(
+        o,
+        "fragmentation at the end: {} cached but unallocated (largest free block {}, releasable by empty_cache {}, non-releasable {})",
+        human(f.cached_unallocated),
+        human(f.largest_free_block),
+        human(f.releasable),
+        human(f.non_releasable)
+    );
+    if rep.stages.len() > 1 {
+        let _ = writeln!(o, "\nper device (pipeline stages):");
+        for st in &rep.stages {
+            let _ = writeln!(
+                o,
+                "  stage {}: {} parameters, peak allocated {}, peak reserved {}",
+                st.stage,
+                st.parameters,
+                human(st.peak_allocated),
+                human(st.peak_reserved)
+            );
+        }
+    }
+    if let Some(oom) = &s.oom {
+        let _ = writeln!(o, "\nPREDICTED OUT OF MEMORY at step {} ({}):\n  {}", oom.when.step, oom.when.phase, oom.message);
+    }
+    if !rep.findings.is_empty() {
+        let _ = writeln!(o, "\nwhat the timeline shows:");
+        for fd in &rep.findings {
+            let _ = writeln!(o, "  - [{}] {}", serde_json::to_value(fd.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(), fd.text);
+        }
+    }
+    o
+}

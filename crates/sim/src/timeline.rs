@@ -1,0 +1,547 @@
+//! The shared memory timeline: samples taken at named phase boundaries of a training run.
+//!
+//! One [`Timeline`] type serves both sides of trainmem: the simulator produces it from a plan
+//! ([`Source::Simulated`]) and real training runs produce it from probes ([`Source::Measured`]).
+//! It is backend-neutral: it knows phases, categories and bytes, nothing about burn or the
+//! allocator.
+//!
+//! Each [`Sample`] is taken at the *end* of a [`Phase`] (after `forward`, after `backward`, ...)
+//! and carries bytes per [`Category`] for two domains:
+//!
+//! * **host**: per-category bytes plus the RSS split the OS reports (anonymous and file-backed);
+//! * **device**: per-category bytes plus the caching allocator's `allocated` and `reserved`
+//!   totals, and the peak allocated since the previous sample (so a peak inside a phase is not
+//!   lost between boundaries).
+//!
+//! The JSON form (serde) is the exchange format between the simulator, real runs and the
+//! comparison.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use trainmem_probe::Category;
+
+/// Where a timeline came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Predicted by the simulator from a plan.
+    Simulated,
+    /// Measured on a real training run.
+    Measured,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Source::Simulated => "simulated",
+            Source::Measured => "measured",
+        })
+    }
+}
+
+/// A named boundary in a training run. A sample tagged with a phase is taken when that phase
+/// has just completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Before anything was built (process baseline).
+    Start,
+    /// The model (parameters) and, if eager, the optimizer state exist.
+    ModelInit,
+    /// An epoch begins: loader workers (re)started, prefetch queue filled.
+    EpochStart,
+    /// A (micro-)batch has been taken from the loader and moved to the device.
+    BatchLoaded,
+    /// Forward pass (including the loss) completed.
+    Forward,
+    /// Backward pass completed.
+    Backward,
+    /// Optimizer step completed.
+    OptimizerStep,
+    /// Gradients were zeroed or dropped.
+    ZeroGrad,
+    /// Per-step metrics were recorded.
+    Metrics,
+    /// A checkpoint was written (sampled at its peak, while the serialised copy exists).
+    CheckpointSave,
+    /// The allocator's cache was emptied.
+    EmptyCache,
+    /// An epoch ended (loader workers shut down unless persistent).
+    EpochEnd,
+    /// The run finished.
+    End,
+    /// The run stopped because an allocation failed.
+    OutOfMemory,
+}
+
+impl Phase {
+    /// Every phase, in the order they happen within a run.
+    pub const ALL: [Phase; 14] = [
+        Phase::Start,
+        Phase::ModelInit,
+        Phase::EpochStart,
+        Phase::BatchLoaded,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::OptimizerStep,
+        Phase::ZeroGrad,
+        Phase::Metrics,
+        Phase::CheckpointSave,
+        Phase::EmptyCache,
+        Phase::EpochEnd,
+        Phase::End,
+        Phase::OutOfMemory,
+    ];
+
+    /// The snake_case name used in JSON and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Start => "start",
+            Phase::ModelInit => "model_init",
+            Phase::EpochStart => "epoch_start",
+            Phase::BatchLoaded => "batch_loaded",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::OptimizerStep => "optimizer_step",
+            Phase::ZeroGrad => "zero_grad",
+            Phase::Metrics => "metrics",
+            Phase::CheckpointSave => "checkpoint_save",
+            Phase::EmptyCache => "empty_cache",
+            Phase::EpochEnd => "epoch_end",
+            Phase::End => "end",
+            Phase::OutOfMemory => "out_of_memory",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Bytes per [`Category`], a dense array indexed by [`Category::index`].
+///
+/// Serialised as a JSON object with one key per category name (`{"parameter": 123, ...}`);
+/// missing keys read as zero, unknown keys are an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CategoryBytes(pub [u64; 8]);
+
+impl CategoryBytes {
+    /// All zero.
+    pub const ZERO: CategoryBytes = CategoryBytes([0; 8]);
+
+    /// Bytes of one category.
+    pub fn get(&self, c: Category) -> u64 {
+        self.0[c.index()]
+    }
+
+    /// Sets the bytes of one category.
+    pub fn set(&mut self, c: Category, bytes: u64) {
+        self.0[c.index()] = bytes;
+    }
+
+    /// Adds bytes to one category.
+    pub fn add(&mut self, c: Category, bytes: u64) {
+        self.0[c.index()] += bytes;
+    }
+
+    /// Sum over all categories.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Sum over all categories except [`Category::Cache`] (bytes held by live tensors).
+    pub fn live(&self) -> u64 {
+        self.total() - self.get(Category::Cache)
+    }
+
+    /// `(category, bytes)` pairs in display order.
+    pub fn iter(&self) -> impl Iterator<Item = (Category, u64)> + '_ {
+        Category::ALL.into_iter().map(|c| (c, self.get(c)))
+    }
+
+    /// Element-wise maximum.
+    pub fn max(&self, other: &CategoryBytes) -> CategoryBytes {
+        let mut out = *self;
+        for i in 0..8 {
+            out.0[i] = out.0[i].max(other.0[i]);
+        }
+        out
+    }
+}
+
+impl Serialize for CategoryBytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(8))?;
+        for (c, b) in self.iter() {
+            m.serialize_entry(c.name(), &b)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for CategoryBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CategoryBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from category name to bytes")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CategoryBytes, A::Error> {
+                let mut out = CategoryBytes::ZERO;
+                while let Some(key) = map.next_key::<String>()? {
+                    let c = Category::from_name(&key).ok_or_else(|| {
+                        serde::de::Error::custom(format!("unknown category `{key}`"))
+                    })?;
+                    out.set(c, map.next_value()?);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Host memory at one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostBytes {
+    /// Live bytes per category as a counting allocator sees them (file-backed pages excluded).
+    pub categories: CategoryBytes,
+    /// Anonymous resident memory (RssAnon): heap, preloaded data, pinned buffers.
+    pub anon_rss: u64,
+    /// File-backed resident memory (RssFile): page cache of memory-mapped files.
+    pub file_rss: u64,
+}
+
+impl HostBytes {
+    /// Total resident memory (anonymous + file-backed).
+    pub fn rss(&self) -> u64 {
+        self.anon_rss + self.file_rss
+    }
+}
+
+/// Device memory at one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceBytes {
+    /// Bytes per category. `cache` holds `reserved - allocated`.
+    pub categories: CategoryBytes,
+    /// Bytes in allocated blocks (PyTorch's `memory_allocated`).
+    pub allocated: u64,
+    /// Bytes in segments obtained from the device (PyTorch's `memory_reserved`).
+    pub reserved: u64,
+    /// Highest `allocated` seen since the previous sample (inclusive of this one).
+    #[serde(default)]
+    pub peak_allocated: u64,
+    /// Highest `reserved` seen since the previous sample (inclusive of this one).
+    #[serde(default)]
+    pub peak_reserved: u64,
+}
+
+/// One sample of a timeline, taken when `phase` has just completed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sample {
+    /// The phase that just completed.
+    pub phase: Phase,
+    /// Optimizer step index (0-based; the step in progress or just finished).
+    pub step: u64,
+    /// Epoch index (0-based).
+    pub epoch: u64,
+    /// Micro-batch index within the step under gradient accumulation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
+    /// Wall-clock time since the start of the run in microseconds (measured runs), or a
+    /// synthetic monotonic clock (simulated runs).
+    #[serde(default)]
+    pub time_us: f64,
+    /// Host memory.
+    pub host: HostBytes,
+    /// Device memory.
+    pub device: DeviceBytes,
+}
+
+/// Which memory a series or peak refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Domain {
+    /// Host memory.
+    Host,
+    /// Device memory.
+    Device,
+}
+
+impl Domain {
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Domain::Host => "host",
+            Domain::Device => "device",
+        }
+    }
+}
+
+/// Descriptive metadata of a timeline.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineMeta {
+    /// A short name (the plan or scenario name).
+    pub name: String,
+    /// What produced the timeline ("trainmem-sim 0.1.0", "burn 0.21.0 flex", ...).
+    #[serde(default)]
+    pub producer: String,
+    /// The device the bytes refer to ("simulated cuda 24 GiB", "cpu", ...).
+    #[serde(default)]
+    pub device: String,
+    /// Device capacity in bytes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_capacity: Option<u64>,
+    /// Host capacity in bytes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_capacity: Option<u64>,
+    /// Free-form key/value notes (plan path, allocator config, batch size, ...).
+    #[serde(default)]
+    pub notes: BTreeMap<String, String>,
+}
+
+/// A memory timeline: samples at phase boundaries, from a simulation or a measured run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeline {
+    /// Simulated or measured.
+    pub source: Source,
+    /// Metadata.
+    pub meta: TimelineMeta,
+    /// Samples in time order.
+    pub samples: Vec<Sample>,
+}
+
+/// The highest value a quantity reached, and the sample where it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeakAt {
+    /// The peak value in bytes.
+    pub bytes: u64,
+    /// Index of the sample in [`Timeline::samples`].
+    pub sample: usize,
+}
+
+/// Errors reading or writing a timeline.
+#[derive(Debug, thiserror::Error)]
+pub enum TimelineError {
+    /// The JSON was malformed or did not match the schema.
+    #[error("timeline JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Timeline {
+    /// An empty timeline.
+    pub fn new(source: Source, meta: TimelineMeta) -> Timeline {
+        Timeline {
+            source,
+            meta,
+            samples: Vec::new(),
+        }
+    }
+
+    /// Appends a sample.
+    pub fn push(&mut self, sample: Sample) {
+        self.samples.push(sample);
+    }
+
+    /// Per-category bytes of a sample in a domain.
+    pub fn categories(&self, sample: usize, domain: Domain) -> CategoryBytes {
+        let s = &self.samples[sample];
+        match domain {
+            Domain::Host => s.host.categories,
+            Domain::Device => s.device.categories,
+        }
+    }
+
+    /// The series of one category: one value per sample.
+    pub fn series(&self, domain: Domain, category: Category) -> Vec<u64> {
+        (0..self.samples.len())
+            .map(|i| self.categories(i, domain).get(category))
+            .collect()
+    }
+
+    /// Every category's series, in [`Category::ALL`] order.
+    pub fn all_series(&self, domain: Domain) -> Vec<(Category, Vec<u64>)> {
+        Category::ALL
+            .into_iter()
+            .map(|c| (c, self.series(domain, c)))
+            .collect()
+    }
+
+    /// The total series of a domain: device `reserved` (allocated + cache), or host RSS.
+    pub fn total_series(&self, domain: Domain) -> Vec<u64> {
+        self.samples
+            .iter()
+            .map(|s| match domain {
+                Domain::Host => s.host.rss(),
+                Domain::Device => s.device.reserved,
+            })
+            .collect()
+    }
+
+    /// The peak of each category over the whole timeline (each category's own maximum, which
+    /// may fall at different samples).
+    pub fn peak_per_category(&self, domain: Domain) -> CategoryBytes {
+        (0..self.samples.len()).fold(CategoryBytes::ZERO, |acc, i| {
+            acc.max(&self.categories(i, domain))
+        })
+    }
+
+    /// Peak of a category and where it happened; `None` for an empty timeline.
+    pub fn peak_of(&self, domain: Domain, category: Category) -> Option<PeakAt> {
+        peak_of_series(&self.series(domain, category))
+    }
+
+    /// Peak device `allocated`, counting the in-phase peaks recorded in each sample.
+    pub fn peak_allocated(&self) -> Option<PeakAt> {
+        peak_of_series(
+            &self
+                .samples
+                .iter()
+                .map(|s| s.device.peak_allocated.max(s.device.allocated))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Peak device `reserved`, counting the in-phase peaks recorded in each sample.
+    pub fn peak_reserved(&self) -> Option<PeakAt> {
+        peak_of_series(
+            &self
+                .samples
+                .iter()
+                .map(|s| s.device.peak_reserved.max(s.device.reserved))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Peak host RSS (anonymous + file-backed).
+    pub fn peak_host_rss(&self) -> Option<PeakAt> {
+        peak_of_series(&self.total_series(Domain::Host))
+    }
+
+    /// Indices of the samples taken at a phase.
+    pub fn indices_at(&self, phase: Phase) -> Vec<usize> {
+        self.samples
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.phase == phase)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The samples taken at a phase.
+    pub fn at_phase(&self, phase: Phase) -> impl Iterator<Item = &Sample> + '_ {
+        self.samples.iter().filter(move |s| s.phase == phase)
+    }
+
+    /// The last sample of a given step and phase, if any.
+    pub fn find(&self, step: u64, phase: Phase) -> Option<&Sample> {
+        self.samples
+            .iter()
+            .rev()
+            .find(|s| s.step == step && s.phase == phase)
+    }
+
+    /// Serialises to pretty JSON.
+    pub fn to_json(&self) -> Result<String, TimelineError> {
+        Ok(serde_json::to_string_pretty(self)?)
+    }
+
+    /// Parses the JSON form.
+    pub fn from_json(text: &str) -> Result<Timeline, TimelineError> {
+        Ok(serde_json::from_str(text)?)
+    }
+}
+
+fn peak_of_series(values: &[u64]) -> Option<PeakAt> {
+    let mut best: Option<PeakAt> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if best.is_none_or(|b| v > b.bytes) {
+            best = Some(PeakAt {
+                bytes: v,
+                sample: i,
+            });
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(phase: Phase, step: u64, act: u64, alloc: u64) -> Sample {
+        let mut cats = CategoryBytes::ZERO;
+        cats.set(Category::Activation, act);
+        Sample {
+            phase,
+            step,
+            epoch: 0,
+            micro_batch: None,
+            time_us: step as f64,
+            host: HostBytes::default(),
+            device: DeviceBytes {
+                categories: cats,
+                allocated: alloc,
+                reserved: alloc,
+                peak_allocated: alloc,
+                peak_reserved: alloc,
+            },
+        }
+    }
+
+    #[test]
+    fn json_round_trip_and_category_map_form() {
+        let mut t = Timeline::new(
+            Source::Simulated,
+            TimelineMeta {
+                name: "t".into(),
+                ..Default::default()
+            },
+        );
+        t.push(sample(Phase::Forward, 0, 10, 20));
+        t.push(sample(Phase::Backward, 0, 3, 40));
+        let json = t.to_json().unwrap();
+        assert!(json.contains("\"activation\": 10"));
+        assert!(json.contains("\"phase\": \"optimizer_step\"") || json.contains("\"backward\""));
+        let back = Timeline::from_json(&json).unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn unknown_category_is_rejected() {
+        let err = serde_json::from_str::<CategoryBytes>(r#"{"weights": 3}"#).unwrap_err();
+        assert!(err.to_string().contains("weights"), "{err}");
+        let ok: CategoryBytes = serde_json::from_str(r#"{"gradient": 3}"#).unwrap();
+        assert_eq!(ok.get(Category::Gradient), 3);
+        assert_eq!(ok.total(), 3);
+    }
+
+    #[test]
+    fn peaks_and_series() {
+        let mut t = Timeline::new(Source::Measured, TimelineMeta::default());
+        t.push(sample(Phase::Forward, 0, 10, 20));
+        t.push(sample(Phase::Backward, 0, 30, 15));
+        t.push(sample(Phase::Forward, 1, 10, 50));
+        assert_eq!(t.series(Domain::Device, Category::Activation), vec![10, 30, 10]);
+        assert_eq!(
+            t.peak_of(Domain::Device, Category::Activation),
+            Some(PeakAt { bytes: 30, sample: 1 })
+        );
+        assert_eq!(t.peak_allocated().unwrap().sample, 2);
+        assert_eq!(t.indices_at(Phase::Forward), vec![0, 2]);
+        assert_eq!(t.find(1, Phase::Forward).unwrap().device.allocated, 50);
+        assert_eq!(t.peak_per_category(Domain::Device).get(Category::Activation), 30);
+    }
+}
