@@ -5,6 +5,8 @@
 //! model's own parameter bytes (or the activation bytes the same run measured), so the tests
 //! do not depend on the machine's speed or load.
 
+use std::sync::{Mutex, MutexGuard};
+
 use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
 use trainmem_probe::{Category, CountingAlloc};
 use trainmem_sim::plan::{OptimizerKind, Plan};
@@ -12,6 +14,17 @@ use trainmem_sim::timeline::Phase;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
+
+/// The allocator's counters are process-wide: the tests of this binary run one at a time, so
+/// one test's allocations (building plans, dropping results) never land inside another's
+/// measured run.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A small MLP (256 → 512 → 256, 262,912 f32 parameters ≈ 1 MiB), batch 32, SGD, `steps`
 /// optimizer steps in one epoch.
@@ -24,12 +37,17 @@ fn plan(steps: u64) -> Plan {
     p.training.epochs = 1;
     p.training.steps_per_epoch = Some(steps);
     p.optimizer.kind = OptimizerKind::Sgd;
+    // Exactly the samples the run reads (the fixture is generated on first use).
+    p.data.samples = 32 * steps;
     p
 }
 
 fn run(plan: &Plan) -> MeasuredRun {
     let run = run_measured_detailed(plan, RunOptions::default()).expect("measured run");
-    assert!(run.host_counted, "the counting allocator is installed in this binary");
+    assert!(
+        run.host_counted,
+        "the counting allocator is installed in this binary"
+    );
     run
 }
 
@@ -58,12 +76,17 @@ fn optimizer_jump(kind: OptimizerKind) -> (MeasuredRun, i64, Vec<i64>) {
     let base = at(&r, Phase::ModelInit) as i64;
     let steps = after_steps(&r);
     let jump = steps[0] as i64 - base;
-    let later: Vec<i64> = steps.windows(2).skip(1).map(|w| w[1] as i64 - w[0] as i64).collect();
+    let later: Vec<i64> = steps
+        .windows(2)
+        .skip(1)
+        .map(|w| w[1] as i64 - w[0] as i64)
+        .collect();
     (r, jump, later)
 }
 
 #[test]
 fn optimizer_jump_adam_adds_two_parameter_copies_at_the_first_step_then_stays_flat() {
+    let _serial = serial();
     for (kind, copies) in [
         (OptimizerKind::Adam, 2i64),
         (OptimizerKind::AdamW, 2),
@@ -92,6 +115,7 @@ fn optimizer_jump_adam_adds_two_parameter_copies_at_the_first_step_then_stays_fl
 
 #[test]
 fn retained_leak_grows_linearly_with_kept_graphs_and_clearing_stops_it() {
+    let _serial = serial();
     let steps = 6;
     let mut leak = plan(steps);
     leak.leak.retain_outputs = true;
@@ -125,7 +149,10 @@ fn retained_leak_grows_linearly_with_kept_graphs_and_clearing_stops_it() {
     // activations) and, because those pin the weights they saw, the old weight values the
     // optimizer could not update in place. The growth is the same at every step: linear.
     let first = leak_growth[0];
-    assert!(first >= act, "leak: a step must keep at least {act} bytes, kept {first}");
+    assert!(
+        first >= act,
+        "leak: a step must keep at least {act} bytes, kept {first}"
+    );
     for (i, d) in leak_growth.iter().enumerate() {
         assert!(
             (*d - first).abs() <= first / 50,
@@ -134,7 +161,10 @@ fn retained_leak_grows_linearly_with_kept_graphs_and_clearing_stops_it() {
         );
     }
     for d in growth(&r_clean) {
-        assert!(d.abs() <= p / 100, "no retention: live bytes must stay flat, changed by {d}");
+        assert!(
+            d.abs() <= p / 100,
+            "no retention: live bytes must stay flat, changed by {d}"
+        );
     }
 
     // Kept outputs whose graph was backwarded hold only their own values.
@@ -159,5 +189,102 @@ fn retained_leak_grows_linearly_with_kept_graphs_and_clearing_stops_it() {
         ends[last] + 2 * first as u64 <= leaked[last],
         "clearing every 2 steps keeps at most 2 graphs: {ends:?} vs {leaked:?}"
     );
-    assert!(ends[last] <= ends[1] + first as u64 / 10, "bounded: {ends:?}");
+    assert!(
+        ends[last] <= ends[1] + first as u64 / 10,
+        "bounded: {ends:?}"
+    );
+}
+
+#[test]
+fn loader_epochs_respawn_workers_unless_persistent_and_bound_batches_in_flight() {
+    let _serial = serial();
+    let steps = 4;
+    let epochs = 3;
+    let workers = 2;
+    let prefetch = 2;
+    let mut p = plan(steps);
+    p.training.epochs = epochs;
+    p.loader.workers = workers;
+    p.loader.prefetch_factor = prefetch;
+    p.validate().expect("valid plan");
+    let respawned = run(&p);
+    p.loader.persistent_workers = true;
+    p.validate().expect("valid plan");
+    let persistent = run(&p);
+
+    // Worker threads: a fresh set every epoch, or one set for the run.
+    assert_eq!(respawned.loader_threads_spawned, Some(epochs * workers));
+    assert_eq!(persistent.loader_threads_spawned, Some(workers));
+
+    // One loader batch: 32 rows of 256 f32 features and an i64 label, plus its index list.
+    let batch = 32 * (256 * 4 + 8) + 32 * 8;
+    for (name, r) in [("respawned", &respawned), ("persistent", &persistent)] {
+        let input =
+            |s: &trainmem_burn::ProbeSample| s.host_bytes(Category::Input).expect("counted");
+        let baseline = input(&r.samples[0]);
+        // The credit scheme bounds what is in flight: at most prefetch x workers batches
+        // queued or being built, plus the batch the step holds (the loader's buffers, the host
+        // vectors and the two tensors made from them: 5 batches' worth at most).
+        let bound = (prefetch * workers) as usize * batch + 5 * batch + 16 * 1024;
+        for s in &r.samples {
+            let peak = s.host_peak_bytes(Category::Input).expect("counted") as usize;
+            assert!(
+                peak <= baseline as usize + bound,
+                "{name}: input peaked at {peak} in {:?} (bound {bound})",
+                s.phase
+            );
+            if s.phase == Phase::BatchLoaded {
+                // The batch just taken is on the device (inputs and targets as tensors).
+                assert!(
+                    input(s) >= baseline + 2 * 32 * 256 * 4,
+                    "{name}: {}",
+                    input(s)
+                );
+            }
+            if s.phase == Phase::EpochEnd {
+                // Every batch of the epoch was consumed and the epoch closed: nothing is left
+                // in flight, whether the workers were joined or kept.
+                assert!(
+                    input(s) <= baseline + 16 * 1024,
+                    "{name}: {} input bytes left at the end of epoch {}",
+                    input(s),
+                    s.epoch
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn checkpoint_save_spikes_by_about_the_model_size() {
+    let _serial = serial();
+    let mut p = plan(4);
+    p.training.checkpoint_every = 2;
+    p.validate().expect("valid plan");
+    let r = run(&p);
+    let params = r.parameter_bytes as i64;
+    let saves: Vec<_> = r
+        .samples
+        .iter()
+        .filter(|s| s.phase == Phase::CheckpointSave)
+        .collect();
+    assert_eq!(saves.len(), 2);
+    assert_eq!(r.checkpoints.len(), 2);
+    for s in saves {
+        // The record item holds a host copy of every parameter while it is written.
+        let copy = s.host_bytes(Category::Temporary).expect("counted") as i64;
+        assert!(
+            (copy - params).abs() <= params / 50,
+            "checkpoint copy {copy} bytes, model {params}"
+        );
+    }
+    // And it is gone once the file is written.
+    let after = r
+        .samples
+        .iter()
+        .filter(|s| s.phase == Phase::OptimizerStep)
+        .map(|s| s.host_bytes(Category::Temporary).expect("counted"))
+        .max()
+        .expect("steps");
+    assert!(after < 4096, "temporary bytes after saving: {after}");
 }

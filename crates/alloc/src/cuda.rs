@@ -138,6 +138,13 @@ mod tests {
                 assert!(d.capacity() >= 2 << 20);
                 d.free(a, 2 << 20).unwrap();
                 assert!(d.free(a, 2 << 20).is_err());
+                // Through the caching allocator: one 20 MiB segment, released by empty_cache.
+                let mut alloc = crate::CachingAllocator::new(d);
+                let b = alloc.malloc(3 << 20, crate::StreamId::DEFAULT).unwrap();
+                assert_eq!(alloc.memory_reserved(), 20 << 20);
+                alloc.free(b).unwrap();
+                assert_eq!(alloc.empty_cache().unwrap().bytes, 20 << 20);
+                crate::testing::check_invariants(&alloc).unwrap();
             }
             Err(e) => assert!(matches!(e, DeviceError::Unavailable(_)), "{e}"),
         }

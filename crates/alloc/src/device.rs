@@ -128,6 +128,17 @@ impl SimulatedDevice {
         self.external = bytes;
     }
 
+    /// Builder form of [`set_external_usage`](SimulatedDevice::set_external_usage).
+    pub fn with_external_usage(mut self, bytes: u64) -> Self {
+        self.external = bytes;
+        self
+    }
+
+    /// Bytes declared as used outside the allocator.
+    pub fn external_usage(&self) -> u64 {
+        self.external
+    }
+
     /// Bytes currently handed out to the allocator.
     pub fn used_bytes(&self) -> u64 {
         self.used

@@ -9,7 +9,7 @@ use crate::device::{DeviceError, DeviceMemory};
 /// aligned to [`HostDevice::ALIGNMENT`] bytes. Reach a block's bytes with
 /// [`CachingAllocator::block_bytes`](crate::CachingAllocator::block_bytes) /
 /// [`block_bytes_mut`](crate::CachingAllocator::block_bytes_mut), or
-/// [`Allocation::bytes`](crate::Allocation::bytes) on a shared allocator.
+/// [`Allocation::with_bytes`](crate::Allocation::with_bytes) on a shared allocator.
 ///
 /// `capacity` is a budget: allocations beyond it fail with
 /// [`DeviceError::OutOfMemory`] even if the system has more memory.

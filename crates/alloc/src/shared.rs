@@ -334,6 +334,8 @@ mod tests {
     #[test]
     fn shared_is_send_sync_and_raii_frees() {
         assert_send_sync::<SharedAllocator<SimulatedDevice>>();
+        assert_send_sync::<CachingAllocator<SimulatedDevice>>();
+        assert_send_sync::<CachingAllocator<HostDevice>>();
         assert_send_sync::<SharedAllocator<HostDevice>>();
         assert_send_sync::<Allocation<SimulatedDevice>>();
         let a = SharedAllocator::new(SimulatedDevice::new(1 << 30));

@@ -187,6 +187,27 @@ impl Snapshot {
             .sum()
     }
 
+    /// Bytes of inactive (cached, free) blocks.
+    pub fn total_inactive(&self) -> u64 {
+        self.segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .sum()
+    }
+
+    /// External fragmentation of the cache: `(free - largest free block) / free` over
+    /// inactive blocks (the BFC allocator's metric); 0 when nothing is cached.
+    pub fn fragmentation(&self) -> f64 {
+        let free = self.total_inactive();
+        if free == 0 {
+            0.0
+        } else {
+            (free - self.largest_free_block()) as f64 / free as f64
+        }
+    }
+
     /// The largest inactive block (the biggest request a cache hit could serve, ignoring
     /// streams and oversize rules).
     pub fn largest_free_block(&self) -> u64 {

@@ -98,7 +98,11 @@ pub fn segments(program: &Program, checkpointed: &[bool]) -> Vec<Segment> {
     let mut out: Vec<Segment> = Vec::new();
     for l in 0..program.layers.len() as u32 {
         let c = checkpointed.get(l as usize).copied().unwrap_or(false)
-            && program.checkpointable.get(l as usize).copied().unwrap_or(false);
+            && program
+                .checkpointable
+                .get(l as usize)
+                .copied()
+                .unwrap_or(false);
         match out.last_mut() {
             Some(last) if last.checkpointed == c => last.layers.1 = l + 1,
             _ => out.push(Segment {
@@ -140,7 +144,15 @@ pub fn activation_peak(
     }
     let mut hooks = NoHooks;
     let mut tape = g
-        .forward(&mut store, &inputs, batch, scale, GradMode::Train, &[], &mut hooks)
+        .forward(
+            &mut store,
+            &inputs,
+            batch,
+            scale,
+            GradMode::Train,
+            &[],
+            &mut hooks,
+        )
         .expect("unlimited memory");
     g.backward(&mut store, &mut tape, false, &mut hooks)
         .expect("unlimited memory, fresh tape");
@@ -159,7 +171,14 @@ pub fn resolve(
 ) -> ResolvedCheckpointing {
     let n = program.checkpointable.iter().filter(|&&c| c).count() as u32;
     let measure = |k: u32, kept: u32| {
-        activation_peak(program, table, compute, batch, 1.0, segments_with(program, k, kept))
+        activation_peak(
+            program,
+            table,
+            compute,
+            batch,
+            1.0,
+            segments_with(program, k, kept),
+        )
     };
     let make = |k: u32, kept: u32, peak: u64, fits: bool| {
         let k = if kept >= n { 0 } else { k };

@@ -152,7 +152,11 @@ pub struct Graph<'p> {
 impl<'p> Graph<'p> {
     /// A graph over `program` with the saved-tensor `table` and activations in `compute`.
     pub fn new(program: &'p Program, table: &SavedTable, compute: Dtype) -> Graph<'p> {
-        let table = program.ops.iter().map(|o| table.get(o.kind).to_vec()).collect();
+        let table = program
+            .ops
+            .iter()
+            .map(|o| table.get(o.kind).to_vec())
+            .collect();
         let n = program.values.len();
         let mut g = Graph {
             program,
@@ -166,7 +170,11 @@ impl<'p> Graph<'p> {
             segments: Vec::new(),
             boundaries: Vec::new(),
             param_grads: vec![None; program.params.len()],
-            param_grad_bytes: program.params.iter().map(|p| p.elems * compute.size()).collect(),
+            param_grad_bytes: program
+                .params
+                .iter()
+                .map(|p| p.elems * compute.size())
+                .collect(),
         };
         g.set_segments(crate::checkpoint::segments(program, &[]));
         g
@@ -184,10 +192,7 @@ impl<'p> Graph<'p> {
             .iter()
             .map(|s| {
                 let start = p.layers.get(s.layers.0 as usize).map_or(0, |l| l.0);
-                let end = p
-                    .layers
-                    .get(s.layers.1 as usize - 1)
-                    .map_or(0, |l| l.1);
+                let end = p.layers.get(s.layers.1 as usize - 1).map_or(0, |l| l.1);
                 let mut produced_inside = vec![];
                 let mut b: Vec<ValueId> = vec![];
                 for op in &p.ops[start as usize..end as usize] {
@@ -254,6 +259,7 @@ impl<'p> Graph<'p> {
     /// Runs forward. `inputs` are the tensors of [`Program::inputs`] (the caller keeps its
     /// references); `hold` lists values whose tensors the caller wants to keep (returned in
     /// [`Tape::held`]). The loss tensor is kept on the tape.
+    #[allow(clippy::too_many_arguments)] // each argument is a distinct knob of one forward pass
     pub fn forward<M: TensorMemory>(
         &mut self,
         store: &mut TensorStore<M>,
@@ -298,11 +304,10 @@ impl<'p> Graph<'p> {
     fn drop_values<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
         let inputs = &self.program.inputs;
         for (v, t) in self.value_tensor.iter_mut().enumerate() {
-            if let Some(t) = t.take() {
-                if !inputs.contains(&(v as ValueId)) {
+            if let Some(t) = t.take()
+                && !inputs.contains(&(v as ValueId)) {
                     store.release(t);
                 }
-            }
         }
         for g in self.grads.iter_mut() {
             if let Some(t) = g.take() {
@@ -337,12 +342,11 @@ impl<'p> Graph<'p> {
                 for i in s as usize..e as usize {
                     self.run_op(store, tape, i, save, true)?;
                     let out = p.ops[i].output;
-                    if hold.contains(&out) {
-                        if let Some(t) = self.value_tensor[out as usize] {
+                    if hold.contains(&out)
+                        && let Some(t) = self.value_tensor[out as usize] {
                             store.retain(t);
                             tape.held.push(t);
                         }
-                    }
                 }
                 hooks.after_layer(store, layer, Pass::Forward, &mut self.param_grads)?;
             }
@@ -403,17 +407,15 @@ impl<'p> Graph<'p> {
                 if op.inputs[..k].contains(&v) {
                     continue;
                 }
-                if self.last_use[v as usize] == i as u32 && !p.inputs.contains(&v) {
-                    if let Some(t) = self.value_tensor[v as usize].take() {
+                if self.last_use[v as usize] == i as u32 && !p.inputs.contains(&v)
+                    && let Some(t) = self.value_tensor[v as usize].take() {
                         store.release(t);
                     }
-                }
             }
-            if self.last_use[op.output as usize] == u32::MAX && Some(op.output) != p.loss {
-                if let Some(t) = self.value_tensor[op.output as usize].take() {
+            if self.last_use[op.output as usize] == u32::MAX && Some(op.output) != p.loss
+                && let Some(t) = self.value_tensor[op.output as usize].take() {
                     store.release(t);
                 }
-            }
         }
         Ok(())
     }
@@ -500,7 +502,10 @@ impl<'p> Graph<'p> {
             store.retain(t);
             self.value_tensor[v as usize] = Some(t);
         }
-        let (start, end) = (p.layers[seg.layers.0 as usize].0, p.layers[seg.layers.1 as usize - 1].1);
+        let (start, end) = (
+            p.layers[seg.layers.0 as usize].0,
+            p.layers[seg.layers.1 as usize - 1].1,
+        );
         for layer in seg.layers.0..seg.layers.1 {
             hooks.before_layer(store, layer, Pass::Recompute)?;
             let (s, e) = p.layers[layer as usize];

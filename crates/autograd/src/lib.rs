@@ -31,7 +31,9 @@ pub use dtype::Dtype;
 pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape};
 pub use memory::AllocatorMemory;
 pub use op::{Framework, OpKind, Saved, SavedTable};
-pub use program::{Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo};
+pub use program::{
+    Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo,
+};
 pub use store::{Allocated, CountingMemory, CountingOom, TensorId, TensorMemory, TensorStore};
 
 #[cfg(test)]

@@ -42,9 +42,15 @@ impl<D: DeviceMemory> TensorMemory for AllocatorMemory<D> {
     type Error = AllocError;
 
     #[inline]
-    fn allocate(&mut self, bytes: u64, category: Category) -> Result<Allocated<BlockId>, AllocError> {
+    fn allocate(
+        &mut self,
+        bytes: u64,
+        category: Category,
+    ) -> Result<Allocated<BlockId>, AllocError> {
         let label = LABELS[category.index()].clone();
-        let b = self.allocator.malloc_labeled(bytes, StreamId::DEFAULT, label)?;
+        let b = self
+            .allocator
+            .malloc_labeled(bytes, StreamId::DEFAULT, label)?;
         Ok(Allocated {
             handle: b.id,
             size: b.size,

@@ -166,7 +166,9 @@ impl OpKind {
     /// Number of activation inputs the op takes.
     pub fn arity(self) -> usize {
         match self {
-            OpKind::Matmul | OpKind::Add | OpKind::Mul | OpKind::CrossEntropy | OpKind::MseLoss => 2,
+            OpKind::Matmul | OpKind::Add | OpKind::Mul | OpKind::CrossEntropy | OpKind::MseLoss => {
+                2
+            }
             _ => 1,
         }
     }

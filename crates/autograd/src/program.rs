@@ -276,7 +276,9 @@ impl ProgramBuilder {
     /// Closes the current layer, if any.
     pub fn end_layer(&mut self) {
         if self.in_layer {
-            self.p.layers.push((self.layer_start, self.p.ops.len() as u32));
+            self.p
+                .layers
+                .push((self.layer_start, self.p.ops.len() as u32));
             self.in_layer = false;
             self.layer += 1;
         }
@@ -301,9 +303,12 @@ impl ProgramBuilder {
         channels: u64,
     ) -> ValueId {
         let requires_grad = !params.is_empty()
-            || inputs
-                .iter()
-                .any(|&v| self.p.values.get(v as usize).is_some_and(|i| i.requires_grad));
+            || inputs.iter().any(|&v| {
+                self.p
+                    .values
+                    .get(v as usize)
+                    .is_some_and(|i| i.requires_grad)
+            });
         let output = self.value(ValueInfo {
             per_sample: out_per_sample,
             fixed: out_fixed,
@@ -331,13 +336,44 @@ impl ProgramBuilder {
     }
 
     /// Adds an op whose output has `out_per_sample` elements in the compute dtype.
-    pub fn op(&mut self, kind: OpKind, inputs: &[ValueId], out_per_sample: u64, params: &[ParamId]) -> ValueId {
-        self.op_full(kind, inputs, out_per_sample, 0, ValueDtype::Compute, params, 0, 0)
+    pub fn op(
+        &mut self,
+        kind: OpKind,
+        inputs: &[ValueId],
+        out_per_sample: u64,
+        params: &[ParamId],
+    ) -> ValueId {
+        self.op_full(
+            kind,
+            inputs,
+            out_per_sample,
+            0,
+            ValueDtype::Compute,
+            params,
+            0,
+            0,
+        )
     }
 
     /// Adds a normalisation-like op with `rows_per_sample` rows (for row statistics).
-    pub fn op_rows(&mut self, kind: OpKind, inputs: &[ValueId], out_per_sample: u64, params: &[ParamId], rows_per_sample: u64) -> ValueId {
-        self.op_full(kind, inputs, out_per_sample, 0, ValueDtype::Compute, params, rows_per_sample, 0)
+    pub fn op_rows(
+        &mut self,
+        kind: OpKind,
+        inputs: &[ValueId],
+        out_per_sample: u64,
+        params: &[ParamId],
+        rows_per_sample: u64,
+    ) -> ValueId {
+        self.op_full(
+            kind,
+            inputs,
+            out_per_sample,
+            0,
+            ValueDtype::Compute,
+            params,
+            rows_per_sample,
+            0,
+        )
     }
 
     /// Adds a loss op (scalar f32 output) and marks it as the loss.

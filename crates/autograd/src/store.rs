@@ -24,7 +24,11 @@ pub trait TensorMemory {
     /// Allocation failure (out of memory).
     type Error;
     /// Allocates `bytes` for a tensor of `category`.
-    fn allocate(&mut self, bytes: u64, category: Category) -> Result<Allocated<Self::Handle>, Self::Error>;
+    fn allocate(
+        &mut self,
+        bytes: u64,
+        category: Category,
+    ) -> Result<Allocated<Self::Handle>, Self::Error>;
     /// Frees an allocation.
     fn free(&mut self, handle: Self::Handle);
 }
@@ -72,15 +76,14 @@ impl TensorMemory for CountingMemory {
     type Handle = u32;
     type Error = CountingOom;
     fn allocate(&mut self, bytes: u64, _category: Category) -> Result<Allocated<u32>, CountingOom> {
-        if let Some(cap) = self.capacity {
-            if self.live + bytes > cap {
+        if let Some(cap) = self.capacity
+            && self.live + bytes > cap {
                 return Err(CountingOom {
                     requested: bytes,
                     live: self.live,
                     capacity: cap,
                 });
             }
-        }
         self.live += bytes;
         self.peak = self.peak.max(self.live);
         let id = match self.free_ids.pop() {
@@ -93,7 +96,10 @@ impl TensorMemory for CountingMemory {
                 (self.sizes.len() - 1) as u32
             }
         };
-        Ok(Allocated { handle: id, size: bytes })
+        Ok(Allocated {
+            handle: id,
+            size: bytes,
+        })
     }
     fn free(&mut self, handle: u32) {
         self.live -= self.sizes[handle as usize];
@@ -277,12 +283,15 @@ mod tests {
         s.release(a);
         assert_eq!(s.live_of(Category::Activation), 0);
         assert_eq!(s.memory().live, 40);
-        assert_eq!(s.peak(), (140, {
-            let mut b = [0; 8];
-            b[Category::Activation.index()] = 100;
-            b[Category::Gradient.index()] = 40;
-            b
-        }));
+        assert_eq!(
+            s.peak(),
+            (140, {
+                let mut b = [0; 8];
+                b[Category::Activation.index()] = 100;
+                b[Category::Gradient.index()] = 40;
+                b
+            })
+        );
         s.release(g);
         assert_eq!(s.live_tensors(), 0);
         assert_eq!(s.take_window_peak(), 140);

@@ -27,7 +27,11 @@ fn mlp() -> Program {
 fn inputs(store: &mut TensorStore<CountingMemory>, p: &Program, batch: u64) -> Vec<TensorId> {
     p.inputs
         .iter()
-        .map(|&v| store.alloc(p.values[v as usize].elems(batch, 1.0) * 4, Category::Input).unwrap())
+        .map(|&v| {
+            store
+                .alloc(p.values[v as usize].elems(batch, 1.0) * 4, Category::Input)
+                .unwrap()
+        })
         .collect()
 }
 
@@ -38,7 +42,9 @@ fn mlp_forward_backward_bytes_by_hand() {
     let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
     let ins = inputs(&mut s, &p, 2);
     assert_eq!(s.live_total(), 48);
-    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks).unwrap();
+    let mut tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
     // relu output a (64, saved by relu and linear 2), out (16, saved by mse), loss (4)
     assert_eq!(s.live_of(Category::Activation), 84);
     g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
@@ -46,7 +52,11 @@ fn mlp_forward_backward_bytes_by_hand() {
     assert_eq!(s.peak().0, 348);
     assert_eq!(s.live_of(Category::Gradient), 232);
     assert_eq!(s.live_of(Category::Temporary), 0);
-    assert_eq!(s.live_of(Category::Activation), 4, "only the loss stays on the tape");
+    assert_eq!(
+        s.live_of(Category::Activation),
+        4,
+        "only the loss stays on the tape"
+    );
     tape.release(&mut s);
     g.drop_param_grads(&mut s);
     assert_eq!(s.live_total(), 48);
@@ -58,9 +68,14 @@ fn no_grad_forward_saves_nothing() {
     let mut s = TensorStore::new(CountingMemory::new());
     let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
     let ins = inputs(&mut s, &p, 2);
-    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::NoGrad, &[], &mut NoHooks).unwrap();
+    let mut tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::NoGrad, &[], &mut NoHooks)
+        .unwrap();
     assert_eq!(s.live_of(Category::Activation), 4);
-    assert!(matches!(g.backward(&mut s, &mut tape, false, &mut NoHooks), Err(BackwardError::NoGraph)));
+    assert!(matches!(
+        g.backward(&mut s, &mut tape, false, &mut NoHooks),
+        Err(BackwardError::NoGraph)
+    ));
     tape.release(&mut s);
     assert_eq!(s.live_total(), 48);
 }
@@ -72,12 +87,29 @@ fn retain_graph_keeps_saved_tensors_until_the_tape_goes() {
     let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
     let ins = inputs(&mut s, &p, 2);
     let out_value = p.ops[2].output;
-    let mut tape = g.forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[out_value], &mut NoHooks).unwrap();
+    let mut tape = g
+        .forward(
+            &mut s,
+            &ins,
+            2,
+            1.0,
+            GradMode::Train,
+            &[out_value],
+            &mut NoHooks,
+        )
+        .unwrap();
     g.backward(&mut s, &mut tape, true, &mut NoHooks).unwrap();
-    assert_eq!(s.live_of(Category::Activation), 84, "saved tensors retained");
+    assert_eq!(
+        s.live_of(Category::Activation),
+        84,
+        "saved tensors retained"
+    );
     // a second backward is allowed with a retained graph
     g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
-    assert!(matches!(g.backward(&mut s, &mut tape, false, &mut NoHooks), Err(BackwardError::Consumed)));
+    assert!(matches!(
+        g.backward(&mut s, &mut tape, false, &mut NoHooks),
+        Err(BackwardError::Consumed)
+    ));
     // the held output (16) and loss (4) remain
     assert_eq!(s.live_of(Category::Activation), 20);
     tape.release(&mut s);
@@ -113,7 +145,9 @@ fn run_step(p: &Program, segs: Vec<Segment>, batch: u64) -> (u64, u64, u64) {
     g.set_segments(segs);
     let ins = inputs(&mut s, p, batch);
     let base = s.live_total();
-    let mut tape = g.forward(&mut s, &ins, batch, 1.0, GradMode::Train, &[], &mut NoHooks).unwrap();
+    let mut tape = g
+        .forward(&mut s, &ins, batch, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
     let after_fwd = s.live_of(Category::Activation);
     g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
     let grads = s.live_of(Category::Gradient);
@@ -139,7 +173,11 @@ fn checkpointing_trades_activation_memory() {
     // per block without checkpointing: linear saves h (32B/sample), gelu saves a (128), linear 2 saves r (128)
     let block = (8 + 32 + 32) * 4 * bs;
     let one_block_less = run_step(&p, checkpoint::segments_with(&p, 1, 15), bs);
-    assert_eq!(none.0 - one_block_less.0, block - 8 * 4 * bs, "checkpoint keeps the block input");
+    assert_eq!(
+        none.0 - one_block_less.0,
+        block - 8 * 4 * bs,
+        "checkpoint keeps the block input"
+    );
 }
 
 #[test]
@@ -147,8 +185,22 @@ fn segments_group_blocks() {
     let p = deep(5, 2);
     let s = checkpoint::segments_with(&p, 2, 1);
     let ck: Vec<_> = s.iter().map(|s| (s.layers, s.checkpointed)).collect();
-    assert_eq!(ck, vec![((0, 1), false), ((1, 3), true), ((3, 5), true), ((5, 7), false)]);
-    let r = checkpoint::resolve(&p, CheckpointPolicy::Sqrt, &SavedTable::pytorch(), Dtype::F32, 2);
+    assert_eq!(
+        ck,
+        vec![
+            ((0, 1), false),
+            ((1, 3), true),
+            ((3, 5), true),
+            ((5, 7), false)
+        ]
+    );
+    let r = checkpoint::resolve(
+        &p,
+        CheckpointPolicy::Sqrt,
+        &SavedTable::pytorch(),
+        Dtype::F32,
+        2,
+    );
     assert_eq!(r.k, 3);
     assert_eq!(r.recomputed, 5);
 }
@@ -166,7 +218,14 @@ fn budget_policy_finds_least_recompute_that_fits() {
     assert!(r.recomputed > 0 && r.recomputed < 12, "{r:?}");
     // one block fewer recomputed would exceed the budget for every k
     for k in 1..=12 {
-        let more = checkpoint::activation_peak(&p, &t, Dtype::F32, 4, 1.0, checkpoint::segments_with(&p, k, r.kept + 1));
+        let more = checkpoint::activation_peak(
+            &p,
+            &t,
+            Dtype::F32,
+            4,
+            1.0,
+            checkpoint::segments_with(&p, k, r.kept + 1),
+        );
         assert!(more > budget || r.kept + 1 > 12, "k={k}");
     }
     let tiny = checkpoint::resolve(&p, CheckpointPolicy::Budget(1), &t, Dtype::F32, 4);

@@ -6,12 +6,166 @@
 //! [`trainmem_probe::Category::Input`]: the run tags its own thread while it pulls a batch, and
 //! a loader's worker threads tag themselves.
 //!
-//! [`SyntheticSource`] generates deterministic pseudo-random examples on the training thread
-//! (no worker, no file): the smallest input pipeline, used when a run does not study the
-//! loader.
+//! * [`FixtureData`]: trainmem-loader's multi-worker prefetching [`Loader`] over a
+//!   memory-mapped `.npy` fixture data set (`features.npy`, `labels.npy`), generated on first
+//!   use into the run's work directory. This is what a measured run of a vector or image
+//!   model reads, with the plan's workers, prefetch factor and persistence.
+//! * [`SyntheticSource`]: deterministic pseudo-random examples generated on the training
+//!   thread (no worker, no file), for token models (the fixture holds float features) and for
+//!   callers that do not study the loader.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
+use trainmem_loader::{ColumnBatch, DType, Loader, LoaderConfig, MmapDataset, StackColumns};
+use trainmem_sim::plan::{DataStorage, Plan};
 
 use crate::BurnRunError;
 use crate::model::ExampleShape;
+
+/// trainmem-loader over a memory-mapped fixture data set.
+#[derive(Debug)]
+pub struct FixtureData {
+    loader: Loader<MmapDataset, StackColumns>,
+    shape: ExampleShape,
+    dir: PathBuf,
+}
+
+/// The fixture a plan needs: one feature row per example (`shape.input_len()` floats) and a
+/// label in `0..classes`.
+pub fn fixture_spec(plan: &Plan, shape: &ExampleShape) -> Result<FixtureSpec, BurnRunError> {
+    let classes = match shape {
+        ExampleShape::Classification { classes, .. } => *classes,
+        ExampleShape::Regression { input, output } => {
+            if output > input {
+                return Err(BurnRunError::Unsupported(format!(
+                    "a regression model reading the fixture predicts its own first features: \
+                     output ({output}) must not exceed input ({input})"
+                )));
+            }
+            1
+        }
+        ExampleShape::Tokens { .. } => {
+            return Err(BurnRunError::Unsupported(
+                "token models read synthetic data (the fixture holds float features)".into(),
+            ));
+        }
+    };
+    Ok(FixtureSpec {
+        samples: usize::try_from(plan.data.samples)
+            .map_err(|_| BurnRunError::Unsupported("data.samples too large".into()))?,
+        dim: shape.input_len(),
+        classes: u32::try_from(classes)
+            .map_err(|_| BurnRunError::Unsupported("too many classes".into()))?,
+        seed: plan.seed,
+        label_dtype: DType::I64,
+    })
+}
+
+impl FixtureData {
+    /// Opens (generating on first use, under `work_dir`) the fixture for `plan` and builds a
+    /// loader over it with the plan's loader knobs and `micro_batch` samples per batch.
+    pub fn open(
+        plan: &Plan,
+        shape: &ExampleShape,
+        micro_batch: usize,
+        work_dir: &Path,
+    ) -> Result<FixtureData, BurnRunError> {
+        if plan.data.storage != DataStorage::Mmap {
+            return Err(BurnRunError::Unsupported(format!(
+                "data.storage = {:?}: the measured run reads a memory-mapped data set",
+                plan.data.storage
+            )));
+        }
+        let spec = fixture_spec(plan, shape)?;
+        let dir = work_dir.join(format!(
+            "fixture-n{}-d{}-c{}-s{}",
+            spec.samples, spec.dim, spec.classes, spec.seed
+        ));
+        let features = dir.join("features.npy");
+        let labels = dir.join("labels.npy");
+        if !(features.exists() && labels.exists()) {
+            write_fixture(&dir, &spec, |_, _| {}).map_err(|e| BurnRunError::Data(e.to_string()))?;
+        }
+        let dataset = MmapDataset::open(&[&features, &labels])
+            .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        let usize_of = |v: u64, what: &str| {
+            usize::try_from(v).map_err(|_| BurnRunError::Unsupported(format!("{what} too large")))
+        };
+        let config = LoaderConfig {
+            batch_size: micro_batch,
+            drop_last: plan.loader.drop_last,
+            workers: usize_of(plan.loader.workers, "loader.workers")?,
+            prefetch_factor: usize_of(plan.loader.prefetch_factor, "loader.prefetch_factor")?
+                .max(1),
+            persistent_workers: plan.loader.persistent_workers,
+            pin_memory: plan.loader.pin_memory,
+            seed: plan.seed,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(Arc::new(dataset), config, StackColumns)
+            .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        Ok(FixtureData {
+            loader,
+            shape: shape.clone(),
+            dir,
+        })
+    }
+
+    /// The loader.
+    pub fn loader(&self) -> &Loader<MmapDataset, StackColumns> {
+        &self.loader
+    }
+
+    /// The loader, mutably (to start an epoch).
+    pub fn loader_mut(&mut self) -> &mut Loader<MmapDataset, StackColumns> {
+        &mut self.loader
+    }
+
+    /// The directory holding the fixture files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The example shape batches are converted for.
+    pub fn shape(&self) -> &ExampleShape {
+        &self.shape
+    }
+}
+
+/// Converts a loader batch (features `[n, dim]` f32, labels `[n]` i64) into host vectors for
+/// `shape`: class labels as targets, or (regression) the first `output` features of each row.
+pub fn host_batch(shape: &ExampleShape, batch: &ColumnBatch) -> Result<HostBatch, BurnRunError> {
+    let n = batch.len();
+    let features = batch
+        .column::<f32>(0)
+        .ok_or_else(|| BurnRunError::Data("fixture features are not f32".into()))?;
+    let dim = shape.input_len();
+    if features.len() != n * dim {
+        return Err(BurnRunError::Data(format!(
+            "fixture rows hold {} floats, the model takes {dim}",
+            features.len() / n.max(1)
+        )));
+    }
+    let targets = match shape {
+        ExampleShape::Regression { output, .. } => features
+            .chunks_exact(dim)
+            .flat_map(|row| row[..*output].iter().copied())
+            .collect(),
+        _ => batch
+            .column::<i64>(1)
+            .ok_or_else(|| BurnRunError::Data("fixture labels are not i64".into()))?
+            .iter()
+            .map(|&l| l as f32)
+            .collect(),
+    };
+    Ok(HostBatch {
+        batch: n,
+        inputs: features.to_vec(),
+        targets,
+    })
+}
 
 /// One host batch: `batch × input_len` inputs and `batch × target_len` targets.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,16 +275,33 @@ mod tests {
         let b = s.next_batch(4).expect("batch");
         assert_eq!(b.inputs.len(), 20);
         assert_eq!(b.targets.len(), 20);
-        assert!(b.inputs.iter().all(|&t| t >= 0.0 && t < 7.0 && t.fract() == 0.0));
-        let again = SyntheticSource::new(s.shape.clone(), 3).next_batch(4).expect("batch");
+        assert!(
+            b.inputs
+                .iter()
+                .all(|&t| (0.0..7.0).contains(&t) && t.fract() == 0.0)
+        );
+        let again = SyntheticSource::new(s.shape.clone(), 3)
+            .next_batch(4)
+            .expect("batch");
         assert_eq!(again, b, "same seed, same data");
     }
 
     #[test]
     fn regression_values_are_in_unit_range() {
-        let mut s = SyntheticSource::new(ExampleShape::Regression { input: 3, output: 2 }, 1);
+        let mut s = SyntheticSource::new(
+            ExampleShape::Regression {
+                input: 3,
+                output: 2,
+            },
+            1,
+        );
         let b = s.next_batch(10).expect("batch");
         assert_eq!((b.inputs.len(), b.targets.len()), (30, 20));
-        assert!(b.inputs.iter().chain(&b.targets).all(|v| (-1.0..1.0).contains(v)));
+        assert!(
+            b.inputs
+                .iter()
+                .chain(&b.targets)
+                .all(|v| (-1.0..1.0).contains(v))
+        );
     }
 }

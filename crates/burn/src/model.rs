@@ -16,7 +16,9 @@ use burn::nn::pool::{
     AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, AvgPool2d, AvgPool2dConfig, MaxPool2d,
     MaxPool2dConfig,
 };
-use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
 use burn::nn::{
     BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Embedding, EmbeddingConfig, Linear,
     LinearConfig, PaddingConfig2d,
@@ -367,14 +369,12 @@ impl<B: Backend> Cnn<B> {
                     shape = Shape::Image([ci, (hi - k) / s + 1, (wi - k) / s + 1]);
                     if layer.op == CnnOp::MaxPool {
                         cnn.program.push(CnnStep::MaxPool(cnn.max_pools.len()));
-                        cnn.max_pools.push(
-                            MaxPool2dConfig::new([k, k]).with_strides([s, s]).init(),
-                        );
+                        cnn.max_pools
+                            .push(MaxPool2dConfig::new([k, k]).with_strides([s, s]).init());
                     } else {
                         cnn.program.push(CnnStep::AvgPool(cnn.avg_pools.len()));
-                        cnn.avg_pools.push(
-                            AvgPool2dConfig::new([k, k]).with_strides([s, s]).init(),
-                        );
+                        cnn.avg_pools
+                            .push(AvgPool2dConfig::new([k, k]).with_strides([s, s]).init());
                     }
                 }
                 CnnOp::GlobalAvgPool => {
@@ -580,6 +580,10 @@ impl<B: Backend> Transformer<B> {
 }
 
 /// A network built from a [`ModelSpec`].
+///
+/// One is built per run, so the size difference between the variants does not matter (and
+/// burn's module derive does not see through a `Box`).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Net<B: Backend> {
     /// A multilayer perceptron.
@@ -707,7 +711,9 @@ pub fn example_shape(spec: &ModelSpec) -> Result<(ExampleShape, Loss), BurnRunEr
 
 fn dim(v: u64, what: &str) -> Result<usize, BurnRunError> {
     if v == 0 {
-        return Err(BurnRunError::Unsupported(format!("{what} must be at least 1")));
+        return Err(BurnRunError::Unsupported(format!(
+            "{what} must be at least 1"
+        )));
     }
     usize::try_from(v).map_err(|_| BurnRunError::Unsupported(format!("{what} = {v} is too large")))
 }
@@ -739,7 +745,8 @@ pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
     module.visit(&mut Touch);
 }
 
-/// Bytes held by the parameters of `module` (element count × element size of each tensor).
+/// Bytes held by the float tensors of `module` (element count × element size of each):
+/// trainable parameters and module state such as batch-norm running statistics.
 pub fn parameter_bytes<B: Backend, M: Module<B>>(module: &M) -> u64 {
     struct Count(u64);
     impl<B: Backend> ModuleVisitor<B> for Count {

@@ -45,8 +45,8 @@ use burn::optim::{
 };
 use burn::prelude::{Backend, Tensor};
 use burn::record::{BinFileRecorder, BurnRecord, FullPrecisionSettings, Record, Recorder};
-use burn::tensor::{ElementConversion, FloatDType};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, FloatDType};
 use trainmem_probe::{Category, CategoryScope};
 use trainmem_sim::plan::{
     CheckpointPolicyKind, Dtype, EmptyCachePolicy, MetricRetention, OptimizerKind, Plan,
@@ -54,11 +54,13 @@ use trainmem_sim::plan::{
 };
 use trainmem_sim::timeline::{Phase, Timeline};
 
-use crate::data::{BatchSource, SyntheticSource};
-use crate::model::{Batch, BatchInput, BatchTarget, Net, example_shape, materialize, parameter_bytes};
+use crate::BurnRunError;
+use crate::data::{BatchSource, FixtureData, HostBatch, SyntheticSource, host_batch};
+use crate::model::{
+    Batch, BatchInput, BatchTarget, Net, example_shape, materialize, parameter_bytes,
+};
 use crate::probe::{MemoryBackend, Probe, ProbeSample};
 use crate::timeline::to_timeline;
-use crate::BurnRunError;
 
 /// Which burn backend a run trains on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,7 +98,9 @@ pub struct RunOptions<'a> {
     pub learning_rate: f64,
     /// Called after every optimizer step.
     pub progress: Option<&'a mut dyn FnMut(Progress)>,
-    /// The batch source; a [`SyntheticSource`] seeded from the plan when `None`.
+    /// The batch source. When `None`, vector and image models read a memory-mapped fixture
+    /// data set through trainmem-loader ([`FixtureData`], generated on first use in the work
+    /// directory), and token models read a [`SyntheticSource`] seeded from the plan.
     pub source: Option<Box<dyn BatchSource + 'a>>,
 }
 
@@ -137,6 +141,52 @@ pub struct MeasuredRun {
     pub host_counted: bool,
     /// Checkpoint files written.
     pub checkpoints: Vec<PathBuf>,
+    /// Loader worker threads started during the run (`None` when no loader was used).
+    pub loader_threads_spawned: Option<u64>,
+}
+
+/// Where a run's batches come from.
+enum Data<'a> {
+    Source(Box<dyn BatchSource + 'a>),
+    Loader(Box<FixtureData>),
+}
+
+/// The batches of one epoch.
+enum Feed<'e, 'a> {
+    Source(&'e mut (dyn BatchSource + 'a)),
+    Epoch(trainmem_loader::Epoch<'e, trainmem_loader::MmapDataset, trainmem_loader::StackColumns>),
+}
+
+impl Feed<'_, '_> {
+    fn next(
+        &mut self,
+        micro: usize,
+        shape: &crate::model::ExampleShape,
+    ) -> Result<HostBatch, BurnRunError> {
+        match self {
+            Feed::Source(s) => s.next_batch(micro),
+            Feed::Epoch(e) => match e.next() {
+                Some(Ok(batch)) => host_batch(shape, &batch),
+                Some(Err(err)) => Err(BurnRunError::Data(err.to_string())),
+                None => Err(BurnRunError::Data(
+                    "the data set ran out of batches before the epoch's steps were done: give \
+                     data.samples >= steps_per_epoch x batch_size"
+                        .into(),
+                )),
+            },
+        }
+    }
+
+    fn finish(self) -> Result<(), BurnRunError> {
+        match self {
+            Feed::Source(s) => s.end_epoch(),
+            // Dropping the epoch joins per-epoch workers; persistent ones wait for the next.
+            Feed::Epoch(e) => {
+                drop(e);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// The counters of the counting allocator are process-wide, so measured runs in one process
@@ -154,16 +204,25 @@ pub fn run_measured_detailed(
     opts: RunOptions<'_>,
 ) -> Result<MeasuredRun, BurnRunError> {
     check_supported(plan)?;
-    let _turn = RUN_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = RUN_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let balanced = plan.checkpointing.policy != CheckpointPolicyKind::None;
     match opts.backend {
         BackendChoice::Flex => {
             let device = burn::backend::flex::FlexDevice;
             if balanced {
-                train::<burn::backend::Autodiff<
-                    burn::backend::Flex,
-                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
-                >>(plan, opts, device, "burn 0.21.0 flex (balanced checkpointing)")
+                train::<
+                    burn::backend::Autodiff<
+                        burn::backend::Flex,
+                        burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+                    >,
+                >(
+                    plan,
+                    opts,
+                    device,
+                    "burn 0.21.0 flex (balanced checkpointing)",
+                )
             } else {
                 train::<burn::backend::Autodiff<burn::backend::Flex>>(
                     plan,
@@ -177,10 +236,17 @@ pub fn run_measured_detailed(
         BackendChoice::Cuda { index } => {
             let device = burn::backend::cuda::CudaDevice { index };
             if balanced {
-                train::<burn::backend::Autodiff<
-                    burn::backend::Cuda,
-                    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
-                >>(plan, opts, device, "burn 0.21.0 cuda (balanced checkpointing)")
+                train::<
+                    burn::backend::Autodiff<
+                        burn::backend::Cuda,
+                        burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+                    >,
+                >(
+                    plan,
+                    opts,
+                    device,
+                    "burn 0.21.0 cuda (balanced checkpointing)",
+                )
             } else {
                 train::<burn::backend::Autodiff<burn::backend::Cuda>>(
                     plan,
@@ -200,7 +266,9 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
         return no("optimizer.state = \"eager\": burn-optim creates state at the first step");
     }
     if plan.optimizer.state_dtype != Dtype::F32 {
-        return no("optimizer.state_dtype other than f32: burn keeps state in the gradient's dtype");
+        return no(
+            "optimizer.state_dtype other than f32: burn keeps state in the gradient's dtype",
+        );
     }
     if !plan.training.grads_to_none {
         return no("training.grads_to_none = false: burn consumes gradients at every step");
@@ -209,7 +277,9 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
         return no("data or pipeline parallelism: a measured run trains on one device");
     }
     if plan.loader.pin_memory {
-        return no("loader.pin_memory: burn's CPU and CUDA backends take batches from pageable memory");
+        return no(
+            "loader.pin_memory: burn's CPU and CUDA backends take batches from pageable memory",
+        );
     }
     match plan.precision.compute {
         Dtype::F32 => {}
@@ -227,8 +297,14 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
             )));
         }
     }
-    if plan.precision.grads.is_some_and(|g| g != plan.precision.compute) {
-        return no("precision.grads different from compute: burn's gradients take the parameters' dtype");
+    if plan
+        .precision
+        .grads
+        .is_some_and(|g| g != plan.precision.compute)
+    {
+        return no(
+            "precision.grads different from compute: burn's gradients take the parameters' dtype",
+        );
     }
     Ok(())
 }
@@ -403,9 +479,17 @@ where
     let steps_per_epoch = plan.steps_per_epoch();
     let total_steps = plan.total_steps();
     let lr = opts.learning_rate;
-    let mut source: Box<dyn BatchSource + '_> = match opts.source.take() {
-        Some(s) => s,
-        None => Box::new(SyntheticSource::new(shape.clone(), plan.seed)),
+    let mut data = match opts.source.take() {
+        Some(s) => Data::Source(s),
+        None => match shape {
+            crate::model::ExampleShape::Tokens { .. } => {
+                Data::Source(Box::new(SyntheticSource::new(shape.clone(), plan.seed)))
+            }
+            _ => {
+                let _tag = CategoryScope::enter(Category::Input);
+                Data::Loader(Box::new(FixtureData::open(plan, &shape, micro, &dir)?))
+            }
+        },
     };
 
     {
@@ -415,8 +499,8 @@ where
         warm_up_kernels::<B>(&device);
     }
     flush_orphaned_graphs::<B>(&device);
-    let expected_samples = (total_steps * (accumulation * 4 + 4) + plan.training.epochs * 3 + 8)
-        .min(1 << 20) as usize;
+    let expected_samples =
+        (total_steps * (accumulation * 4 + 4) + plan.training.epochs * 3 + 8).min(1 << 20) as usize;
     let mut probe = Probe::<B>::with_capacity(&device, expected_samples);
     B::seed(&device, plan.seed);
     probe.sample(Phase::Start, 0, 0, None)?;
@@ -444,18 +528,28 @@ where
     let mut checkpoints = Vec::new();
     let mut step: u64 = 0;
 
-    'epochs: for epoch in 0..plan.training.epochs {
+    for epoch in 0..plan.training.epochs {
         if step >= total_steps {
             break;
         }
-        {
+        let mut feed = {
             let _tag = CategoryScope::enter(Category::Input);
-            source.start_epoch(epoch)?;
-        }
+            match &mut data {
+                Data::Source(s) => {
+                    s.start_epoch(epoch)?;
+                    Feed::Source(s.as_mut())
+                }
+                Data::Loader(f) => Feed::Epoch(
+                    f.loader_mut()
+                        .epoch()
+                        .map_err(|e| BurnRunError::Data(e.to_string()))?,
+                ),
+            }
+        };
         probe.sample(Phase::EpochStart, step, epoch, None)?;
         for _ in 0..steps_per_epoch {
             if step >= total_steps {
-                break 'epochs;
+                break;
             }
             let mut accumulator = GradientsAccumulator::<Net<B>>::new();
             let mut last_grads = None;
@@ -463,9 +557,14 @@ where
                 let mb = (accumulation > 1).then_some(m as u32);
                 let batch = {
                     let _tag = CategoryScope::enter(Category::Input);
-                    let host = source.next_batch(micro)?;
-                    let batch =
-                        Batch::<B>::from_host(&shape, host.batch, host.inputs, host.targets, &device)?;
+                    let host = feed.next(micro, &shape)?;
+                    let batch = Batch::<B>::from_host(
+                        &shape,
+                        host.batch,
+                        host.inputs,
+                        host.targets,
+                        &device,
+                    )?;
                     cast_batch(batch, half)
                 };
                 probe.sample(Phase::BatchLoaded, step, epoch, mb)?;
@@ -532,11 +631,12 @@ where
             }
             probe.sample(Phase::OptimizerStep, step, epoch, None)?;
 
-            if plan.leak.clear_every > 0 && (step + 1) % plan.leak.clear_every == 0 {
+            if plan.leak.clear_every > 0 && (step + 1).is_multiple_of(plan.leak.clear_every) {
                 kept_outputs.clear();
                 kept_outputs.shrink_to_fit();
             }
-            if plan.training.checkpoint_every > 0 && (step + 1) % plan.training.checkpoint_every == 0
+            if plan.training.checkpoint_every > 0
+                && (step + 1).is_multiple_of(plan.training.checkpoint_every)
             {
                 let path = dir.join(format!("checkpoint-step{}.bin", step + 1));
                 save_checkpoint(&model, &path, &mut probe, step, epoch)?;
@@ -558,7 +658,7 @@ where
         }
         {
             let _tag = CategoryScope::enter(Category::Input);
-            source.end_epoch()?;
+            feed.finish()?;
         }
         probe.sample(Phase::EpochEnd, step.saturating_sub(1), epoch, None)?;
         if plan.training.empty_cache == EmptyCachePolicy::EveryEpoch {
@@ -571,9 +671,21 @@ where
     probe.sample(Phase::End, step.saturating_sub(1), last_epoch, None)?;
     // Everything the run kept is released only now, after the last sample; graphs orphaned
     // by the release are freed before returning, so the next run starts clean.
-    drop((kept_outputs, metric_tensors, metric_outputs, metric_scalars, model, optim));
+    drop((
+        kept_outputs,
+        metric_tensors,
+        metric_outputs,
+        metric_scalars,
+        model,
+        optim,
+    ));
     flush_orphaned_graphs::<B>(&device);
 
+    let loader_threads_spawned = match &data {
+        Data::Loader(f) => Some(f.loader().threads_spawned()),
+        Data::Source(_) => None,
+    };
+    drop(data);
     let host_counted = probe.counts_host();
     let samples = probe.into_samples();
     let timeline = to_timeline(plan, producer, param_bytes, &samples);
@@ -583,6 +695,7 @@ where
         parameter_bytes: param_bytes,
         host_counted,
         checkpoints,
+        loader_threads_spawned,
     })
 }
 
@@ -635,7 +748,10 @@ mod tests {
         assert_eq!(phases[0], Phase::Start);
         assert_eq!(phases[1], Phase::ModelInit);
         assert_eq!(phases.last(), Some(&Phase::End));
-        let steps = phases.iter().filter(|p| **p == Phase::OptimizerStep).count();
+        let steps = phases
+            .iter()
+            .filter(|p| **p == Phase::OptimizerStep)
+            .count();
         assert_eq!(steps, 2);
         // 4*8 + 8 + 8*2 + 2 = 58 f32 parameters.
         assert_eq!(run.parameter_bytes, 58 * 4);
@@ -644,5 +760,85 @@ mod tests {
         // not zero.
         assert!(!run.host_counted);
         assert!(run.samples.iter().all(|s| s.host.is_none()));
+    }
+
+    fn run_of(text: &str, tweak: impl FnOnce(&mut Plan)) -> MeasuredRun {
+        let mut p = Plan::from_toml_str(text).expect("plan");
+        p.training.batch_size = 4;
+        p.training.steps_per_epoch = Some(2);
+        p.data.samples = 8;
+        tweak(&mut p);
+        p.validate().expect("valid");
+        run_measured_detailed(&p, RunOptions::default()).expect("run")
+    }
+
+    #[test]
+    fn a_cnn_trains_from_its_spec() {
+        let run = run_of(
+            "[model.cnn]\nimage = [1, 8, 8]\nclasses = 3\nlayers = [\n  { op = \"conv\", out = 4, kernel = 3, padding = 1 },\n  { op = \"batch_norm\" },\n  { op = \"relu\" },\n  { op = \"max_pool\", kernel = 2 },\n  { op = \"flatten\" },\n]\n",
+            |_| {},
+        );
+        // conv 1*4*3*3 + 4, batch norm 4 + 4 (gamma, beta) + 4 + 4 (running mean and
+        // variance), head 4*4*4*3 + 3.
+        assert_eq!(run.parameter_bytes, (36 + 4 + 8 + 8 + 192 + 3) * 4);
+        assert_eq!(run.loader_threads_spawned, Some(0));
+    }
+
+    #[test]
+    fn a_transformer_encoder_and_decoder_train_from_their_specs() {
+        for kind in ["encoder", "decoder"] {
+            let run = run_of(
+                &format!(
+                    "[model.transformer]\nkind = \"{kind}\"\nlayers = 1\nhidden = 8\nheads = 2\nseq_len = 5\nvocab = 11\n"
+                ),
+                |_| {},
+            );
+            assert!(run.parameter_bytes > 0);
+            assert_eq!(
+                run.loader_threads_spawned, None,
+                "tokens come from the synthetic source"
+            );
+            let steps = run
+                .samples
+                .iter()
+                .filter(|s| s.phase == Phase::OptimizerStep)
+                .count();
+            assert_eq!(steps, 2, "{kind}");
+        }
+    }
+
+    #[test]
+    fn accumulation_half_precision_checkpoints_and_checkpointing_run() {
+        let dir = std::env::temp_dir().join(format!("trainmem-burn-unit-{}", std::process::id()));
+        let mlp = "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n";
+        let mut p = Plan::from_toml_str(mlp).expect("plan");
+        p.training.batch_size = 4;
+        p.training.grad_accumulation = Some(2);
+        p.training.steps_per_epoch = Some(2);
+        p.training.checkpoint_every = 1;
+        p.data.samples = 8;
+        p.precision.compute = Dtype::F16;
+        p.precision.master_weights = false;
+        p.checkpointing.policy = CheckpointPolicyKind::Sqrt;
+        p.validate().expect("valid");
+        let opts = RunOptions {
+            work_dir: Some(dir.clone()),
+            ..RunOptions::default()
+        };
+        let run = run_measured_detailed(&p, opts).expect("run");
+        // f16 parameters: half of 58 f32 parameters.
+        assert_eq!(run.parameter_bytes, 58 * 2);
+        let micro: Vec<Option<u32>> = run
+            .samples
+            .iter()
+            .filter(|s| s.phase == Phase::Backward)
+            .map(|s| s.micro_batch)
+            .collect();
+        assert_eq!(micro, vec![Some(0), Some(1), Some(0), Some(1)]);
+        assert_eq!(run.checkpoints.len(), 2);
+        for c in &run.checkpoints {
+            assert!(std::fs::metadata(c).expect("checkpoint written").len() > 0);
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -32,9 +32,10 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
         device.reserved = d.bytes_reserved;
         device.peak_allocated = d.bytes_in_use;
         device.peak_reserved = d.bytes_reserved;
-        device
-            .categories
-            .set(Category::Cache, d.bytes_reserved.saturating_sub(d.bytes_in_use));
+        device.categories.set(
+            Category::Cache,
+            d.bytes_reserved.saturating_sub(d.bytes_in_use),
+        );
     }
     Sample {
         phase: s.phase,

@@ -1,26 +1,242 @@
-//! `trainmem simulate`, `fit` and `explain` (being built).
+//! `trainmem simulate`, `fit` and `explain`: the simulator's commands.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use trainmem_sim::bytes::{human, parse_bytes};
+use trainmem_sim::export::{chrome, json, pickle, svg};
+use trainmem_sim::{FitTarget, Plan, SimOptions, SimResult};
 
 /// Arguments of `trainmem simulate`.
 #[derive(Debug, clap::Args)]
-pub struct SimulateArgs {}
+pub struct SimulateArgs {
+    /// The plan file (TOML).
+    pub plan: PathBuf,
+    /// Print the report and the timeline as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write exports to this directory: timeline.json, report.json, report.txt,
+    /// trace.json (Chrome/Perfetto counters), memory.svg, snapshot.pickle (memory_viz).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Simulate at most this many optimizer steps.
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Allocator trace entries kept for snapshot.pickle (most recent).
+    #[arg(long, default_value_t = 200_000)]
+    pub trace_entries: usize,
+    /// Never show a progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
 /// Arguments of `trainmem fit`.
 #[derive(Debug, clap::Args)]
-pub struct FitArgs {}
+pub struct FitArgs {
+    /// The plan file (TOML).
+    pub plan: PathBuf,
+    /// Device capacity to fit, e.g. `24GiB` (default: the plan's).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// What to search: `batch`, or `micro-batch` (keeping the accumulation steps). Default:
+    /// micro-batch when the plan accumulates gradients, else batch.
+    #[arg(long, value_enum)]
+    pub what: Option<FitWhat>,
+    /// Largest size to try.
+    #[arg(long, default_value_t = 1 << 16)]
+    pub max: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `fit` varies.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum FitWhat {
+    /// The batch size (no accumulation).
+    Batch,
+    /// The micro-batch size.
+    MicroBatch,
+}
+
 /// Arguments of `trainmem explain`.
 #[derive(Debug, clap::Args)]
-pub struct ExplainArgs {}
+pub struct ExplainArgs {
+    /// The plan file (TOML).
+    pub plan: PathBuf,
+    /// Simulate at most this many optimizer steps.
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    match parse_bytes(s)? {
+        0 => Err("capacity must be more than 0 bytes".into()),
+        b => Ok(b),
+    }
+}
+
+fn load(path: &PathBuf) -> anyhow::Result<Plan> {
+    Ok(Plan::load(path)?)
+}
+
+fn run_sim(
+    plan: &Plan,
+    steps: Option<u64>,
+    trace: Option<usize>,
+    quiet: bool,
+) -> anyhow::Result<SimResult> {
+    let total = steps.map_or(plan.total_steps(), |s| s.min(plan.total_steps()));
+    let show = !quiet && total >= 200 && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = show.then(|| {
+        let b = ProgressBar::new(total);
+        if let Ok(style) =
+            ProgressStyle::with_template("simulating {bar:40} {pos}/{len} steps ({eta})")
+        {
+            b.set_style(style);
+        }
+        b
+    });
+    let mut tick = |done: u64, _total: u64| {
+        if let Some(b) = &bar {
+            if done % 16 == 0 || done == total {
+                b.set_position(done);
+            }
+        }
+    };
+    let opts = SimOptions {
+        trace_entries: trace,
+        progress: Some(&mut tick),
+        max_steps: steps,
+    };
+    let r = trainmem_sim::simulate(plan, opts).context("simulation failed")?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(r)
+}
 
 /// Runs `trainmem simulate`.
-pub fn simulate(_args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("trainmem simulate is not built yet")
+pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
+    let plan = load(&args.plan)?;
+    let trace = args.out.as_ref().map(|_| args.trace_entries);
+    let r = run_sim(&plan, args.steps, trace, args.quiet || args.json)?;
+    let rep = trainmem_sim::report(&plan, &r);
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let write = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
+        };
+        write(
+            "timeline.json",
+            json::timeline_json(&r.timeline)?.as_bytes(),
+        )?;
+        write("report.json", json::report_json(&rep)?.as_bytes())?;
+        write(
+            "report.txt",
+            trainmem_sim::render_text(&plan, &rep).as_bytes(),
+        )?;
+        write("trace.json", chrome::chrome_trace(&r.timeline)?.as_bytes())?;
+        write("memory.svg", svg::render_svg(&r.timeline).as_bytes())?;
+        if let Some(snap) = &r.snapshot {
+            write("snapshot.pickle", &pickle::snapshot_pickle(snap)?)?;
+        }
+        if !args.json {
+            eprintln!(
+                "wrote {}/{{timeline.json, report.json, report.txt, trace.json, memory.svg{}}}",
+                dir.display(),
+                if r.snapshot.is_some() {
+                    ", snapshot.pickle"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    if args.json {
+        let v = serde_json::json!({ "report": rep, "timeline": r.timeline });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", trainmem_sim::render_text(&plan, &rep));
+    }
+    Ok(if r.summary.oom.is_some() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
+
 /// Runs `trainmem fit`.
-pub fn fit(_args: FitArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("trainmem fit is not built yet")
+pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
+    let plan = load(&args.plan)?;
+    let capacity = args.capacity.unwrap_or(plan.device.capacity.0);
+    let target = match args.what {
+        Some(FitWhat::Batch) => FitTarget::Batch,
+        Some(FitWhat::MicroBatch) => FitTarget::MicroBatch,
+        None if plan.accumulation_steps() > 1 => FitTarget::MicroBatch,
+        None => FitTarget::Batch,
+    };
+    let r = trainmem_sim::fit(&plan, target, capacity, args.max.max(1))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(if r.largest.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(2)
+        });
+    }
+    let what = match target {
+        FitTarget::Batch => "batch size",
+        FitTarget::MicroBatch => "micro-batch size",
+    };
+    match r.largest {
+        Some(n) => {
+            println!(
+                "largest {what} that fits {}: {n} (peak allocated {}, peak reserved {}; {} simulations)",
+                human(capacity),
+                human(r.peak_allocated),
+                human(r.peak_reserved),
+                r.probes
+            );
+            match &r.first_failing {
+                Some((m, msg)) => println!("{what} {m} does not fit:\n  {msg}"),
+                None => println!("(every size up to --max {} fits)", args.max),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            println!("even a {what} of 1 does not fit {}:", human(capacity));
+            if let Some((_, msg)) = &r.first_failing {
+                println!("  {msg}");
+            }
+            Ok(ExitCode::from(2))
+        }
+    }
 }
+
 /// Runs `trainmem explain`.
-pub fn explain(_args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("trainmem explain is not built yet")
+pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let plan = load(&args.plan)?;
+    let r = run_sim(&plan, args.steps, None, args.json)?;
+    let findings = trainmem_sim::explain(&plan, &r.timeline, &r.summary);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&findings)?);
+    } else {
+        let name = if plan.name.is_empty() {
+            args.plan.display().to_string()
+        } else {
+            plan.name.clone()
+        };
+        println!("{name}: what memory does, and why\n");
+        for f in &findings {
+            println!("* {}\n", f.text);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

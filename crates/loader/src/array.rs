@@ -129,8 +129,7 @@ impl MappedArray {
         }
         let mut header = vec![0u8; total];
         header[..n].copy_from_slice(&head);
-        file.read_exact(&mut header[n..])
-            .map_err(|e| io(path, e))?;
+        file.read_exact(&mut header[n..]).map_err(|e| io(path, e))?;
         let h = npy::parse_header(&header).map_err(|e| DataError::file(path, e))?;
         MappedArray::finish(
             path,
@@ -175,11 +174,12 @@ impl MappedArray {
             .map_err(|e| DataError::file(path, HeaderError::DType(e)))?;
         let file = File::open(path).map_err(|e| io(path, e))?;
         let file_len = file.metadata().map_err(|e| io(path, e))?.len();
-        let record_elems = checked_prod(&layout.sample_shape)
-            .ok_or_else(|| DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone())))?;
-        let record_bytes = record_elems
-            .checked_mul(dtype.size())
-            .ok_or_else(|| DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone())))?;
+        let record_elems = checked_prod(&layout.sample_shape).ok_or_else(|| {
+            DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
+        })?;
+        let record_bytes = record_elems.checked_mul(dtype.size()).ok_or_else(|| {
+            DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
+        })?;
         let data_bytes = file_len.checked_sub(layout.offset as u64).ok_or_else(|| {
             DataError::file(
                 path,
@@ -256,7 +256,7 @@ impl MappedArray {
                 },
             ));
         }
-        if data_offset % dtype.size() != 0 {
+        if !data_offset.is_multiple_of(dtype.size()) {
             return Err(DataError::file(
                 path,
                 FileProblem::Misaligned {
@@ -284,11 +284,8 @@ impl MappedArray {
             }
             Some(map)
         };
-        let sample_bytes = if shape[0] == 0 {
-            checked_prod(&shape[1..]).unwrap_or(0) * dtype.size()
-        } else {
-            data_len / shape[0]
-        };
+        // Per-sample bytes from the sample shape, so it is right even with zero samples.
+        let sample_bytes = checked_prod(&shape[1..]).unwrap_or(0) * dtype.size();
         Ok(MappedArray {
             path: path.to_path_buf(),
             file,
@@ -398,11 +395,7 @@ impl MappedArray {
     /// Re-checks that the file is still at least as long as when it was opened (see the module
     /// docs on files that change while mapped).
     pub fn check_unchanged(&self) -> Result<(), DataError> {
-        let now = self
-            .file
-            .metadata()
-            .map_err(|e| io(&self.path, e))?
-            .len();
+        let now = self.file.metadata().map_err(|e| io(&self.path, e))?.len();
         if now < self.file_len {
             return Err(DataError::file(
                 &self.path,

@@ -132,7 +132,12 @@ impl BatchBuilder<MmapDataset> for ResizeColumns {
             let mut buf = ctx.alloc_buffer(n * bps);
             if k == self.column {
                 if a.dtype() != DType::F32 {
-                    return Err(format!("RandomResize needs f32, column {} is {}", c.name, a.dtype()).into());
+                    return Err(format!(
+                        "RandomResize needs f32, column {} is {}",
+                        c.name,
+                        a.dtype()
+                    )
+                    .into());
                 }
                 let floats = bps / 4;
                 for (row, &i) in indices.iter().enumerate() {

@@ -67,16 +67,18 @@ impl<F, C> MapCollate<F, C> {
 impl<D, F, C, T, B> BatchBuilder<D> for MapCollate<F, C>
 where
     D: Dataset,
-    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError>
-        + Send
-        + Sync
-        + 'static,
+    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError> + Send + Sync + 'static,
     C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
     B: ByteSize + Send + 'static,
 {
     type Batch = B;
 
-    fn build(&self, dataset: &D, indices: &[usize], ctx: &mut WorkerContext) -> Result<B, BoxError> {
+    fn build(
+        &self,
+        dataset: &D,
+        indices: &[usize],
+        ctx: &mut WorkerContext,
+    ) -> Result<B, BoxError> {
         let mut items = Vec::with_capacity(indices.len());
         for &i in indices {
             if ctx.is_cancelled() {
@@ -126,7 +128,10 @@ impl ColumnBatch {
 
 impl ByteSize for ColumnBatch {
     fn byte_size(&self) -> usize {
-        self.columns.iter().map(BatchBuffer::capacity).sum::<usize>()
+        self.columns
+            .iter()
+            .map(BatchBuffer::capacity)
+            .sum::<usize>()
             + self.indices.capacity() * std::mem::size_of::<usize>()
     }
 }
@@ -135,6 +140,26 @@ impl ByteSize for ColumnBatch {
 /// page cache → batch buffer). Runs of consecutive indices are copied with one `memcpy`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StackColumns;
+
+/// Runs of consecutive indices: `(first, length)`.
+struct Runs<'a> {
+    indices: &'a [usize],
+    pos: usize,
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        let start = *self.indices.get(self.pos)?;
+        let mut run = 1;
+        while self.indices.get(self.pos + run) == Some(&(start + run)) {
+            run += 1;
+        }
+        self.pos += run;
+        Some((start, run))
+    }
+}
 
 /// Copies rows of `array` for `indices` into `out`, one memcpy per run of consecutive indices.
 pub(crate) fn copy_rows(
@@ -176,8 +201,15 @@ impl BatchBuilder<MmapDataset> for StackColumns {
         let mut shapes = Vec::with_capacity(columns.capacity());
         for c in dataset.columns() {
             let a = &c.array;
-            let mut buf = ctx.alloc_buffer(n * a.bytes_per_sample());
-            copy_rows(a, indices, buf.as_bytes_mut(), ctx)?;
+            if let Some(&bad) = indices.iter().find(|&&i| i >= a.len()) {
+                ctx.set_sample(bad);
+                return Err(format!("sample {bad} out of range ({} samples)", a.len()).into());
+            }
+            let runs = Runs { indices, pos: 0 };
+            let buf = ctx.alloc_concat(
+                n * a.bytes_per_sample(),
+                runs.map(|(start, run)| a.samples(start..start + run).unwrap_or(&[])),
+            );
             columns.push(buf);
             dtypes.push(a.dtype());
             let mut shape = vec![n];

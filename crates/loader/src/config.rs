@@ -196,8 +196,14 @@ mod tests {
             ConfigError::ZeroPrefetch
         );
         assert_eq!(
-            bad(|c| c.shard = Some(Shard { rank: 2, world_size: 2 })),
-            ConfigError::BadShard { rank: 2, world_size: 2 }
+            bad(|c| c.shard = Some(Shard {
+                rank: 2,
+                world_size: 2
+            })),
+            ConfigError::BadShard {
+                rank: 2,
+                world_size: 2
+            }
         );
         assert_eq!(bad(|c| c.timeout_ms = Some(0)), ConfigError::ZeroTimeout);
     }
@@ -212,12 +218,18 @@ mod tests {
         c.drop_last = true;
         assert_eq!(c.batches_per_epoch(10), 2);
         assert_eq!(c.batches_per_epoch(3), 0);
-        c.shard = Some(Shard { rank: 1, world_size: 3 });
+        c.shard = Some(Shard {
+            rank: 1,
+            world_size: 3,
+        });
         assert_eq!(c.samples_per_epoch(10), 3);
         let total: usize = (0..3)
             .map(|rank| {
                 LoaderConfig {
-                    shard: Some(Shard { rank, world_size: 3 }),
+                    shard: Some(Shard {
+                        rank,
+                        world_size: 3,
+                    }),
                     ..LoaderConfig::default()
                 }
                 .samples_per_epoch(10)
@@ -242,7 +254,10 @@ mod tests {
         let c = LoaderConfig {
             batch_size: 32,
             order: Order::Shuffled { seed: 7 },
-            shard: Some(Shard { rank: 0, world_size: 2 }),
+            shard: Some(Shard {
+                rank: 0,
+                world_size: 2,
+            }),
             workers: 4,
             timeout_ms: Some(500),
             ..LoaderConfig::default()

@@ -124,6 +124,20 @@ impl WorkerContext {
         buf
     }
 
+    /// An output buffer of `len` bytes filled with `parts` back to back in one pass (no
+    /// zeroing first; bytes past the parts are zeroed). Staged and accounted like
+    /// [`Self::alloc_buffer`].
+    pub fn alloc_concat<'a>(
+        &mut self,
+        len: usize,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+    ) -> BatchBuffer {
+        let buf = BatchBuffer::concat(self.staging.as_ref(), len, parts);
+        self.building_counted += buf.capacity();
+        self.memory.add(Term::Building, buf.capacity());
+        buf
+    }
+
     pub(crate) fn begin_batch(
         &mut self,
         epoch: u64,

@@ -113,7 +113,10 @@ impl MmapDataset {
 
     /// Bytes of one sample over all columns.
     pub fn bytes_per_sample(&self) -> usize {
-        self.columns.iter().map(|c| c.array.bytes_per_sample()).sum()
+        self.columns
+            .iter()
+            .map(|c| c.array.bytes_per_sample())
+            .sum()
     }
 
     /// Advises the kernel of the access pattern on every column (see [`MappedArray::advise`]).

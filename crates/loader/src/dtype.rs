@@ -42,7 +42,9 @@ pub enum DTypeError {
     #[error("object dtype {0:?} (pickled Python objects cannot be memory-mapped)")]
     Object(String),
     /// Anything else: strings, structured, datetimes, complex...
-    #[error("unsupported dtype {0:?} (expected a little-endian number such as '<f4', '<i8', '|u1')")]
+    #[error(
+        "unsupported dtype {0:?} (expected a little-endian number such as '<f4', '<i8', '|u1')"
+    )]
     Unsupported(String),
 }
 
@@ -170,7 +172,10 @@ mod tests {
             DType::from_descr(">f4"),
             Err(DTypeError::BigEndian(_))
         ));
-        assert!(matches!(DType::from_descr("|O"), Err(DTypeError::Object(_))));
+        assert!(matches!(
+            DType::from_descr("|O"),
+            Err(DTypeError::Object(_))
+        ));
         for bad in ["<U10", "|S3", "<c8", "<M8[ns]", "", "f4"] {
             assert!(
                 matches!(DType::from_descr(bad), Err(DTypeError::Unsupported(_))),

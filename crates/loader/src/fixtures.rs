@@ -87,7 +87,10 @@ pub fn write_fixture(
     }
     let total = spec.data_bytes();
     let features = dir.join("features.npy");
-    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(&features).map_err(werr(&features))?);
+    let mut out = BufWriter::with_capacity(
+        1 << 20,
+        std::fs::File::create(&features).map_err(werr(&features))?,
+    );
     out.write_all(&write_header(DType::F32, &[spec.samples, spec.dim]))
         .map_err(werr(&features))?;
     let mut row = Vec::with_capacity(spec.dim * 4);

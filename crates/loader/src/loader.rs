@@ -265,9 +265,11 @@ fn build_batch<D: Dataset, Bd: BatchBuilder<D>>(
         shared.builder.build(&shared.dataset, indices, ctx)
     }));
     let sample = ctx.current_sample();
-    // The built batch (if any) becomes `queue` bytes before its `building` bytes are released,
-    // so the total never dips below what is really held.
-    let out = match r {
+    // Release the batch's `building` (and scratch) bytes before it is counted as `queue`, so a
+    // batch is never counted twice: `building + queue + reorder ≤ P·W × batch bytes` holds at
+    // every instant (the total may dip for the moment between the two updates).
+    ctx.end_batch();
+    match r {
         Ok(Ok(b)) => Ok(InFlight::new(b, Arc::clone(&shared.memory))),
         Ok(Err(e)) => Err(LoaderError::Sample {
             epoch,
@@ -281,9 +283,7 @@ fn build_batch<D: Dataset, Bd: BatchBuilder<D>>(
             sample,
             message: panic_message(p),
         }),
-    };
-    ctx.end_batch();
-    out
+    }
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
@@ -360,10 +360,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> std::fmt::Debug for Loader<D, Bd> {
 impl<D, F, C, T, B> Loader<D, MapCollate<F, C>>
 where
     D: Dataset,
-    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError>
-        + Send
-        + Sync
-        + 'static,
+    F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError> + Send + Sync + 'static,
     C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
     B: ByteSize + Send + 'static,
 {
@@ -684,12 +681,15 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 }
             }
         };
-        self.next += 1;
-        self.send_next();
-        item.map(|mut b| {
+        // Hand the batch out (and uncount it) before issuing the replacement task, so the
+        // loader never holds more than P·W batches.
+        let out = item.map(|mut b| {
             b.release()
                 .expect("an in-flight batch is released exactly once")
-        })
+        });
+        self.next += 1;
+        self.send_next();
+        out
     }
 }
 
@@ -730,6 +730,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Iterator for Epoch<'_, D, Bd> {
 impl<D: Dataset, Bd: BatchBuilder<D>> Drop for Epoch<'_, D, Bd> {
     fn drop(&mut self) {
         self.stop();
-        self.loader.shared.memory.sub(Term::Sampler, self.sampler_bytes);
+        self.loader
+            .shared
+            .memory
+            .sub(Term::Sampler, self.sampler_bytes);
     }
 }

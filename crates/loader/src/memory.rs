@@ -157,7 +157,10 @@ mod tests {
         m.sub(Term::Queue, 100);
         m.add(Term::Reorder, 30);
         let now = m.current();
-        assert_eq!((now.queue, now.reorder, now.scratch, now.total), (0, 30, 50, 80));
+        assert_eq!(
+            (now.queue, now.reorder, now.scratch, now.total),
+            (0, 30, 50, 80)
+        );
         assert_eq!(now.staging, 4096);
         let peak = m.peaks();
         assert_eq!((peak.queue, peak.total), (100, 150));

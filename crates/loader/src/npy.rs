@@ -47,7 +47,9 @@ pub enum HeaderError {
     #[error(transparent)]
     DType(#[from] DTypeError),
     /// Column-major data.
-    #[error("Fortran-order (column-major) array: a sample is not contiguous; re-save it in C order (np.ascontiguousarray)")]
+    #[error(
+        "Fortran-order (column-major) array: a sample is not contiguous; re-save it in C order (np.ascontiguousarray)"
+    )]
     FortranOrder,
     /// A 0-d array.
     #[error("0-dimensional array: no sample axis")]

@@ -99,7 +99,10 @@ mod tests {
         let p = EpochPlan::new(10, &cfg(3, true, Order::Sequential), 0);
         assert_eq!(p.len(), 3);
         assert!(EpochPlan::new(0, &cfg(3, false, Order::Sequential), 0).is_empty());
-        assert_eq!(EpochPlan::new(2, &cfg(5, false, Order::Sequential), 0).len(), 1);
+        assert_eq!(
+            EpochPlan::new(2, &cfg(5, false, Order::Sequential), 0).len(),
+            1
+        );
         assert!(EpochPlan::new(2, &cfg(5, true, Order::Sequential), 0).is_empty());
     }
 
@@ -121,7 +124,10 @@ mod tests {
         let mut seen = Vec::new();
         for rank in 0..3 {
             let c = LoaderConfig {
-                shard: Some(Shard { rank, world_size: 3 }),
+                shard: Some(Shard {
+                    rank,
+                    world_size: 3,
+                }),
                 order: Order::Shuffled { seed: 1 },
                 ..LoaderConfig::default()
             };

@@ -31,10 +31,19 @@ struct Block {
 unsafe impl Send for Block {}
 
 impl Block {
-    fn alloc(size: usize, align: usize) -> Option<Block> {
+    /// A block of `size` bytes; zeroed when `zeroed`, otherwise uninitialised (the caller must
+    /// initialise every byte it later exposes).
+    fn alloc(size: usize, align: usize, zeroed: bool) -> Option<Block> {
         let layout = Layout::from_size_align(size.max(1), align).ok()?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        let raw = unsafe {
+            if zeroed {
+                std::alloc::alloc_zeroed(layout)
+            } else {
+                std::alloc::alloc(layout)
+            }
+        };
+        let ptr = NonNull::new(raw)?;
         Some(Block {
             ptr,
             layout,
@@ -101,7 +110,8 @@ impl StagingPool {
                 return Some(b);
             }
         }
-        let mut b = Block::alloc(rounded, PAGE)?;
+        // Uninitialised: `BatchBuffer` initialises the bytes it exposes (zeroing or copying).
+        let mut b = Block::alloc(rounded, PAGE, false)?;
         self.memory.add(Term::Staging, rounded);
         if self.pin {
             if b.lock() {
@@ -155,10 +165,14 @@ pub struct BatchBuffer {
 impl BatchBuffer {
     /// A zeroed heap buffer of `len` bytes. Panics only if the allocation itself fails.
     pub fn heap(len: usize) -> BatchBuffer {
+        BatchBuffer::heap_block(len, true)
+    }
+
+    fn heap_block(len: usize, zeroed: bool) -> BatchBuffer {
         let block = if len == 0 {
             None
         } else {
-            Some(Block::alloc(len, HEAP_ALIGN).unwrap_or_else(|| {
+            Some(Block::alloc(len, HEAP_ALIGN, zeroed).unwrap_or_else(|| {
                 std::alloc::handle_alloc_error(
                     Layout::from_size_align(len, HEAP_ALIGN).unwrap_or(Layout::new::<u8>()),
                 )
@@ -171,7 +185,22 @@ impl BatchBuffer {
         }
     }
 
+    /// A staging buffer whose `len` bytes are zeroed.
     pub(crate) fn staged(pool: &Arc<StagingPool>, len: usize) -> BatchBuffer {
+        let buf = BatchBuffer::staged_uninit(pool, len);
+        if let Some(b) = &buf.block {
+            // SAFETY: the block holds at least `len` bytes, exclusively owned by `buf`.
+            unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
+        }
+        buf
+    }
+
+    /// A staging buffer whose bytes are not yet initialised; callers must initialise all
+    /// `len` bytes before exposing them (see [`BatchBuffer::concat`]).
+    fn staged_uninit(pool: &Arc<StagingPool>, len: usize) -> BatchBuffer {
+        if len == 0 {
+            return BatchBuffer::heap(0);
+        }
         match pool.take(len) {
             Some(block) => BatchBuffer {
                 block: Some(block),
@@ -180,6 +209,35 @@ impl BatchBuffer {
             },
             None => BatchBuffer::heap(len),
         }
+    }
+
+    /// A buffer of `len` bytes holding `parts` back to back (bytes past the last part are
+    /// zeroed; parts beyond `len` are cut). One pass over the memory: no zeroing first.
+    pub(crate) fn concat<'a>(
+        pool: Option<&Arc<StagingPool>>,
+        len: usize,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+    ) -> BatchBuffer {
+        let buf = match pool {
+            Some(p) => BatchBuffer::staged_uninit(p, len),
+            None => BatchBuffer::heap_block(len, false),
+        };
+        if let Some(b) = &buf.block {
+            let dst = b.ptr.as_ptr();
+            let mut off = 0;
+            for part in parts {
+                let n = part.len().min(len - off);
+                // SAFETY: `dst + off .. dst + off + n` lies within the block's `len` bytes
+                // (`off + n <= len`), the source is a live slice of `n` bytes, and a fresh
+                // block cannot overlap a borrowed slice.
+                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), n) };
+                off += n;
+            }
+            // SAFETY: the rest of the `len` bytes, within the block; after this every one of
+            // the `len` bytes is initialised.
+            unsafe { std::ptr::write_bytes(dst.add(off), 0, len - off) };
+        }
+        buf
     }
 
     /// Number of bytes.
@@ -269,11 +327,7 @@ mod tests {
         let m = mem.current();
         assert_eq!(m.staging, 8192);
         // Pinned or a counted failure, never silent.
-        assert_eq!(
-            m.staging_pinned + m.pin_failures * 8192,
-            8192,
-            "{m:?}"
-        );
+        assert_eq!(m.staging_pinned + m.pin_failures * 8192, 8192, "{m:?}");
         assert_eq!(a.is_pinned(), m.staging_pinned == 8192);
         let ptr = a.as_bytes().as_ptr();
         drop(a);

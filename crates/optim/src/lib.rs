@@ -315,15 +315,27 @@ impl Sharding {
     }
     /// Elements of optimizer state (per buffer) this rank keeps for a parameter.
     pub fn state_elems(&self, elems: u64) -> u64 {
-        if self.shards_state() { self.shard(elems) } else { elems }
+        if self.shards_state() {
+            self.shard(elems)
+        } else {
+            elems
+        }
     }
     /// Elements of gradient this rank keeps for a parameter after reduction.
     pub fn grad_elems(&self, elems: u64) -> u64 {
-        if self.shards_grads() { self.shard(elems) } else { elems }
+        if self.shards_grads() {
+            self.shard(elems)
+        } else {
+            elems
+        }
     }
     /// Elements of a parameter this rank keeps at rest.
     pub fn param_elems(&self, elems: u64) -> u64 {
-        if self.shards_params() { self.shard(elems) } else { elems }
+        if self.shards_params() {
+            self.shard(elems)
+        } else {
+            elems
+        }
     }
 }
 
@@ -398,10 +410,16 @@ mod tests {
         assert_eq!(m.total(), 16 * psi);
         assert_eq!(m.master_weights, 4 * psi);
         // ZeRO paper: 7.5B params at Nd = 64, stage 1 → 4Ψ + 12Ψ/64.
-        let s1 = Sharding { world_size: 64, zero_stage: 1 };
+        let s1 = Sharding {
+            world_size: 64,
+            zero_stage: 1,
+        };
         let m1 = model_state_bytes(&c, Dtype::F16, s1, &[64 * psi]);
         assert_eq!(m1.total(), (2 + 2) * 64 * psi + 12 * psi);
-        let s3 = Sharding { world_size: 64, zero_stage: 3 };
+        let s3 = Sharding {
+            world_size: 64,
+            zero_stage: 3,
+        };
         let m3 = model_state_bytes(&c, Dtype::F16, s3, &[64 * psi]);
         assert_eq!(m3.total(), 16 * psi);
     }
@@ -416,7 +434,10 @@ mod tests {
         assert_eq!(c.step_temporary_peak(&params), 30 * 2 * 4);
         c.implementation = StepImpl::Fused;
         assert_eq!(c.step_temporary_peak(&params), 0);
-        assert_eq!(OptimizerConfig::new(OptimizerKind::Sgd).step_temporary_peak(&params), 0);
+        assert_eq!(
+            OptimizerConfig::new(OptimizerKind::Sgd).step_temporary_peak(&params),
+            0
+        );
     }
 
     proptest! {

@@ -27,7 +27,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let (num, unit) = t.split_at(split);
     let num: String = num.chars().filter(|&c| c != '_').collect();
     if num.is_empty() {
-        return Err(format!("`{text}` is not a byte size (expected e.g. `24GiB` or `4096`)"));
+        return Err(format!(
+            "`{text}` is not a byte size (expected e.g. `24GiB` or `4096`)"
+        ));
     }
     let value: f64 = num
         .parse()
@@ -74,14 +76,22 @@ pub fn human(bytes: u64) -> String {
 /// Formats a signed byte difference: `+1.00 GiB`, `-3 B`.
 pub fn human_signed(delta: i128) -> String {
     let sign = if delta < 0 { "-" } else { "+" };
-    format!("{sign}{}", human(delta.unsigned_abs().min(u64::MAX as u128) as u64))
+    format!(
+        "{sign}{}",
+        human(delta.unsigned_abs().min(u64::MAX as u128) as u64)
+    )
 }
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        for (unit, size) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if b >= size && b % size == 0 {
+        for (unit, size) in [
+            ("TiB", 1u64 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ] {
+            if b >= size && b.is_multiple_of(size) {
                 return write!(f, "{}{unit}", b / size);
             }
         }
@@ -137,7 +147,11 @@ mod tests {
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert_eq!(parse_bytes("2M").unwrap(), 2 << 20);
         assert_eq!(parse_bytes("1_000kb").unwrap(), 1_000_000);
-        assert!(parse_bytes("12 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_bytes("12 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
         assert!(parse_bytes("GiB").is_err());
     }
 

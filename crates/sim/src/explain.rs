@@ -71,7 +71,10 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
             }
         );
         if o > 0 {
-            text.push_str(&format!(" The optimizer state ({}) is allocated eagerly, with the optimizer.", human(o)));
+            text.push_str(&format!(
+                " The optimizer state ({}) is allocated eagerly, with the optimizer.",
+                human(o)
+            ));
         }
         if plan.data.storage == DataStorage::Preload {
             text.push_str(&format!(
@@ -96,15 +99,17 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
         let x = &t.samples[i];
         if x.phase == Phase::OptimizerStep {
             let b = x.device.categories.get(Category::OptimizerState);
-            let params = s.model_state.parameters - s.model_state.master_weights;
-            let ratio = if params > 0 { b as f64 / params as f64 } else { 0.0 };
+            let shard_elems = (s.model_state.parameters - s.model_state.master_weights)
+                / plan.precision.compute.size().max(1);
+            let per = shard_elems * plan.optimizer.state_dtype.size();
+            let ratio = if per > 0 { b as f64 / per as f64 } else { 0.0 };
             out.push(Finding {
                 kind: PatternKind::Jump,
                 domain: dev,
                 bytes: b as i128,
                 step: Some(x.step),
                 text: format!(
-                    "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per parameter in {} ({:.2}× the parameter bytes), created lazily on first use; it stays flat afterwards.",
+                    "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per parameter in {} ({:.2}× the parameter count in that dtype), created lazily on first use; it stays flat afterwards.",
                     human(b),
                     x.step,
                     plan.optimizer.kind.name(),
@@ -128,7 +133,11 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
         });
     }
     // activation retention
-    let step = if t.find(1, Phase::Forward).is_some() { 1 } else { 0 };
+    let step = if t.find(1, Phase::Forward).is_some() {
+        1
+    } else {
+        0
+    };
     if let (Some(f), Some(b)) = (at(t, step, Phase::Forward), at(t, step, Phase::Backward)) {
         let a = f.device.categories.get(Category::Activation);
         let after = b.device.categories.get(Category::Activation);
@@ -174,10 +183,20 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
             tail.iter().map(|e| e.0 as f64).sum::<f64>() / n,
             tail.iter().map(|e| e.1 as f64).sum::<f64>() / n,
         );
-        let cov: f64 = tail.iter().map(|e| (e.0 as f64 - mx) * (e.1 as f64 - my)).sum();
+        let cov: f64 = tail
+            .iter()
+            .map(|e| (e.0 as f64 - mx) * (e.1 as f64 - my))
+            .sum();
         let var: f64 = tail.iter().map(|e| (e.0 as f64 - mx).powi(2)).sum();
         let slope = if var > 0.0 { cov / var } else { 0.0 };
-        if slope.abs() >= 1.0 && (slope * n).abs() > 0.001 * my {
+        let rises = tail.windows(2).filter(|w| w[1].1 > w[0].1).count();
+        let growing =
+            tail.len() >= 3 && rises * 5 >= (tail.len() - 1) * 4 && slope * n > 0.005 * my;
+        let (lo, hi) = (
+            tail.iter().map(|e| e.1).min().unwrap_or(0),
+            tail.iter().map(|e| e.1).max().unwrap_or(0),
+        );
+        if growing {
             let cause = if plan.leak.retain_outputs {
                 if plan.leak.retain_graph {
                     "each step's output is kept and backward ran with retain_graph, so every step's saved activations stay alive with it".to_string()
@@ -189,11 +208,19 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
             } else {
                 "tensors kept across steps".to_string()
             };
-            let mut text = format!("Memory grows by {} per step: {cause}.", human_signed(slope.round() as i128));
+            let mut text = format!(
+                "Memory grows by {} per step: {cause}.",
+                human_signed(slope.round() as i128)
+            );
             if plan.leak.clear_every > 0 {
-                text.push_str(&format!(" Clearing them every {} steps drops it back (a sawtooth).", plan.leak.clear_every));
+                text.push_str(&format!(
+                    " Clearing them every {} steps drops it back (a sawtooth).",
+                    plan.leak.clear_every
+                ));
             } else {
-                text.push_str(" Keep scalars (`loss.item()`), detach, or clear the list to stop it.");
+                text.push_str(
+                    " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",
+                );
             }
             out.push(Finding {
                 kind: PatternKind::GrowthPerStep,
@@ -209,14 +236,15 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                 bytes: my as i128,
                 step: Some(1),
                 text: format!(
-                    "After the first step, memory per step is flat (a plateau at {} allocated after each optimizer step): every step allocates and frees the same tensors, and the caching allocator reuses its blocks.",
-                    human(my as u64)
+                    "After the first step, memory per step is flat (a plateau at {} allocated after each optimizer step, varying by {} at most): every step allocates and frees the same tensors, and the caching allocator reuses its blocks.",
+                    human(my as u64),
+                    human(hi - lo)
                 ),
             });
         }
     }
     // epoch spike (host)
-    let host = t.total_series(Domain::Host);
+    let host: Vec<u64> = t.samples.iter().map(|x| x.host.anon_rss).collect();
     let starts = t.indices_at(Phase::EpochStart);
     if !starts.is_empty() && plan.loader.workers > 0 {
         let spikes: Vec<(u64, u64, u64)> = starts
@@ -240,7 +268,7 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
             let h = spiking.iter().map(|s| s.1 - s.2).max().unwrap_or(0);
             let which: Vec<String> = spiking.iter().map(|s| s.0.to_string()).collect();
             let mut text = format!(
-                "Host memory peaks in the first batches of epoch(s) {} by up to {} above the steady state: {} worker(s) start together, each filling {} prefetch slot(s) and holding augmentation scratch at once.",
+                "Host memory (anonymous RSS) peaks in the first batches of epoch(s) {} by up to {} above the steady state: {} worker(s) start together, each filling {} prefetch slot(s) and holding augmentation scratch at once.",
                 which.join(", "),
                 human(h),
                 plan.loader.workers,
@@ -263,8 +291,14 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
     // checkpoint spike
     if let Some(c) = t.at_phase(Phase::CheckpointSave).next() {
         let ckpt = c.host.categories.get(Category::Other);
-        let i = t.samples.iter().position(|x| std::ptr::eq(x, c)).unwrap_or(0);
-        let before = i.checked_sub(1).map_or(0, |j| t.samples[j].host.categories.get(Category::Other));
+        let i = t
+            .samples
+            .iter()
+            .position(|x| std::ptr::eq(x, c))
+            .unwrap_or(0);
+        let before = i
+            .checked_sub(1)
+            .map_or(0, |j| t.samples[j].host.categories.get(Category::Other));
         out.push(Finding {
             kind: PatternKind::CheckpointSpike,
             domain: Domain::Host,

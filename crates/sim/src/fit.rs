@@ -7,9 +7,9 @@
 
 use serde::Serialize;
 
+use crate::SimError;
 use crate::engine::{SimOptions, simulate};
 use crate::plan::Plan;
-use crate::SimError;
 
 /// What `fit` varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -43,7 +43,9 @@ pub struct FitResult {
 
 /// Steps each probe simulates.
 pub fn probe_steps(plan: &Plan) -> u64 {
-    (2 * plan.accumulation_steps().max(1)).min(plan.total_steps()).max(2)
+    (2 * plan.accumulation_steps().max(1))
+        .min(plan.total_steps())
+        .max(2)
 }
 
 /// The plan with size `n` of `target` and capacity `capacity`, shortened to the probe.
@@ -64,7 +66,12 @@ pub fn probe_plan(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Plan
 }
 
 /// Outcome of one probe: `Ok((peak allocated, peak reserved))` or `Err(message)`.
-pub fn probe(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Result<Result<(u64, u64), String>, SimError> {
+pub fn probe(
+    plan: &Plan,
+    target: FitTarget,
+    n: u64,
+    capacity: u64,
+) -> Result<Result<(u64, u64), String>, SimError> {
     let p = probe_plan(plan, target, n, capacity);
     let r = simulate(&p, SimOptions::default())?;
     Ok(match r.summary.oom {
@@ -74,7 +81,12 @@ pub fn probe(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Result<Re
 }
 
 /// Finds the largest size of `target` that fits `capacity`, searching up to `limit`.
-pub fn fit(plan: &Plan, target: FitTarget, capacity: u64, limit: u64) -> Result<FitResult, SimError> {
+pub fn fit(
+    plan: &Plan,
+    target: FitTarget,
+    capacity: u64,
+    limit: u64,
+) -> Result<FitResult, SimError> {
     let mut probes = 0u32;
     let mut run = |n: u64| {
         probes += 1;

@@ -17,13 +17,15 @@ pub mod report;
 pub mod timeline;
 
 pub use bytes::ByteSize;
-pub use model::ModelSpec;
-pub use plan::{Plan, PlanError};
-pub use timeline::{CategoryBytes, DeviceBytes, Domain, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta};
 pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
 pub use fit::{FitResult, FitTarget, fit};
+pub use model::ModelSpec;
+pub use plan::{Plan, PlanError};
 pub use report::{Report, render_text, report};
+pub use timeline::{
+    CategoryBytes, DeviceBytes, Domain, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,
+};
 
 /// Errors of a simulation (beyond a predicted out-of-memory, which is a result).
 #[derive(Debug, thiserror::Error)]

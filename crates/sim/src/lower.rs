@@ -112,7 +112,9 @@ impl Shape {
 }
 
 fn pool_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
-    (size + 2 * padding).checked_sub(kernel).map(|r| r / stride.max(1) + 1)
+    (size + 2 * padding)
+        .checked_sub(kernel)
+        .map(|r| r / stride.max(1) + 1)
 }
 
 /// Walks a CNN's shapes; `Err` names the first layer that does not fit.
@@ -151,7 +153,11 @@ fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 let p = l.padding.unwrap_or(0);
                 match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
                     (Some(h2), Some(w2)) => Shape::Image(o, h2, w2),
-                    _ => return Err(format!("layer {i} (conv): kernel {k} is larger than the {h}×{w} input")),
+                    _ => {
+                        return Err(format!(
+                            "layer {i} (conv): kernel {k} is larger than the {h}×{w} input"
+                        ));
+                    }
                 }
             }
             (CnnOp::MaxPool | CnnOp::AvgPool, Shape::Image(ch, h, w)) => {
@@ -160,7 +166,11 @@ fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 let p = l.padding.unwrap_or(0);
                 match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
                     (Some(h2), Some(w2)) => Shape::Image(ch, h2, w2),
-                    _ => return Err(format!("layer {i} (pool): kernel {k} is larger than the {h}×{w} input")),
+                    _ => {
+                        return Err(format!(
+                            "layer {i} (pool): kernel {k} is larger than the {h}×{w} input"
+                        ));
+                    }
                 }
             }
             (CnnOp::GlobalAvgPool, Shape::Image(ch, _, _)) => Shape::Image(ch, 1, 1),
@@ -170,16 +180,17 @@ fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 Shape::Flat(need(l.out, "out")?)
             }
             (CnnOp::Dropout, s) => {
-                if let Some(p) = l.p {
-                    if !(0.0..1.0).contains(&p) {
+                if let Some(p) = l.p
+                    && !(0.0..1.0).contains(&p) {
                         return Err(format!("layer {i} (dropout): p = {p} is outside 0 ≤ p < 1"));
                     }
-                }
                 s
             }
             (CnnOp::BatchNorm | CnnOp::Relu | CnnOp::Gelu | CnnOp::Silu, s) => s,
             (op, Shape::Flat(_)) => {
-                return Err(format!("layer {i} ({op:?}) needs an image, but the input was flattened"));
+                return Err(format!(
+                    "layer {i} ({op:?}) needs an image, but the input was flattened"
+                ));
             }
         };
         out.push(shape);
@@ -220,7 +231,16 @@ fn lower_cnn(c: &CnnSpec) -> Result<Result<Program, trainmem_autograd::ProgramEr
                 };
                 let w = b.param(ch, format!("{i}.bn.weight"));
                 let bias = b.param(ch, format!("{i}.bn.bias"));
-                b.op_full(OpKind::BatchNorm, &[x], out, 0, ValueDtype::Compute, &[w, bias], 0, ch)
+                b.op_full(
+                    OpKind::BatchNorm,
+                    &[x],
+                    out,
+                    0,
+                    ValueDtype::Compute,
+                    &[w, bias],
+                    0,
+                    ch,
+                )
             }
             CnnOp::Relu => b.op(OpKind::Relu, &[x], out, &[]),
             CnnOp::Gelu => b.op(OpKind::Gelu, &[x], out, &[]),
@@ -300,14 +320,22 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
             AttentionImpl::Eager => {
                 let scores = b.op(OpKind::Matmul, &[qkv, qkv], t.heads * s * s, &[]);
                 let scaled = b.op(OpKind::Scale, &[scores], t.heads * s * s, &[]);
-                let mut probs = b.op_rows(OpKind::Softmax, &[scaled], t.heads * s * s, &[], t.heads * s);
+                let mut probs = b.op_rows(
+                    OpKind::Softmax,
+                    &[scaled],
+                    t.heads * s * s,
+                    &[],
+                    t.heads * s,
+                );
                 if t.dropout > 0.0 {
                     probs = b.op(OpKind::Dropout, &[probs], t.heads * s * s, &[]);
                 }
                 let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * h, &[]);
                 b.op(OpKind::Copy, &[ctx], s * h, &[])
             }
-            AttentionImpl::Fused => b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s),
+            AttentionImpl::Fused => {
+                b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s)
+            }
         };
         let mut o = linear(&mut b, ctx, h, h, format!("block{i}.attn.out"));
         if t.dropout > 0.0 {
@@ -331,7 +359,11 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
     let n = norm(&mut b, x, "final_norm".into());
     match t.kind {
         TransformerKind::Decoder => {
-            let w = if t.tied_embeddings { tok } else { b.param(t.vocab * h, "lm_head.weight") };
+            let w = if t.tied_embeddings {
+                tok
+            } else {
+                b.param(t.vocab * h, "lm_head.weight")
+            };
             let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &[w]);
             let targets = b.input(s, ValueDtype::Fixed(Dtype::I64));
             b.loss(OpKind::CrossEntropy, &[logits, targets]);
@@ -360,21 +392,38 @@ pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
     for (i, layer) in l.layers.iter().enumerate() {
         let kind = OpKind::from_name(&layer.op).ok_or_else(|| {
             let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
-            format!("layer {i}: unknown op `{}` (known: {})", layer.op, names.join(", "))
+            format!(
+                "layer {i}: unknown op `{}` (known: {})",
+                layer.op,
+                names.join(", ")
+            )
         })?;
         if matches!(kind, OpKind::CrossEntropy | OpKind::MseLoss) {
-            return Err(format!("layer {i}: `{}` is a loss; set `loss` instead", layer.op));
+            return Err(format!(
+                "layer {i}: `{}` is a loss; set `loss` instead",
+                layer.op
+            ));
         }
         if let Some(w) = layer.with {
             if kind.arity() != 2 {
-                return Err(format!("layer {i}: `with` applies only to two-input ops (add, mul, matmul)"));
+                return Err(format!(
+                    "layer {i}: `with` applies only to two-input ops (add, mul, matmul)"
+                ));
             }
             if w >= i {
-                return Err(format!("layer {i}: `with = {w}` must name an earlier layer"));
+                return Err(format!(
+                    "layer {i}: `with = {w}` must name an earlier layer"
+                ));
             }
         }
-        if layer.out.as_ref().is_some_and(|o| o.is_empty() || o.contains(&0)) {
-            return Err(format!("layer {i}: `out` must be a non-empty shape of positive sizes"));
+        if layer
+            .out
+            .as_ref()
+            .is_some_and(|o| o.is_empty() || o.contains(&0))
+        {
+            return Err(format!(
+                "layer {i}: `out` must be a non-empty shape of positive sizes"
+            ));
         }
         if kind == OpKind::View {
             let prev: u64 = if i == 0 {
@@ -400,14 +449,19 @@ fn layer_out(l: &LayersSpec, i: usize) -> u64 {
     cur
 }
 
-fn lower_layers(l: &LayersSpec) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
+fn lower_layers(
+    l: &LayersSpec,
+) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     check_layers(l).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
     let mut x = b.input(l.input.iter().product(), ValueDtype::Compute);
     let mut outs: Vec<ValueId> = Vec::new();
     for (i, layer) in l.layers.iter().enumerate() {
         let kind = OpKind::from_name(&layer.op).expect("checked");
-        let name = layer.name.clone().unwrap_or_else(|| format!("{i}.{}", layer.op));
+        let name = layer
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("{i}.{}", layer.op));
         b.begin_block(name.clone());
         let ps: Vec<_> = layer
             .params
@@ -428,6 +482,85 @@ fn lower_layers(l: &LayersSpec) -> Result<Result<Program, trainmem_autograd::Pro
     let out = layer_out(l, l.layers.len() - 1);
     add_loss(&mut b, l.loss, x, out);
     Ok(b.finish())
+}
+
+/// Splits a program into `stages` consecutive pipeline stages with balanced block counts.
+/// Values crossing a stage boundary become inputs of the later stage (keeping their
+/// `requires_grad`, so backward produces the gradient sent back); each stage but the last
+/// starts backward from its output.
+pub fn split_stages(program: &Program, stages: u64) -> Result<Vec<Program>, LowerError> {
+    let n_layers = program.layers.len();
+    let blocks: Vec<usize> = (0..n_layers)
+        .filter(|&l| program.checkpointable[l])
+        .collect();
+    if (blocks.len() as u64) < stages {
+        return Err(LowerError(format!(
+            "{stages} pipeline stages need at least {stages} repeated blocks; the model has {}",
+            blocks.len()
+        )));
+    }
+    let per = (blocks.len() as u64).div_ceil(stages) as usize;
+    // layer index where each stage after the first begins
+    let mut cuts = Vec::new();
+    for s in 1..stages as usize {
+        cuts.push(blocks[(s * per).min(blocks.len() - 1)]);
+    }
+    let mut bounds = vec![0];
+    bounds.extend(cuts);
+    bounds.push(n_layers);
+    bounds.dedup();
+    Ok(bounds
+        .windows(2)
+        .map(|w| slice(program, w[0], w[1]))
+        .collect())
+}
+
+fn slice(p: &Program, l0: usize, l1: usize) -> Program {
+    use std::collections::HashMap;
+    let (o0, o1) = (p.layers[l0].0 as usize, p.layers[l1 - 1].1 as usize);
+    let mut out = Program::default();
+    let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut pmap: HashMap<u32, u32> = HashMap::new();
+    let mut map_value = |out: &mut Program, v: ValueId, as_input: bool| -> ValueId {
+        *vmap.entry(v).or_insert_with(|| {
+            out.values.push(p.values[v as usize]);
+            let id = (out.values.len() - 1) as ValueId;
+            if as_input {
+                out.inputs.push(id);
+            }
+            id
+        })
+    };
+    for op in &p.ops[o0..o1] {
+        let mut new = *op;
+        for k in 0..op.arity as usize {
+            new.inputs[k] = map_value(&mut out, op.inputs[k], true);
+        }
+        new.output = map_value(&mut out, op.output, false);
+        new.params_start = out.op_params.len() as u32;
+        for &pid in p.params_of(op) {
+            let np = *pmap.entry(pid).or_insert_with(|| {
+                let mut info = p.params[pid as usize].clone();
+                info.layer -= l0 as u32;
+                out.params.push(info);
+                (out.params.len() - 1) as u32
+            });
+            out.op_params.push(np);
+        }
+        new.layer -= l0 as u32;
+        out.ops.push(new);
+    }
+    for l in l0..l1 {
+        let (s, e) = p.layers[l];
+        out.layers.push((s - o0 as u32, e - o0 as u32));
+        out.layer_names.push(p.layer_names[l].clone());
+        out.checkpointable.push(p.checkpointable[l]);
+    }
+    out.loss = match p.loss {
+        Some(l) if vmap.contains_key(&l) => vmap.get(&l).copied(),
+        _ => out.ops.last().map(|o| o.output),
+    };
+    out
 }
 
 #[cfg(test)]
@@ -504,78 +637,4 @@ mod tests {
         bad.layers[2].kernel = Some(64);
         assert!(check_cnn(&bad).unwrap_err().contains("layer 2"));
     }
-}
-
-/// Splits a program into `stages` consecutive pipeline stages with balanced block counts.
-/// Values crossing a stage boundary become inputs of the later stage (keeping their
-/// `requires_grad`, so backward produces the gradient sent back); each stage but the last
-/// starts backward from its output.
-pub fn split_stages(program: &Program, stages: u64) -> Result<Vec<Program>, LowerError> {
-    let n_layers = program.layers.len();
-    let blocks: Vec<usize> = (0..n_layers).filter(|&l| program.checkpointable[l]).collect();
-    if (blocks.len() as u64) < stages {
-        return Err(LowerError(format!(
-            "{stages} pipeline stages need at least {stages} repeated blocks; the model has {}",
-            blocks.len()
-        )));
-    }
-    let per = (blocks.len() as u64).div_ceil(stages) as usize;
-    // layer index where each stage after the first begins
-    let mut cuts = Vec::new();
-    for s in 1..stages as usize {
-        cuts.push(blocks[(s * per).min(blocks.len() - 1)]);
-    }
-    let mut bounds = vec![0];
-    bounds.extend(cuts);
-    bounds.push(n_layers);
-    bounds.dedup();
-    Ok(bounds.windows(2).map(|w| slice(program, w[0], w[1])).collect())
-}
-
-fn slice(p: &Program, l0: usize, l1: usize) -> Program {
-    use std::collections::HashMap;
-    let (o0, o1) = (p.layers[l0].0 as usize, p.layers[l1 - 1].1 as usize);
-    let mut out = Program::default();
-    let mut vmap: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut pmap: HashMap<u32, u32> = HashMap::new();
-    let mut map_value = |out: &mut Program, v: ValueId, as_input: bool| -> ValueId {
-        *vmap.entry(v).or_insert_with(|| {
-            out.values.push(p.values[v as usize]);
-            let id = (out.values.len() - 1) as ValueId;
-            if as_input {
-                out.inputs.push(id);
-            }
-            id
-        })
-    };
-    for op in &p.ops[o0..o1] {
-        let mut new = *op;
-        for k in 0..op.arity as usize {
-            new.inputs[k] = map_value(&mut out, op.inputs[k], true);
-        }
-        new.output = map_value(&mut out, op.output, false);
-        new.params_start = out.op_params.len() as u32;
-        for &pid in p.params_of(op) {
-            let np = *pmap.entry(pid).or_insert_with(|| {
-                let mut info = p.params[pid as usize].clone();
-                info.layer -= l0 as u32;
-                out.params.push(info);
-                (out.params.len() - 1) as u32
-            });
-            out.op_params.push(np);
-        }
-        new.layer -= l0 as u32;
-        out.ops.push(new);
-    }
-    for l in l0..l1 {
-        let (s, e) = p.layers[l];
-        out.layers.push((s - o0 as u32, e - o0 as u32));
-        out.layer_names.push(p.layer_names[l].clone());
-        out.checkpointable.push(p.checkpointable[l]);
-    }
-    out.loss = match p.loss {
-        Some(l) if vmap.contains_key(&l) => vmap.get(&l).copied(),
-        _ => out.ops.last().map(|o| o.output),
-    };
-    out
 }

@@ -517,22 +517,20 @@ impl Plan {
                 "give either micro_batch_size or grad_accumulation, not both".into(),
             ));
         }
-        if let Some(m) = t.micro_batch_size {
-            if m == 0 || t.batch_size % m != 0 {
+        if let Some(m) = t.micro_batch_size
+            && (m == 0 || !t.batch_size.is_multiple_of(m)) {
                 return Err(err(
                     "training.micro_batch_size",
                     format!("{m} does not divide batch_size {}", t.batch_size),
                 ));
             }
-        }
-        if let Some(a) = t.grad_accumulation {
-            if a == 0 || t.batch_size % a != 0 {
+        if let Some(a) = t.grad_accumulation
+            && (a == 0 || !t.batch_size.is_multiple_of(a)) {
                 return Err(err(
                     "training.grad_accumulation",
                     format!("{a} does not divide batch_size {}", t.batch_size),
                 ));
             }
-        }
         if t.epochs == 0 {
             return Err(err("training.epochs", "must be at least 1".into()));
         }
@@ -552,17 +550,25 @@ impl Plan {
             ));
         }
         let p = &self.precision;
-        if !matches!(p.compute, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
+        if !matches!(
+            p.compute,
+            Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
+        ) {
             return Err(err(
                 "precision.compute",
-                format!("`{}` is not a float dtype (use f32, f16 or bf16)", p.compute),
+                format!(
+                    "`{}` is not a float dtype (use f32, f16 or bf16)",
+                    p.compute
+                ),
             ));
         }
-        if let Some(g) = p.grads {
-            if !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
-                return Err(err("precision.grads", format!("`{g}` is not a float dtype")));
+        if let Some(g) = p.grads
+            && !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
+                return Err(err(
+                    "precision.grads",
+                    format!("`{g}` is not a float dtype"),
+                ));
             }
-        }
         if !matches!(
             self.optimizer.state_dtype,
             Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
@@ -575,7 +581,10 @@ impl Plan {
         if self.optimizer.amsgrad && !self.optimizer.kind.is_adam() {
             return Err(err(
                 "optimizer.amsgrad",
-                format!("amsgrad applies to adam and adamw, not {}", self.optimizer.kind.name()),
+                format!(
+                    "amsgrad applies to adam and adamw, not {}",
+                    self.optimizer.kind.name()
+                ),
             ));
         }
         let c = &self.checkpointing;
@@ -589,14 +598,13 @@ impl Plan {
                 }
                 Some(_) => {}
             },
-            CheckpointPolicyKind::Budget => {
-                if c.budget.is_none() {
+            CheckpointPolicyKind::Budget
+                if c.budget.is_none() => {
                     return Err(err(
                         "checkpointing.budget",
                         "policy \"budget\" needs budget = \"<bytes>\"".into(),
                     ));
                 }
-            }
             _ => {}
         }
         if c.every.is_some() && c.policy != CheckpointPolicyKind::Every {
@@ -681,13 +689,19 @@ impl Plan {
         match &self.model {
             ModelSpec::Mlp(m) => {
                 if m.input == 0 || m.output == 0 || m.hidden.contains(&0) {
-                    return Err(err("model.mlp.hidden", "layer widths must be at least 1".into()));
+                    return Err(err(
+                        "model.mlp.hidden",
+                        "layer widths must be at least 1".into(),
+                    ));
                 }
                 check_prob(m.dropout, "model.mlp.dropout", err)?;
             }
             ModelSpec::Cnn(c) => {
                 if c.image.contains(&0) {
-                    return Err(err("model.cnn.image", "dimensions must be at least 1".into()));
+                    return Err(err(
+                        "model.cnn.image",
+                        "dimensions must be at least 1".into(),
+                    ));
                 }
                 if c.classes == 0 {
                     return Err(err("model.cnn.classes", "must be at least 1".into()));
@@ -811,11 +825,17 @@ pub fn locate_key(src: &str, key: &str) -> Option<usize> {
     for (i, raw) in src.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
         if line.starts_with("[[") {
-            current = line.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            current = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
             continue;
         }
         if line.starts_with('[') {
-            current = line.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+            current = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
             if current == table {
                 table_line = Some(i + 1);
             }
@@ -894,7 +914,10 @@ steps_per_epoch = 3
             }
             other => panic!("{other}"),
         }
-        assert!(e.to_string().starts_with("p.toml:10: `training.micro_batch_size`: 3 does not divide"));
+        assert!(
+            e.to_string()
+                .starts_with("p.toml:10: `training.micro_batch_size`: 3 does not divide")
+        );
     }
 
     #[test]
@@ -903,7 +926,10 @@ steps_per_epoch = 3
         let e = Plan::from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("parallel.zero_stage"), "{e}");
         let text = format!("{MINI}\n[device]\ncapacity = \"24GiB\"\n");
-        assert_eq!(Plan::from_toml_str(&text).unwrap().device.capacity.0, 24 << 30);
+        assert_eq!(
+            Plan::from_toml_str(&text).unwrap().device.capacity.0,
+            24 << 30
+        );
         let text = format!("{MINI}\n[device]\ncapacity = \"24 parsecs\"\n");
         let e = Plan::from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("parsecs") && e.contains("line"), "{e}");

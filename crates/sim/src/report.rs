@@ -34,14 +34,22 @@ pub fn report(plan: &Plan, r: &SimResult) -> Report {
 }
 
 fn pct(part: u64, whole: u64) -> f64 {
-    if whole == 0 { 0.0 } else { 100.0 * part as f64 / whole as f64 }
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
 }
 
 /// Formats a report for a terminal.
 pub fn render_text(plan: &Plan, rep: &Report) -> String {
     let s = &rep.summary;
     let mut o = String::new();
-    let name = if rep.name.is_empty() { "plan" } else { &rep.name };
+    let name = if rep.name.is_empty() {
+        "plan"
+    } else {
+        &rep.name
+    };
     let _ = writeln!(o, "trainmem simulate: {name}");
     let _ = writeln!(
         o,
@@ -65,16 +73,41 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
     let cap = plan.device.capacity.0;
     let when = s
         .peak_when
-        .map(|w| format!(" at step {} ({}{})", w.step, w.phase, w.micro_batch.map(|m| format!(", micro-batch {m}")).unwrap_or_default()))
+        .map(|w| {
+            format!(
+                " at step {} ({}{})",
+                w.step,
+                w.phase,
+                w.micro_batch
+                    .map(|m| format!(", micro-batch {m}"))
+                    .unwrap_or_default()
+            )
+        })
         .unwrap_or_default();
-    let _ = writeln!(o, "\npeak allocated {} ({:.1}% of capacity){when}", human(s.peak_allocated), pct(s.peak_allocated, cap));
-    let _ = writeln!(o, "peak reserved  {} ({:.1}% of capacity)", human(s.peak_reserved), pct(s.peak_reserved, cap));
+    let _ = writeln!(
+        o,
+        "\npeak allocated {} ({:.1}% of capacity){when}",
+        human(s.peak_allocated),
+        pct(s.peak_allocated, cap)
+    );
+    let _ = writeln!(
+        o,
+        "peak reserved  {} ({:.1}% of capacity)",
+        human(s.peak_reserved),
+        pct(s.peak_reserved, cap)
+    );
     let _ = writeln!(o, "peak host RSS  {}", human(s.peak_host_rss));
     let _ = writeln!(o, "\nat the peak:");
     for c in Category::ALL {
         let b = s.peak_breakdown.get(c);
         if b > 0 {
-            let _ = writeln!(o, "  {:<16} {:>12}  {:5.1}%", c.name(), human(b), pct(b, s.peak_allocated.max(1)));
+            let _ = writeln!(
+                o,
+                "  {:<16} {:>12}  {:5.1}%",
+                c.name(),
+                human(b),
+                pct(b, s.peak_allocated.max(1))
+            );
         }
     }
     let ms = &s.model_state;
@@ -109,12 +142,24 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
         }
     }
     if let Some(oom) = &s.oom {
-        let _ = writeln!(o, "\nPREDICTED OUT OF MEMORY at step {} ({}):\n  {}", oom.when.step, oom.when.phase, oom.message);
+        let _ = writeln!(
+            o,
+            "\nPREDICTED OUT OF MEMORY at step {} ({}):\n  {}",
+            oom.when.step, oom.when.phase, oom.message
+        );
     }
     if !rep.findings.is_empty() {
         let _ = writeln!(o, "\nwhat the timeline shows:");
         for fd in &rep.findings {
-            let _ = writeln!(o, "  - [{}] {}", serde_json::to_value(fd.kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(), fd.text);
+            let _ = writeln!(
+                o,
+                "  - [{}] {}",
+                serde_json::to_value(fd.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                fd.text
+            );
         }
     }
     o

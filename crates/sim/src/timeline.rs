@@ -534,14 +534,24 @@ mod tests {
         t.push(sample(Phase::Forward, 0, 10, 20));
         t.push(sample(Phase::Backward, 0, 30, 15));
         t.push(sample(Phase::Forward, 1, 10, 50));
-        assert_eq!(t.series(Domain::Device, Category::Activation), vec![10, 30, 10]);
+        assert_eq!(
+            t.series(Domain::Device, Category::Activation),
+            vec![10, 30, 10]
+        );
         assert_eq!(
             t.peak_of(Domain::Device, Category::Activation),
-            Some(PeakAt { bytes: 30, sample: 1 })
+            Some(PeakAt {
+                bytes: 30,
+                sample: 1
+            })
         );
         assert_eq!(t.peak_allocated().unwrap().sample, 2);
         assert_eq!(t.indices_at(Phase::Forward), vec![0, 2]);
         assert_eq!(t.find(1, Phase::Forward).unwrap().device.allocated, 50);
-        assert_eq!(t.peak_per_category(Domain::Device).get(Category::Activation), 30);
+        assert_eq!(
+            t.peak_per_category(Domain::Device)
+                .get(Category::Activation),
+            30
+        );
     }
 }

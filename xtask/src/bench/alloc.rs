@@ -327,6 +327,13 @@ pub fn run(args: AllocBenchArgs) -> anyhow::Result<ExitCode> {
         gib(workload.peak_requested),
         t.elapsed()
     );
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "note: dev profile: workspace crates (trainmem) build at opt-level 1 and dependencies \
+             (cubecl) at opt-level 2, which favours cubecl; for comparable figures run \
+             `cargo run --release -p xtask -- bench alloc`"
+        );
+    }
     eprintln!("replaying, {reps} repetitions each (median reported):");
 
     let slots = workload.slots;

@@ -55,7 +55,12 @@ pub fn run(args: SimBenchArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("the benchmark plan ran out of memory: {}", oom.message);
     }
     let events = 2 * s.allocations; // every allocation is freed
-    println!("plan: {} ({} parameters, {} steps)", path.display(), s.parameters, s.steps);
+    println!(
+        "plan: {} ({} parameters, {} steps)",
+        path.display(),
+        s.parameters,
+        s.steps
+    );
     println!(
         "caching allocator: {:.3} s, {} allocator events, {:.1} M events/s, {:.0} steps/s, {} samples",
         secs,
@@ -75,7 +80,11 @@ pub fn run(args: SimBenchArgs) -> anyhow::Result<ExitCode> {
     println!(
         "ratio caching / exact: {:.2}x; target 1,000 steps of a 7B plan under 1 s: {}",
         secs / secs_exact,
-        if s.steps >= 1000 && secs < 1.0 { "met" } else { "not met" }
+        if s.steps >= 1000 && secs < 1.0 {
+            "met"
+        } else {
+            "not met"
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

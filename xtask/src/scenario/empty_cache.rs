@@ -312,7 +312,7 @@ fn check_empty_cache(rec: &mut Recorder) -> anyhow::Result<EmptyCacheCheck> {
             }
         }
     }
-    c.pins.sort_by(|a, b| b.1.cmp(&a.1));
+    c.pins.sort_by_key(|p| std::cmp::Reverse(p.1));
     let released = rec.alloc.empty_cache().context("empty_cache")?;
     c.released = released.bytes;
     c.released_segments = released.segments;
@@ -322,13 +322,19 @@ fn check_empty_cache(rec: &mut Recorder) -> anyhow::Result<EmptyCacheCheck> {
     Ok(c)
 }
 
+/// The outcome of [`two_epochs`].
+struct TwoEpochs {
+    rec: Recorder,
+    check: EmptyCacheCheck,
+    /// (allocated, reserved) at the end of epoch 1, before `empty_cache`.
+    end1: (u64, u64),
+    /// (allocated, reserved) at the end of epoch 2.
+    end2: (u64, u64),
+}
+
 /// Runs the two epochs with `config`; optionally frees the kept logits before the epoch-1
-/// `empty_cache`. Returns the recorder, the check and (allocated, reserved) at the end of
-/// epoch 1 before `empty_cache`.
-fn two_epochs(
-    config: AllocatorConfig,
-    free_kept_first: bool,
-) -> anyhow::Result<(Recorder, EmptyCacheCheck, (u64, u64), (u64, u64))> {
+/// `empty_cache`.
+fn two_epochs(config: AllocatorConfig, free_kept_first: bool) -> anyhow::Result<TwoEpochs> {
     let mut t = Training::new(config)?;
     t.epoch(1)?;
     let end1 = (t.rec.allocated(), t.rec.reserved());
@@ -340,7 +346,12 @@ fn two_epochs(
     t.rec.sample("empty_cache", "e1 empty_cache()");
     t.epoch(2)?;
     let end2 = (t.rec.allocated(), t.rec.reserved());
-    Ok((t.rec, check, end1, end2))
+    Ok(TwoEpochs {
+        rec: t.rec,
+        check,
+        end1,
+        end2,
+    })
 }
 
 /// Part 3: the split-fragmentation OOM. Returns the recorder and the OOM report if the big
@@ -402,9 +413,15 @@ fn split_config(mb: u64) -> anyhow::Result<AllocatorConfig> {
 
 /// Runs the scenario.
 pub fn run() -> anyhow::Result<ScenarioReport> {
-    let (rec, base, end1, end2) = two_epochs(default_config(), false)?;
-    let (_, freed_first, _, _) = two_epochs(default_config(), true)?;
-    let (_, split, split_end1, _) = two_epochs(split_config(TRAIN_MAX_SPLIT_MB)?, false)?;
+    let TwoEpochs {
+        rec,
+        check: base,
+        end1,
+        end2,
+    } = two_epochs(default_config(), false)?;
+    let freed_first = two_epochs(default_config(), true)?.check;
+    let split_run = two_epochs(split_config(TRAIN_MAX_SPLIT_MB)?, false)?;
+    let (split, split_end1) = (split_run.check, split_run.end1);
     let mut timeline = rec.samples;
 
     let (frag_rec, oom) = fragmentation(default_config(), false)?;
@@ -691,7 +708,7 @@ mod tests {
 
     #[test]
     fn empty_cache_accounting_is_exact() {
-        let (_, c, _, _) = two_epochs(default_config(), false).unwrap();
+        let c = two_epochs(default_config(), false).unwrap().check;
         assert_eq!(c.released, c.fully_free_before);
         assert_eq!(c.reserved_after, c.pinned_segments_bytes);
         assert_eq!(c.reserved_before, c.reserved_after + c.released);

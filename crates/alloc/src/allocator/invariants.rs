@@ -153,7 +153,7 @@ pub fn check_invariants<D: DeviceMemory>(
                         n.addr
                     );
                     ensure!(
-                        n.event_count == 0 && n.stream_uses.is_empty(),
+                        n.event_count == 0 && !n.has_uses,
                         "free block {cur} has stream uses"
                     );
                     if split {
@@ -163,7 +163,10 @@ pub fn check_invariants<D: DeviceMemory>(
                 }
                 NodeState::Allocated => {
                     ensure!(
-                        alloc.addr_map.get(&n.addr) == Some(&cur),
+                        alloc
+                            .addr_index
+                            .as_ref()
+                            .is_none_or(|m| m.get(&n.addr) == Some(&cur)),
                         "allocated block {cur} at {:#x} missing from the address map",
                         n.addr
                     );
@@ -229,11 +232,26 @@ pub fn check_invariants<D: DeviceMemory>(
         );
     }
     let allocated_blocks: u64 = c.allocation.iter().sum();
+    if let Some(m) = &alloc.addr_index {
+        ensure!(
+            m.len() as u64 == allocated_blocks,
+            "address map has {} entries for {allocated_blocks} allocated blocks",
+            m.len()
+        );
+    }
+    let uses_flags = alloc.nodes.iter().filter(|n| n.has_uses).count();
     ensure!(
-        alloc.addr_map.len() as u64 == allocated_blocks,
-        "address map has {} entries for {allocated_blocks} allocated blocks",
-        alloc.addr_map.len()
+        uses_flags == alloc.stream_uses.len(),
+        "{uses_flags} blocks flagged with stream uses, {} recorded",
+        alloc.stream_uses.len()
     );
+    for &idx in alloc.stream_uses.keys() {
+        let n = &alloc.nodes[idx as usize];
+        ensure!(
+            n.has_uses && n.state == NodeState::Allocated,
+            "stream uses recorded for block {idx} that is not a live flagged block"
+        );
+    }
     ensure!(
         pending_events == alloc.pending.len() as u64,
         "{pending_events} events on pending blocks, {} queued",

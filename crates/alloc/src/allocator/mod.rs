@@ -81,7 +81,8 @@ struct Node {
     state: NodeState,
     raii: bool,
     event_count: u32,
-    stream_uses: Vec<StreamId>,
+    /// Other streams recorded with `record_stream` (kept in `stream_uses` while set).
+    has_uses: bool,
     label: Option<Label>,
 }
 
@@ -145,9 +146,12 @@ pub struct ReleasedMemory {
 /// the device is). For sharing between threads and RAII handles use
 /// [`SharedAllocator`](crate::SharedAllocator), which wraps it in a mutex.
 ///
-/// Cost per operation: a cache hit is one ordered-set lookup and removal, O(1) slab and
-/// address-map updates and O(1) statistics; no heap allocation when tracing is off (apart from
-/// the ordered set's occasional node allocation).
+/// Data structures: blocks live in a slab (`Vec`) linked per segment by prev/next indices;
+/// free blocks are kept per stream and pool in a B-tree keyed by (size, address), so best
+/// fit is one ordered lookup-and-remove. A malloc hit costs that lookup, a possible split
+/// (one insert), O(1) slab work and O(1) statistics; a free costs the merges (one removal per
+/// merged neighbour) and one insert. No heap allocation happens on these paths when tracing
+/// is off, apart from the B-tree's occasional node allocation.
 pub struct CachingAllocator<D: DeviceMemory> {
     device: D,
     config: AllocatorConfig,
@@ -156,7 +160,11 @@ pub struct CachingAllocator<D: DeviceMemory> {
     vacant: Vec<u32>,
     pools: Vec<StreamPools>,
     last_slot: u32,
-    addr_map: AddrMap,
+    /// Address → slot of allocated blocks; built on the first `free_address` and maintained
+    /// from then on, so callers that free by id pay nothing for it.
+    addr_index: Option<AddrMap>,
+    /// Streams recorded on live blocks (`record_stream`), by slot.
+    stream_uses: HashMap<u32, Vec<StreamId>>,
     /// Segment base address → size.
     segments: BTreeMap<u64, u64>,
     pending: Vec<(StreamId, u32)>,
@@ -211,7 +219,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             vacant: Vec::new(),
             pools: Vec::new(),
             last_slot: 0,
-            addr_map: AddrMap::default(),
+            addr_index: None,
+            stream_uses: HashMap::new(),
             segments: BTreeMap::new(),
             pending: Vec::new(),
             next_seq: 1,
@@ -339,17 +348,18 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         }
         let max_split = self.config.max_split_size_or_max();
         let max_rounding = self.config.max_non_split_rounding();
+        // The oversize rules bound the acceptable sizes from above: a request below
+        // max_split_size takes no block of max_split_size or more; a larger request takes no
+        // block of request + max_non_split_rounding or more. Best fit is the first key in range.
+        let limit = if size < max_split {
+            max_split
+        } else {
+            size.saturating_add(max_rounding)
+        };
         let map = &mut self.pools[slot as usize].free[p];
-        let (&key, &idx) = map.range(fkey(size, 0)..).next()?;
-        let found = (key >> 64) as u64;
-        if size < max_split && found >= max_split {
-            return None;
-        }
-        if size >= max_split && found >= size.saturating_add(max_rounding) {
-            return None;
-        }
-        map.remove(&key);
-        Some(idx)
+        map.extract_if(fkey(size, 0)..fkey(limit, 0), |_, _| true)
+            .next()
+            .map(|(_, idx)| idx)
     }
 
     /// The miss path: new segment, then release oversize blocks, then flush everything.
@@ -412,7 +422,6 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let n = &mut self.nodes[idx as usize];
         n.state = NodeState::Vacant;
         n.label = None;
-        n.stream_uses = Vec::new();
         self.vacant.push(idx);
     }
 
@@ -456,7 +465,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             state: NodeState::Free,
             raii: false,
             event_count: 0,
-            stream_uses: Vec::new(),
+            has_uses: false,
             label: None,
         });
         self.segments.insert(addr, alloc_size);
@@ -509,7 +518,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 state: NodeState::Free,
                 raii: false,
                 event_count: 0,
-                stream_uses: Vec::new(),
+                has_uses: false,
                 label: None,
             });
             if next != NONE {
@@ -537,7 +546,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         n.seq = seq;
         n.label = label;
         let final_size = n.size;
-        self.addr_map.insert(addr, idx);
+        if let Some(m) = &mut self.addr_index {
+            m.insert(addr, idx);
+        }
         let st = &mut self.stats;
         st.allocation.increase(pool, 1);
         st.allocated_bytes.increase(pool, final_size);
@@ -610,13 +621,23 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// Frees the allocation starting at `address` (PyTorch's `free(ptr)`).
     /// [`AllocError::UnknownAddress`] if no live allocation starts there (address 0 is the
-    /// null allocation: a no-op).
+    /// null allocation: a no-op). The first call builds an address index over the live blocks
+    /// (O(blocks)); from then on it is kept up to date and each call is O(1). Callers that
+    /// only free by id never pay for the index.
     pub fn free_address(&mut self, address: u64) -> Result<(), AllocError> {
         if address == 0 {
             return Ok(());
         }
-        let idx = *self
-            .addr_map
+        let nodes = &self.nodes;
+        let index = self.addr_index.get_or_insert_with(|| {
+            nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.state == NodeState::Allocated)
+                .map(|(i, n)| (n.addr, i as u32))
+                .collect()
+        });
+        let idx = *index
             .get(&address)
             .ok_or(AllocError::UnknownAddress { address })?;
         let n = &self.nodes[idx as usize];
@@ -648,7 +669,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let n = &mut self.nodes[idx as usize];
         let (addr, size, pool, stream, requested) = (n.addr, n.size, n.pool, n.stream, n.requested);
         n.raii = false;
-        self.addr_map.remove(&addr);
+        if let Some(m) = &mut self.addr_index {
+            m.remove(&addr);
+        }
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= max_split {
@@ -660,12 +683,15 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 .record(TraceAction::FreeRequested, addr, requested, stream, label);
         }
         let n = &mut self.nodes[idx as usize];
-        if n.stream_uses.is_empty() {
+        if !n.has_uses {
             self.free_block(idx);
         } else {
+            n.has_uses = false;
+            let uses = self.stream_uses.remove(&idx).unwrap_or_default();
+            let n = &mut self.nodes[idx as usize];
             n.state = NodeState::Pending;
-            n.event_count = n.stream_uses.len() as u32;
-            for s in n.stream_uses.drain(..) {
+            n.event_count = uses.len() as u32;
+            for s in uses {
                 self.pending.push((s, idx));
             }
         }
@@ -757,8 +783,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             return Ok(());
         };
         let n = &mut self.nodes[idx as usize];
-        if n.stream != stream && !n.stream_uses.contains(&stream) {
-            n.stream_uses.push(stream);
+        if n.stream != stream {
+            let uses = self.stream_uses.entry(idx).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
+            n.has_uses = true;
         }
         Ok(())
     }

@@ -96,6 +96,8 @@ fn best_fit_and_merge() {
     a.free(x).unwrap();
     a.free(z).unwrap();
     assert_eq!(a.stats().inactive_split_bytes.all.current as u64, 10 * MIB);
+    // Free 4 + 6 MiB, largest 6 MiB: fragmentation 0.4.
+    assert!((a.snapshot().fragmentation() - 0.4).abs() < 1e-12);
     assert_eq!(a.stats().inactive_split.all.current, 2);
     // 3 MiB: best fit is the 4 MiB block; the 1 MiB remainder is not split off.
     let p = a.malloc(3 * MIB, S0).unwrap();
@@ -221,6 +223,8 @@ fn empty_cache_completes_pending_frees_and_releases_only_free_segments() {
     // The live segment's free part is non-releasable.
     assert_eq!(a.stats().inactive_split_bytes.all.current as u64, 17 * MIB);
     assert_eq!(a.snapshot().non_releasable(), 17 * MIB);
+    assert_eq!(a.snapshot().total_inactive(), 17 * MIB);
+    assert_eq!(a.snapshot().fragmentation(), 0.0);
     assert_eq!(a.empty_cache().unwrap(), ReleasedMemory::default());
     a.free(live).unwrap();
     assert_eq!(a.stats().inactive_split_bytes.all.current, 0);
@@ -701,5 +705,46 @@ proptest::proptest! {
         if let Err(e) = run_ops(&mut a, &ops) {
             return Err(proptest::test_runner::TestCaseError::fail(e.to_string()));
         }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+    /// Real memory: every live block keeps the bytes written into it until it is freed, so no
+    /// two live blocks overlap and splitting/merging never hands out memory that is in use.
+    #[test]
+    fn host_blocks_never_overlap(
+        ops in proptest::collection::vec(
+            (proptest::bool::weighted(0.6), 1u64..=(5 * MIB / 2), 0usize..64, 0u64..2),
+            1..=40,
+        )
+    ) {
+        let mut a = CachingAllocator::new(HostDevice::new(48 * MIB));
+        let mut live: Vec<(Block, u8)> = Vec::new();
+        for (i, &(alloc, size, pick, stream)) in ops.iter().enumerate() {
+            if alloc || live.is_empty() {
+                match a.malloc(size, StreamId(stream)) {
+                    Ok(b) => {
+                        let tag = (i % 251) as u8 + 1;
+                        a.block_bytes_mut(b.id).unwrap().fill(tag);
+                        live.push((b, tag));
+                    }
+                    Err(AllocError::OutOfMemory(_)) => {}
+                    Err(e) => proptest::prop_assert!(false, "unexpected error {e}"),
+                }
+            } else {
+                let (b, tag) = live.swap_remove(pick % live.len());
+                proptest::prop_assert!(a.block_bytes(b.id).unwrap().iter().all(|&v| v == tag));
+                a.free(b).unwrap();
+            }
+            check_invariants(&a).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+        }
+        for (b, tag) in live {
+            proptest::prop_assert!(a.block_bytes(b.id).unwrap().iter().all(|&v| v == tag));
+            a.free(b).unwrap();
+        }
+        a.empty_cache().unwrap();
+        proptest::prop_assert_eq!(a.device().used_bytes(), 0);
     }
 }

@@ -55,7 +55,11 @@ pub struct HostModel {
 
 /// Rounds up to a power of two (pinned host allocations).
 pub fn pinned_size(bytes: u64) -> u64 {
-    if bytes == 0 { 0 } else { bytes.next_power_of_two() }
+    if bytes == 0 {
+        0
+    } else {
+        bytes.next_power_of_two()
+    }
 }
 
 impl HostModel {
@@ -84,7 +88,11 @@ impl HostModel {
 
     /// Batches in flight in the loader's queues while workers are alive.
     pub fn queued_batches(&self) -> u64 {
-        if self.workers == 0 { 0 } else { self.workers * self.prefetch }
+        if self.workers == 0 {
+            0
+        } else {
+            self.workers * self.prefetch
+        }
     }
 
     /// Host memory at a moment. `device_tensors` are added when tensors live on the host
@@ -100,13 +108,19 @@ impl HostModel {
                 c.add(Category::Input, queued * pinned_size(batch));
             }
             let busy = self.workers.saturating_sub(m.batches_since_start).max(1);
-            c.add(Category::Input, (busy as f64 * self.scratch * batch as f64).round() as u64);
+            c.add(
+                Category::Input,
+                (busy as f64 * self.scratch * batch as f64).round() as u64,
+            );
             c.add(Category::Other, self.workers * self.overhead);
         }
         if m.batch_on_host {
             c.add(Category::Input, batch);
             if self.workers == 0 {
-                c.add(Category::Input, (self.scratch * batch as f64).round() as u64);
+                c.add(
+                    Category::Input,
+                    (self.scratch * batch as f64).round() as u64,
+                );
                 if self.pin {
                     c.add(Category::Input, pinned_size(batch));
                 }
@@ -124,7 +138,9 @@ impl HostModel {
             }
         }
         let file_rss = match self.storage {
-            DataStorage::Mmap => (m.samples_read.saturating_mul(self.stored_sample)).min(self.stored_dataset_bytes),
+            DataStorage::Mmap => {
+                (m.samples_read.saturating_mul(self.stored_sample)).min(self.stored_dataset_bytes)
+            }
             _ => 0,
         };
         HostBytes {

@@ -1,7 +1,9 @@
 //! The simulated device memory: PyTorch's caching allocator over a simulated device, or exact
 //! byte counting for CPU backends (no caching, no rounding).
 
-use trainmem_alloc::{AllocError, AllocatorConfig, BlockId, CachingAllocator, SimulatedDevice, Snapshot};
+use trainmem_alloc::{
+    AllocError, AllocatorConfig, BlockId, CachingAllocator, SimulatedDevice, Snapshot,
+};
 use trainmem_autograd::{Allocated, AllocatorMemory, CountingMemory, CountingOom, TensorMemory};
 use trainmem_probe::Category;
 
@@ -43,7 +45,9 @@ impl SimMemory {
             config.parse()?
         };
         let dev = SimulatedDevice::new(capacity).with_name("simulated device");
-        Ok(SimMemory::Caching(AllocatorMemory::new(CachingAllocator::with_config(dev, cfg))))
+        Ok(SimMemory::Caching(AllocatorMemory::new(
+            CachingAllocator::with_config(dev, cfg),
+        )))
     }
 
     /// Exact counting with a capacity.
@@ -157,7 +161,11 @@ impl TensorMemory for SimMemory {
                     handle: SimHandle::Slot(a.handle),
                     size: a.size,
                 }),
-                Err(CountingOom { requested, live, capacity }) => Err(SimOom {
+                Err(CountingOom {
+                    requested,
+                    live,
+                    capacity,
+                }) => Err(SimOom {
                     message: format!(
                         "out of memory: tried to allocate {} for {} with {} of {} in use",
                         crate::bytes::human(requested),

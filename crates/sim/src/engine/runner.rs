@@ -30,7 +30,12 @@ struct ZeroHooks {
 }
 
 impl LayerHooks<SimMemory> for ZeroHooks {
-    fn before_layer(&mut self, store: &mut TensorStore<SimMemory>, layer: u32, _pass: Pass) -> Result<(), SimOom> {
+    fn before_layer(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        layer: u32,
+        _pass: Pass,
+    ) -> Result<(), SimOom> {
         if self.sharding.shards_params() {
             for &p in &self.layer_params[layer as usize] {
                 let extra = self.param_full_bytes[p as usize] - self.param_shard_bytes[p as usize];
@@ -54,14 +59,13 @@ impl LayerHooks<SimMemory> for ZeroHooks {
         if pass == Pass::Backward && self.sharding.shards_grads() {
             for &p in &self.layer_params[layer as usize] {
                 let p = p as usize;
-                if let Some(full) = grads[p] {
-                    if !self.grad_is_shard[p] {
+                if let Some(full) = grads[p]
+                    && !self.grad_is_shard[p] {
                         let shard = store.alloc(self.grad_shard_bytes[p], Category::Gradient)?;
                         store.release(full);
                         grads[p] = Some(shard);
                         self.grad_is_shard[p] = true;
                     }
-                }
             }
         }
         Ok(())
@@ -110,16 +114,26 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 impl<'p> Runner<'p> {
-    fn new(plan: &'p Plan, program: &'p Program, stage: u64, stages: u64, opts: &SimOptions) -> Result<Runner<'p>, SimError> {
+    fn new(
+        plan: &'p Plan,
+        program: &'p Program,
+        stage: u64,
+        stages: u64,
+        opts: &SimOptions,
+    ) -> Result<Runner<'p>, SimError> {
         let compute = plan.precision.compute;
         let table = SavedTable::for_framework(plan.framework);
         let mut graph = Graph::new(program, &table, compute);
         let micro = plan.micro_batch_size();
         let policy = match plan.checkpointing.policy {
             CheckpointPolicyKind::None => CheckpointPolicy::None,
-            CheckpointPolicyKind::Every => CheckpointPolicy::Every(plan.checkpointing.every.unwrap_or(1) as u32),
+            CheckpointPolicyKind::Every => {
+                CheckpointPolicy::Every(plan.checkpointing.every.unwrap_or(1) as u32)
+            }
             CheckpointPolicyKind::Sqrt => CheckpointPolicy::Sqrt,
-            CheckpointPolicyKind::Budget => CheckpointPolicy::Budget(plan.checkpointing.budget.map_or(0, |b| b.0)),
+            CheckpointPolicyKind::Budget => {
+                CheckpointPolicy::Budget(plan.checkpointing.budget.map_or(0, |b| b.0))
+            }
         };
         let mut resolved = None;
         if policy != CheckpointPolicy::None {
@@ -136,12 +150,11 @@ impl<'p> Runner<'p> {
             graph.param_grad_bytes[i] = p.elems * grad_dtype.size();
         }
         let mut mem = match plan.device.kind {
-            DeviceKind::Cuda => SimMemory::caching(plan.device.capacity.0, &plan.device.allocator).map_err(|e| {
-                SimError::Config {
+            DeviceKind::Cuda => SimMemory::caching(plan.device.capacity.0, &plan.device.allocator)
+                .map_err(|e| SimError::Config {
                     key: "device.allocator".into(),
                     message: e.to_string(),
-                }
-            })?,
+                })?,
             DeviceKind::Cpu => SimMemory::exact(plan.device.capacity.0),
         };
         if let Some(n) = opts.trace_entries {
@@ -156,9 +169,21 @@ impl<'p> Runner<'p> {
         let hooks = ZeroHooks {
             sharding,
             layer_params,
-            param_full_bytes: program.params.iter().map(|p| p.elems * compute.size()).collect(),
-            param_shard_bytes: program.params.iter().map(|p| sharding.param_elems(p.elems) * compute.size()).collect(),
-            grad_shard_bytes: program.params.iter().map(|p| sharding.grad_elems(p.elems) * grad_dtype.size()).collect(),
+            param_full_bytes: program
+                .params
+                .iter()
+                .map(|p| p.elems * compute.size())
+                .collect(),
+            param_shard_bytes: program
+                .params
+                .iter()
+                .map(|p| sharding.param_elems(p.elems) * compute.size())
+                .collect(),
+            grad_shard_bytes: program
+                .params
+                .iter()
+                .map(|p| sharding.grad_elems(p.elems) * grad_dtype.size())
+                .collect(),
             gathered: Vec::new(),
             grad_is_shard: vec![false; program.params.len()],
         };
@@ -171,16 +196,19 @@ impl<'p> Runner<'p> {
             param_dtype: compute,
             master_weights: plan.precision.master_weights,
         };
-        let sample_bytes = plan
-            .data
-            .sample_bytes
-            .map_or_else(|| crate::lower::input_bytes_per_sample(&plan.model), |b| b.0);
+        let sample_bytes = plan.data.sample_bytes.map_or_else(
+            || crate::lower::input_bytes_per_sample(&plan.model),
+            |b| b.0,
+        );
         let host = HostModel::new(plan, sample_bytes);
         let mut notes = std::collections::BTreeMap::new();
         notes.insert("batch_size".into(), plan.training.batch_size.to_string());
         notes.insert("micro_batch_size".into(), micro.to_string());
         notes.insert("allocator".into(), plan.device.allocator.clone());
-        notes.insert("framework".into(), format!("{:?}", plan.framework).to_lowercase());
+        notes.insert(
+            "framework".into(),
+            format!("{:?}", plan.framework).to_lowercase(),
+        );
         if stages > 1 {
             notes.insert("pipeline_stage".into(), format!("{stage} of {stages}"));
         }
@@ -301,7 +329,10 @@ impl<'p> Runner<'p> {
         self.begin(Phase::ModelInit);
         let compute = self.plan.precision.compute;
         for p in &self.program.params {
-            let t = self.store.alloc(self.sharding.param_elems(p.elems) * compute.size(), Category::Parameter)?;
+            let t = self.store.alloc(
+                self.sharding.param_elems(p.elems) * compute.size(),
+                Category::Parameter,
+            )?;
             self.params.push(t);
             let master = self.opt.master_bytes(self.sharding.state_elems(p.elems));
             if master > 0 {
@@ -347,7 +378,11 @@ impl<'p> Runner<'p> {
                 ValueDtype::Compute => self.plan.precision.compute.size(),
                 ValueDtype::Fixed(d) => d.size(),
             };
-            let cat = if info.requires_grad { Category::Activation } else { Category::Input };
+            let cat = if info.requires_grad {
+                Category::Activation
+            } else {
+                Category::Input
+            };
             out.push(self.store.alloc(info.elems(micro, scale) * size, cat)?);
         }
         Ok(out)
@@ -355,12 +390,23 @@ impl<'p> Runner<'p> {
 
     fn forward(&mut self, inputs: &[TensorId], scale: f64) -> Result<Tape, SimOom> {
         let micro = self.plan.micro_batch_size();
-        self.graph.forward(&mut self.store, inputs, micro, scale, GradMode::Train, &self.hold, &mut self.hooks)
+        self.graph.forward(
+            &mut self.store,
+            inputs,
+            micro,
+            scale,
+            GradMode::Train,
+            &self.hold,
+            &mut self.hooks,
+        )
     }
 
     fn backward(&mut self, tape: &mut Tape) -> Result<(), SimOom> {
         let retain = self.plan.leak.retain_graph;
-        match self.graph.backward(&mut self.store, tape, retain, &mut self.hooks) {
+        match self
+            .graph
+            .backward(&mut self.store, tape, retain, &mut self.hooks)
+        {
             Ok(()) => Ok(()),
             Err(trainmem_autograd::BackwardError::Memory(e)) => Err(e),
             Err(other) => Err(SimOom {
@@ -406,9 +452,17 @@ impl<'p> Runner<'p> {
             self.micro = (m > 1).then_some(mi);
             self.begin(Phase::Backward);
             self.backward(&mut tape)?;
-            if self.ddp_buckets.is_empty() && self.plan.parallel.world_size > 1 && self.plan.parallel.zero_stage == 0 {
+            if self.ddp_buckets.is_empty()
+                && self.plan.parallel.world_size > 1
+                && self.plan.parallel.zero_stage == 0
+            {
                 // DDP's gradient buckets (25 MiB each), allocated at the first backward
-                let total: u64 = self.program.params.iter().map(|p| p.elems * self.grad_dtype.size()).sum();
+                let total: u64 = self
+                    .program
+                    .params
+                    .iter()
+                    .map(|p| p.elems * self.grad_dtype.size())
+                    .sum();
                 let bucket = 25u64 << 20;
                 let mut left = total;
                 while left > 0 {
@@ -436,7 +490,12 @@ impl<'p> Runner<'p> {
         if !self.state_ready {
             self.alloc_state()?;
         }
-        let elems: Vec<u64> = self.program.params.iter().map(|p| self.sharding.state_elems(p.elems)).collect();
+        let elems: Vec<u64> = self
+            .program
+            .params
+            .iter()
+            .map(|p| self.sharding.state_elems(p.elems))
+            .collect();
         let temps = self.opt.step_temporaries(&elems);
         let size = temps.dtype.size();
         if temps.all_at_once {
@@ -476,16 +535,26 @@ impl<'p> Runner<'p> {
             MetricRetention::Tensors => self.sample(Phase::Metrics),
         }
         let ce = self.plan.leak.clear_every;
-        if ce > 0 && (self.step + 1) % ce == 0 {
+        if ce > 0 && (self.step + 1).is_multiple_of(ce) {
             for t in self.kept_tapes.drain(..) {
                 t.release(&mut self.store);
             }
         }
         let every = self.plan.training.checkpoint_every;
-        if every > 0 && (self.step + 1) % every == 0 {
+        if every > 0 && (self.step + 1).is_multiple_of(every) {
             self.begin(Phase::CheckpointSave);
             let compute = self.plan.precision.compute;
-            let ms = model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &self.program.params.iter().map(|p| p.elems).collect::<Vec<_>>());
+            let ms = model_state_bytes(
+                &self.opt,
+                self.grad_dtype,
+                self.sharding,
+                &self
+                    .program
+                    .params
+                    .iter()
+                    .map(|p| p.elems)
+                    .collect::<Vec<_>>(),
+            );
             let _ = compute;
             self.moment.checkpoint_bytes = ms.parameters + ms.optimizer_state;
             self.sample(Phase::CheckpointSave);
@@ -499,7 +568,11 @@ impl<'p> Runner<'p> {
         Ok(())
     }
 
-    fn run(&mut self, total_steps: u64, progress: &mut Option<&mut dyn FnMut(u64, u64)>) -> Result<(), SimOom> {
+    fn run(
+        &mut self,
+        total_steps: u64,
+        progress: &mut Option<&mut dyn FnMut(u64, u64)>,
+    ) -> Result<(), SimOom> {
         self.init()?;
         let per_epoch = self.plan.steps_per_epoch();
         let persistent = self.plan.loader.persistent_workers;
@@ -567,7 +640,9 @@ pub fn simulate_stage(
     opts: &mut SimOptions,
 ) -> Result<(Timeline, Summary, Option<trainmem_alloc::Snapshot>), SimError> {
     let mut r = Runner::new(plan, program, stage, stages, opts)?;
-    let total = opts.max_steps.map_or(plan.total_steps(), |m| m.min(plan.total_steps()));
+    let total = opts
+        .max_steps
+        .map_or(plan.total_steps(), |m| m.min(plan.total_steps()));
     let outcome = r.run(total, &mut opts.progress);
     let oom = match outcome {
         Ok(()) => None,
@@ -587,27 +662,51 @@ pub fn simulate_stage(
             })
         }
     };
-    let end = r.timeline.samples.last().map(|s| s.device.allocated).unwrap_or(0);
+    let end = r
+        .timeline
+        .samples
+        .last()
+        .map(|s| s.device.allocated)
+        .unwrap_or(0);
     let elems: Vec<u64> = program.params.iter().map(|p| p.elems).collect();
     let ms = model_state_bytes(&r.opt, r.grad_dtype, r.sharding, &elems);
     let mem = r.store.memory();
     let (largest, non_rel) = mem.fragmentation();
     let cached = mem.reserved().saturating_sub(mem.allocated());
     let releasable = match mem.snapshot() {
-        Some(s) => s.segments.iter().filter(|seg| seg.is_free()).map(|seg| seg.total_size).sum(),
+        Some(s) => s
+            .segments
+            .iter()
+            .filter(|seg| seg.is_free())
+            .map(|seg| seg.total_size)
+            .sum(),
         None => 0,
     };
-    let snapshot = if opts.trace_entries.is_some() { mem.snapshot() } else { None };
+    let snapshot = if opts.trace_entries.is_some() {
+        mem.snapshot()
+    } else {
+        None
+    };
     let fragmentation = Fragmentation {
         cached_unallocated: cached,
         largest_free_block: largest,
         non_releasable: non_rel,
         releasable,
     };
-    let steady: u64 = r.params.iter().chain(&r.model_state).chain(&r.optimizer_state).chain(&r.ddp_buckets)
+    let steady: u64 = r
+        .params
+        .iter()
+        .chain(&r.model_state)
+        .chain(&r.optimizer_state)
+        .chain(&r.ddp_buckets)
         .map(|&t| r.store.size(t))
         .sum::<u64>()
-        + r.graph.param_grads.iter().flatten().map(|&t| r.store.size(t)).sum::<u64>();
+        + r.graph
+            .param_grads
+            .iter()
+            .flatten()
+            .map(|&t| r.store.size(t))
+            .sum::<u64>();
     let retained = end.saturating_sub(steady);
     let steps = if oom.is_some() { r.step } else { total };
     let peak_allocated = r.store.peak().0;
@@ -627,7 +726,16 @@ pub fn simulate_stage(
         oom,
         steps,
         allocations: r.store.allocation_count(),
-        retained_at_end: if r.timeline.samples.last().is_some_and(|s| s.phase == Phase::End) { retained } else { 0 },
+        retained_at_end: if r
+            .timeline
+            .samples
+            .last()
+            .is_some_and(|s| s.phase == Phase::End)
+        {
+            retained
+        } else {
+            0
+        },
         all_freed_at_teardown: all_freed,
         checkpointing: r.resolved,
     };
@@ -653,7 +761,10 @@ pub fn simulate(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError
     for (i, part) in parts.iter().enumerate() {
         let r = simulate_stage(plan, part, i as u64, stages, &mut opts)?;
         all.push(r.1.clone());
-        if best.as_ref().is_none_or(|b| r.1.peak_allocated > b.1.peak_allocated) {
+        if best
+            .as_ref()
+            .is_none_or(|b| r.1.peak_allocated > b.1.peak_allocated)
+        {
             best = Some(r);
         }
     }

@@ -43,8 +43,16 @@ fn tiny_mlp_bytes_by_hand() {
     assert_eq!(bwd.device.categories.get(Category::Gradient), 232);
     assert_eq!(bwd.device.peak_allocated, 232 + 348);
     let step0 = t.find(0, Phase::OptimizerStep).unwrap();
-    assert_eq!(step0.device.categories.get(Category::OptimizerState), 464, "Adam: 2× parameters at the first step");
-    assert_eq!(fwd.device.categories.get(Category::OptimizerState), 0, "lazy state");
+    assert_eq!(
+        step0.device.categories.get(Category::OptimizerState),
+        464,
+        "Adam: 2× parameters at the first step"
+    );
+    assert_eq!(
+        fwd.device.categories.get(Category::OptimizerState),
+        0,
+        "lazy state"
+    );
     let z = t.find(2, Phase::ZeroGrad).unwrap();
     assert_eq!(z.device.allocated, 232 + 464);
     // the peak is the optimizer step: parameters, gradients, moments, and for-loop Adam's two
@@ -67,4 +75,119 @@ fn tiny_capacity_predicts_oom_with_message() {
     assert_eq!(oom.when.phase, Phase::OptimizerStep);
     assert!(oom.message.contains("out of memory"), "{}", oom.message);
     assert_eq!(r.timeline.samples.last().unwrap().phase, Phase::OutOfMemory);
+}
+
+mod properties {
+    use proptest::prelude::*;
+    use trainmem_probe::Category;
+
+    use crate::fit::{FitTarget, fit, probe};
+    use crate::plan::Plan;
+    use crate::{SimOptions, simulate};
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_text(
+        widths: &[u64],
+        batch: u64,
+        acc: u64,
+        opt: &str,
+        ckpt: bool,
+        leak: bool,
+        metrics: &str,
+        cpu: bool,
+        variation: f64,
+    ) -> String {
+        let hidden: Vec<String> = widths.iter().map(|w| w.to_string()).collect();
+        format!(
+            r#"
+[model.mlp]
+input = 64
+hidden = [{}]
+output = 16
+dropout = 0.1
+
+[training]
+batch_size = {}
+micro_batch_size = {}
+epochs = 2
+steps_per_epoch = 3
+
+[optimizer]
+kind = "{opt}"
+
+[checkpointing]
+policy = "{}"
+
+[data]
+size_variation = {variation}
+
+[metrics]
+retention = "{metrics}"
+
+[leak]
+retain_outputs = {leak}
+
+[device]
+kind = "{}"
+capacity = "1GiB"
+"#,
+            hidden.join(", "),
+            batch * acc,
+            batch,
+            if ckpt { "sqrt" } else { "none" },
+            if cpu { "cpu" } else { "cuda" }
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn samples_are_consistent_and_everything_is_freed(
+            widths in prop::collection::vec(1u64..300, 1..5),
+            batch in 1u64..48,
+            acc in 1u64..4,
+            opt in prop::sample::select(vec!["sgd", "momentum", "adam", "adamw"]),
+            ckpt in any::<bool>(),
+            leak in any::<bool>(),
+            metrics in prop::sample::select(vec!["none", "scalars", "tensors"]),
+            cpu in any::<bool>(),
+            variation in prop::sample::select(vec![0.0, 0.3]),
+        ) {
+            let text = plan_text(&widths, batch, acc, opt, ckpt, leak, metrics, cpu, variation);
+            let plan = Plan::from_toml_str(&text).unwrap();
+            let r = simulate(&plan, SimOptions::default()).unwrap();
+            prop_assert!(r.summary.oom.is_none());
+            for s in &r.timeline.samples {
+                let live = s.device.categories.live();
+                prop_assert_eq!(live, s.device.allocated, "categories add up to allocated at {:?}", s.phase);
+                prop_assert_eq!(s.device.categories.get(Category::Cache), s.device.reserved - s.device.allocated);
+                prop_assert!(s.device.peak_allocated >= s.device.allocated);
+                prop_assert!(s.device.reserved >= s.device.allocated);
+            }
+            prop_assert!(r.summary.all_freed_at_teardown);
+            if !leak && metrics != "tensors" {
+                prop_assert_eq!(r.summary.retained_at_end, 0, "no deliberate retention, nothing left over");
+            }
+        }
+
+        #[test]
+        fn fit_answer_fits_and_the_next_does_not(
+            widths in prop::collection::vec(16u64..512, 1..4),
+            cap_mib in 3u64..40,
+        ) {
+            let text = plan_text(&widths, 1, 1, "adam", false, false, "none", false, 0.0);
+            let plan = Plan::from_toml_str(&text).unwrap();
+            let cap = cap_mib << 20;
+            let r = fit(&plan, FitTarget::Batch, cap, 4096).unwrap();
+            if let Some(n) = r.largest {
+                prop_assert!(probe(&plan, FitTarget::Batch, n, cap).unwrap().is_ok());
+                if n < 4096 {
+                    prop_assert!(probe(&plan, FitTarget::Batch, n + 1, cap).unwrap().is_err());
+                }
+            } else {
+                prop_assert!(probe(&plan, FitTarget::Batch, 1, cap).unwrap().is_err());
+            }
+        }
+    }
 }

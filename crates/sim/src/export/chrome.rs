@@ -32,7 +32,9 @@ pub fn chrome_trace(t: &Timeline) -> Result<String, ExportError> {
             "args": {"step": s.step, "epoch": s.epoch, "allocated": s.device.allocated, "reserved": s.device.reserved}
         }));
     }
-    Ok(serde_json::to_string(&json!({"traceEvents": ev, "displayTimeUnit": "ms"}))?)
+    Ok(serde_json::to_string(
+        &json!({"traceEvents": ev, "displayTimeUnit": "ms"}),
+    )?)
 }
 
 #[cfg(test)]
@@ -56,7 +58,10 @@ mod tests {
         t.push(s);
         let v: Value = serde_json::from_str(&chrome_trace(&t).unwrap()).unwrap();
         let evs = v["traceEvents"].as_array().unwrap();
-        let c = evs.iter().find(|e| e["ph"] == "C" && e["pid"] == 1).unwrap();
+        let c = evs
+            .iter()
+            .find(|e| e["ph"] == "C" && e["pid"] == 1)
+            .unwrap();
         assert_eq!(c["args"]["activation"], 7);
         assert_eq!(c["args"].as_object().unwrap().len(), 8);
     }

@@ -28,7 +28,11 @@ fn dict(entries: Vec<(&str, Value)>) -> Value {
 }
 fn frames(label: Option<&str>) -> Value {
     match label {
-        Some(l) => Value::List(vec![dict(vec![("filename", s("trainmem")), ("line", i(0)), ("name", s(l))])]),
+        Some(l) => Value::List(vec![dict(vec![
+            ("filename", s("trainmem")),
+            ("line", i(0)),
+            ("name", s(l)),
+        ])]),
         None => Value::List(vec![]),
     }
 }
@@ -81,7 +85,11 @@ pub fn snapshot_value(snap: &Snapshot) -> Value {
                 dev.iter()
                     .map(|t| {
                         let label = t.label.as_ref().map(|l| l.as_str());
-                        let addr_key = if t.action == TraceAction::Oom { "device_free" } else { "addr" };
+                        let addr_key = if t.action == TraceAction::Oom {
+                            "device_free"
+                        } else {
+                            "addr"
+                        };
                         let mut e = vec![
                             ("action", s(t.action.as_str())),
                             (addr_key, i(t.addr)),
@@ -113,7 +121,10 @@ pub fn snapshot_value(snap: &Snapshot) -> Value {
             dict(vec![
                 ("PYTORCH_CUDA_ALLOC_CONF", s(&st.conf)),
                 ("max_split_size", Value::I64(st.max_split_size)),
-                ("garbage_collection_threshold", Value::F64(st.garbage_collection_threshold)),
+                (
+                    "garbage_collection_threshold",
+                    Value::F64(st.garbage_collection_threshold),
+                ),
                 ("expandable_segments", Value::Bool(st.expandable_segments)),
                 ("roundup_power2_divisions", Value::Dict(divisions)),
             ]),
@@ -123,7 +134,8 @@ pub fn snapshot_value(snap: &Snapshot) -> Value {
 
 /// The snapshot pickle bytes (protocol 3).
 pub fn snapshot_pickle(snap: &Snapshot) -> Result<Vec<u8>, ExportError> {
-    serde_pickle::value_to_vec(&snapshot_value(snap), SerOptions::new()).map_err(|e| ExportError::Pickle(e.to_string()))
+    serde_pickle::value_to_vec(&snapshot_value(snap), SerOptions::new())
+        .map_err(|e| ExportError::Pickle(e.to_string()))
 }
 
 /// Opcodes memory_viz's unpickler accepts (reference/simulator.md §3.1).
@@ -195,16 +207,24 @@ mod tests {
     fn snapshot_pickle_uses_only_viewer_opcodes_and_round_trips() {
         let mut a = CachingAllocator::new(SimulatedDevice::new(1 << 30));
         a.enable_trace(None);
-        let x = a.malloc_labeled(3 << 20, StreamId::DEFAULT, "activation").unwrap();
-        let _y = a.malloc_labeled(1000, StreamId::DEFAULT, "parameter").unwrap();
+        let x = a
+            .malloc_labeled(3 << 20, StreamId::DEFAULT, "activation")
+            .unwrap();
+        let _y = a
+            .malloc_labeled(1000, StreamId::DEFAULT, "parameter")
+            .unwrap();
         a.free(x.id).unwrap();
         let bytes = snapshot_pickle(&a.snapshot()).unwrap();
         assert_eq!(first_unsupported_opcode(&bytes), None);
         let back: Value = serde_pickle::value_from_slice(&bytes, Default::default()).unwrap();
-        let Value::Dict(top) = back else { panic!("not a dict") };
+        let Value::Dict(top) = back else {
+            panic!("not a dict")
+        };
         let traces = &top[&HashableValue::String("device_traces".into())];
         let Value::List(devs) = traces else { panic!() };
-        let Value::List(entries) = &devs[0] else { panic!() };
+        let Value::List(entries) = &devs[0] else {
+            panic!()
+        };
         let cats: Vec<String> = entries
             .iter()
             .filter_map(|e| match e {
@@ -215,6 +235,9 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert!(cats.contains(&"activation".to_string()) && cats.contains(&"parameter".to_string()), "{cats:?}");
+        assert!(
+            cats.contains(&"activation".to_string()) && cats.contains(&"parameter".to_string()),
+            "{cats:?}"
+        );
     }
 }

@@ -52,7 +52,11 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         .map(|i| {
             let c = t.categories(i, domain);
             cats.iter().map(|&k| c.get(k)).sum::<u64>()
-                + if domain == Domain::Host { t.samples[i].host.file_rss } else { 0 }
+                + if domain == Domain::Host {
+                    t.samples[i].host.file_rss
+                } else {
+                    0
+                }
         })
         .collect();
     let cols = columns(&totals, 1500);
@@ -69,10 +73,22 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
     );
     let mut series: Vec<(String, &str, Vec<u64>)> = cats
         .iter()
-        .map(|&c| (c.name().to_string(), colour(c), cols.iter().map(|&i| t.categories(i, domain).get(c)).collect()))
+        .map(|&c| {
+            (
+                c.name().to_string(),
+                colour(c),
+                cols.iter()
+                    .map(|&i| t.categories(i, domain).get(c))
+                    .collect(),
+            )
+        })
         .collect();
     if domain == Domain::Host {
-        series.push(("page cache (file RSS)".into(), "#87ceeb", cols.iter().map(|&i| t.samples[i].host.file_rss).collect()));
+        series.push((
+            "page cache (file RSS)".into(),
+            "#87ceeb",
+            cols.iter().map(|&i| t.samples[i].host.file_rss).collect(),
+        ));
     }
     let mut base = vec![0u64; cols.len()];
     for (name, col, vals) in &series {
@@ -86,7 +102,10 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         for k in (0..vals.len()).rev() {
             let _ = write!(pts, "{:.1},{:.1} ", x(k), y(base[k] as f64));
         }
-        let _ = writeln!(o, r#"<polygon points="{pts}" fill="{col}" fill-opacity="0.85"><title>{name}</title></polygon>"#);
+        let _ = writeln!(
+            o,
+            r#"<polygon points="{pts}" fill="{col}" fill-opacity="0.85"><title>{name}</title></polygon>"#
+        );
         for (k, v) in vals.iter().enumerate() {
             base[k] += v;
         }
@@ -138,7 +157,9 @@ pub fn render_svg(t: &Timeline) -> String {
 }
 
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ impl WorkloadConfig {
             widths: vec![512, 768, 1024, 1536, 1024, 768, 1024, 512],
             vocab: 16_384,
             eval_every: 100,
-            seed: 0x7a11_0c,
+            seed: 0x007a_110c,
         }
     }
 }

@@ -1,0 +1,457 @@
+//! Loader behaviour: contents, order, failures, shutdown, timeouts, worker lifetime, staging
+//! and the in-flight memory bound.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::TempDir;
+use trainmem_loader::fixtures::{FixtureSpec, feature_value, write_fixture};
+use trainmem_loader::{
+    BoxError, ByteSize, ColumnBatch, Loader, LoaderConfig, LoaderError, MmapDataset, Order,
+    RandomResize, ResizeColumns, StackColumns, WorkerContext,
+};
+
+fn identity(x: &u64, _: &mut WorkerContext) -> Result<u64, BoxError> {
+    Ok(*x)
+}
+
+fn collect(items: Vec<u64>, _: &mut WorkerContext) -> Result<Vec<u64>, BoxError> {
+    Ok(items)
+}
+
+fn numbers(n: u64) -> Arc<Vec<u64>> {
+    Arc::new((0..n).collect())
+}
+
+fn cfg(batch: usize, workers: usize) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: batch,
+        workers,
+        ..LoaderConfig::default()
+    }
+}
+
+#[test]
+fn stacked_columns_hold_the_fixture_values_in_order() {
+    let dir = TempDir::new("stack");
+    let spec = FixtureSpec {
+        samples: 103,
+        dim: 5,
+        classes: 3,
+        seed: 4,
+        ..FixtureSpec::default()
+    };
+    let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
+    let ds = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels]).expect("open"));
+    for (workers, order) in [(0, Order::Sequential), (2, Order::Shuffled { seed: 9 })] {
+        let config = LoaderConfig {
+            order,
+            ..cfg(10, workers)
+        };
+        let mut loader = Loader::new(Arc::clone(&ds), config, StackColumns).expect("loader");
+        let mut seen = Vec::new();
+        for batch in loader.epoch().expect("epoch") {
+            let b: ColumnBatch = batch.expect("batch");
+            assert_eq!(b.shapes[0], vec![b.len(), 5]);
+            let f = b.column::<f32>(0).expect("f32 column");
+            for (row, &i) in b.indices.iter().enumerate() {
+                for j in 0..5 {
+                    assert_eq!(f[row * 5 + j], feature_value(4, i, j));
+                }
+            }
+            assert_eq!(b.column::<i64>(1).expect("labels").len(), b.len());
+            seen.extend_from_slice(&b.indices);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..103).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn a_panicking_transform_names_the_sample_and_the_epoch_goes_on() {
+    for workers in [0, 1, 3] {
+        let mut loader = Loader::with_transform(
+            numbers(40),
+            cfg(4, workers),
+            |x: &u64, _ctx: &mut WorkerContext| -> Result<u64, BoxError> {
+                if *x == 17 {
+                    panic!("bad sample {x}");
+                }
+                if *x == 30 {
+                    return Err("cannot decode".into());
+                }
+                Ok(*x)
+            },
+            collect,
+        )
+        .expect("loader");
+        let results: Vec<_> = loader.epoch().expect("epoch").collect();
+        assert_eq!(results.len(), 10, "no batch lost");
+        for (k, r) in results.iter().enumerate() {
+            match (k, r) {
+                (
+                    4,
+                    Err(
+                        e @ LoaderError::Panic {
+                            sample: Some(17),
+                            batch: 4,
+                            ..
+                        },
+                    ),
+                ) => {
+                    assert!(e.to_string().contains("sample 17"), "{e}");
+                    assert!(e.to_string().contains("bad sample 17"), "{e}");
+                }
+                (
+                    7,
+                    Err(
+                        e @ LoaderError::Sample {
+                            sample: Some(30), ..
+                        },
+                    ),
+                ) => {
+                    assert!(e.to_string().contains("cannot decode"), "{e}");
+                }
+                (_, Ok(b)) => {
+                    assert_eq!(b, &((k as u64 * 4)..(k as u64 * 4 + 4)).collect::<Vec<_>>())
+                }
+                (_, other) => panic!("batch {k} with {workers} workers: {other:?}"),
+            }
+        }
+        // The loader is still usable.
+        assert_eq!(loader.epoch().expect("epoch").count(), 10);
+    }
+}
+
+#[test]
+fn a_panicking_collate_and_init_hook_are_errors() {
+    let mut loader = Loader::with_transform(
+        numbers(8),
+        cfg(4, 2),
+        identity,
+        |items: Vec<u64>, _: &mut WorkerContext| -> Result<Vec<u64>, BoxError> {
+            if items[0] == 4 {
+                panic!("collate broke");
+            }
+            Ok(items)
+        },
+    )
+    .expect("loader");
+    let r: Vec<_> = loader.epoch().expect("epoch").collect();
+    assert!(r[0].is_ok());
+    match &r[1] {
+        Err(
+            e @ LoaderError::Panic {
+                sample: None,
+                batch: 1,
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("collate of batch 1"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let mut loader = Loader::with_transform(numbers(8), cfg(2, 2), identity, collect)
+        .expect("loader")
+        .with_worker_init(|info| {
+            if info.id == 1 {
+                panic!("no GPU for worker 1");
+            }
+        });
+    let r: Vec<_> = loader.epoch().expect("epoch").collect();
+    assert_eq!(r.len(), 4);
+    assert!(r.iter().all(|b| match b {
+        Ok(_) => true,
+        Err(LoaderError::WorkerInit { worker: 1, message }) => message.contains("no GPU"),
+        Err(_) => false,
+    }));
+}
+
+#[test]
+fn init_hooks_get_per_worker_seeds_and_lifetimes_differ() {
+    for persistent in [false, true] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        let config = LoaderConfig {
+            persistent_workers: persistent,
+            prefetch_factor: 3,
+            ..cfg(3, 3)
+        };
+        let mut loader = Loader::with_transform(numbers(30), config, identity, collect)
+            .expect("loader")
+            .with_worker_init(move |info| s2.lock().expect("lock").push((info.id, info.seed)));
+        for _ in 0..3 {
+            let got: Vec<u64> = loader
+                .epoch()
+                .expect("epoch")
+                .flat_map(|b| b.expect("batch"))
+                .collect();
+            assert_eq!(got, (0..30).collect::<Vec<_>>());
+        }
+        let expected_spawns = if persistent { 3 } else { 9 };
+        assert_eq!(loader.threads_spawned(), expected_spawns);
+        // Dropping the loader joins persistent workers, so every init hook has run.
+        drop(loader);
+        let seen = seen.lock().expect("lock").clone();
+        assert_eq!(seen.len(), expected_spawns as usize);
+        let mut seeds: Vec<u64> = seen.iter().map(|s| s.1).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        assert_eq!(
+            seeds.len(),
+            seen.len(),
+            "every worker (and respawn) has its own seed"
+        );
+    }
+}
+
+#[test]
+fn dropping_an_epoch_stops_and_joins_workers() {
+    for persistent in [false, true] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let active = Arc::new(AtomicUsize::new(0));
+        let (c2, a2) = (Arc::clone(&calls), Arc::clone(&active));
+        let config = LoaderConfig {
+            persistent_workers: persistent,
+            ..cfg(8, 3)
+        };
+        let mut loader = Loader::with_transform(
+            numbers(100_000),
+            config,
+            move |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+                a2.fetch_add(1, Ordering::SeqCst);
+                c2.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(200));
+                a2.fetch_sub(1, Ordering::SeqCst);
+                Ok(*x)
+            },
+            collect,
+        )
+        .expect("loader");
+        {
+            let mut epoch = loader.epoch().expect("epoch");
+            assert!(epoch.next().expect("first").is_ok());
+        }
+        if !persistent {
+            // Joined: no transform can still be running.
+            assert_eq!(active.load(Ordering::SeqCst), 0);
+        }
+        let after_drop = calls.load(Ordering::SeqCst);
+        assert!(
+            after_drop < 2_000,
+            "workers kept going: {after_drop} samples"
+        );
+        // The next epoch starts cleanly and delivers in order.
+        let first: Vec<u64> = loader
+            .epoch()
+            .expect("epoch")
+            .next()
+            .expect("batch")
+            .expect("ok");
+        assert_eq!(first, (0..8).collect::<Vec<_>>());
+        let m = loader.memory();
+        drop(loader);
+        assert_eq!(active.load(Ordering::SeqCst), 0);
+        if !persistent {
+            // Per-epoch workers are joined, so nothing of the dropped epochs is left.
+            assert_eq!(
+                (m.queue, m.reorder, m.ready_batches, m.building),
+                (0, 0, 0, 0),
+                "{m:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_slow_batch_times_out_and_ends_the_epoch() {
+    let config = LoaderConfig {
+        timeout_ms: Some(50),
+        ..cfg(2, 2)
+    };
+    let mut loader = Loader::with_transform(
+        numbers(10),
+        config,
+        |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+            if *x == 4 {
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            Ok(*x)
+        },
+        collect,
+    )
+    .expect("loader");
+    let r: Vec<_> = loader.epoch().expect("epoch").collect();
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert!(r[0].is_ok() && r[1].is_ok());
+    assert!(matches!(
+        r[2],
+        Err(LoaderError::Timeout {
+            batch: 2,
+            timeout_ms: 50,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn empty_data_set_and_oversized_batch() {
+    for workers in [0, 2] {
+        let mut l =
+            Loader::with_transform(numbers(0), cfg(4, workers), identity, collect).expect("loader");
+        assert_eq!(l.epoch().expect("epoch").count(), 0);
+        let mut l = Loader::with_transform(numbers(3), cfg(10, workers), identity, collect)
+            .expect("loader");
+        let b: Vec<_> = l.epoch().expect("epoch").map(|b| b.expect("ok")).collect();
+        assert_eq!(b, vec![vec![0, 1, 2]]);
+        let config = LoaderConfig {
+            drop_last: true,
+            ..cfg(10, workers)
+        };
+        let mut l = Loader::with_transform(numbers(3), config, identity, collect).expect("loader");
+        assert_eq!(l.epoch().expect("epoch").count(), 0);
+    }
+    let bad = Loader::with_transform(numbers(3), cfg(0, 0), identity, collect);
+    assert!(matches!(bad, Err(LoaderError::Config(_))));
+}
+
+#[test]
+fn in_flight_bytes_never_exceed_the_bound() {
+    let dir = TempDir::new("bound");
+    let (c, h, w) = (3, 16, 16);
+    let spec = FixtureSpec {
+        samples: 300,
+        dim: c * h * w,
+        ..FixtureSpec::default()
+    };
+    let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
+    let ds = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels]).expect("open"));
+    let resize = RandomResize {
+        channels: c,
+        height: h,
+        width: w,
+        probability: 0.7,
+        max_delta: 0.3,
+    };
+    for (workers, prefetch, pin) in [(1, 1, false), (2, 2, false), (3, 2, true), (0, 2, false)] {
+        let config = LoaderConfig {
+            workers,
+            prefetch_factor: prefetch,
+            pin_memory: pin,
+            order: Order::Shuffled { seed: 3 },
+            ..cfg(16, workers)
+        };
+        let mut loader = Loader::new(
+            Arc::clone(&ds),
+            config.clone(),
+            ResizeColumns { column: 0, resize },
+        )
+        .expect("loader");
+        let in_flight = config.max_batches_in_flight();
+        let mut batch_bytes = 0;
+        let mut held = Vec::new();
+        let mut epoch = loader.epoch().expect("epoch");
+        let mut k = 0;
+        while let Some(b) = epoch.next() {
+            let b = b.expect("batch");
+            batch_bytes = batch_bytes.max(b.byte_size());
+            let m = epoch.memory();
+            // Batches inside the loader (building, queued, reordered) never exceed P·W.
+            assert!(m.ready_batches <= in_flight, "{m:?}");
+            if workers > 0 {
+                assert!(
+                    m.building + m.queue + m.reorder <= in_flight * batch_bytes,
+                    "{m:?}"
+                );
+            }
+            // Hold a few batches, like a training loop that keeps the previous one.
+            held.push(b);
+            if held.len() > 2 {
+                held.remove(0);
+            }
+            if k % 3 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            k += 1;
+        }
+        drop(epoch);
+        drop(held);
+        let peak = loader.memory_peak();
+        assert!(peak.ready_batches <= in_flight.max(1), "{peak:?}");
+        let scratch_bytes = resize.max_scratch_floats() * 4;
+        assert!(
+            peak.scratch <= config.workers.max(1) * scratch_bytes,
+            "{peak:?}"
+        );
+        assert!(peak.scratch > 0, "the resize used scratch");
+        // The documented bound: P·W batches + W scratches (one of each in the caller's thread
+        // with no workers), plus the index list.
+        let bound = config.in_flight_bound(batch_bytes, scratch_bytes) + peak.sampler;
+        if !pin {
+            assert!(peak.total <= bound, "{peak:?} > {bound}");
+        }
+        let now = loader.memory();
+        assert_eq!(
+            (
+                now.queue,
+                now.reorder,
+                now.building,
+                now.scratch,
+                now.sampler
+            ),
+            (0, 0, 0, 0, 0),
+            "{now:?}"
+        );
+        if pin {
+            assert!(
+                now.staging > 0 && now.staging == now.staging_idle,
+                "{now:?}"
+            );
+            assert!(
+                now.staging_pinned > 0 || now.pin_failures > 0,
+                "pinning reported: {now:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn augmentation_is_reproducible_whatever_the_worker_count() {
+    let dir = TempDir::new("aug");
+    let spec = FixtureSpec {
+        samples: 40,
+        dim: 2 * 8 * 8,
+        ..FixtureSpec::default()
+    };
+    let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
+    let ds = Arc::new(MmapDataset::open(&[&paths.features]).expect("open"));
+    let resize = RandomResize {
+        channels: 2,
+        height: 8,
+        width: 8,
+        probability: 0.5,
+        max_delta: 0.25,
+    };
+    let run = |workers: usize| -> Vec<Vec<f32>> {
+        let config = LoaderConfig {
+            seed: 5,
+            ..cfg(6, workers)
+        };
+        let mut l = Loader::new(Arc::clone(&ds), config, ResizeColumns { column: 0, resize })
+            .expect("loader");
+        l.epoch()
+            .expect("epoch")
+            .map(|b| b.expect("batch").column::<f32>(0).expect("f32").to_vec())
+            .collect()
+    };
+    let a = run(0);
+    assert_eq!(a, run(3));
+    let plain: Vec<f32> = (0..6 * 128)
+        .map(|k| feature_value(0, k / 128, k % 128))
+        .collect();
+    assert_ne!(a[0], plain, "some samples were resized");
+}
