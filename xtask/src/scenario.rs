@@ -48,7 +48,8 @@ pub struct ScenarioArgs {
     /// List the scenarios with a one-line description.
     #[arg(long)]
     list: bool,
-    /// Print the report(s) as one JSON object instead of the text view.
+    /// Print the report as one JSON object instead of the text view (with `all`:
+    /// `{"scenarios": [...]}`).
     #[arg(long)]
     json: bool,
     /// Output directory (default `target/scenarios/NAME/`; with `all`, one subdirectory per
@@ -103,7 +104,7 @@ pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
         reports.push(report);
     }
     if args.json {
-        let value = if reports.len() == 1 {
+        let value = if name != "all" && reports.len() == 1 {
             serde_json::to_value(&reports[0])?
         } else {
             serde_json::json!({ "scenarios": reports })

@@ -286,6 +286,25 @@ mod tests {
         assert_eq!(again, b, "same seed, same data");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn synthetic_batches_fit_any_shape(
+            batch in 1usize..9,
+            seq_len in 1usize..7,
+            vocab in 1usize..20,
+            classes in 1usize..5,
+            per_position: bool,
+            seed: u64,
+        ) {
+            let shape = ExampleShape::Tokens { seq_len, vocab, classes, per_position };
+            let b = SyntheticSource::new(shape.clone(), seed).next_batch(batch).expect("batch");
+            proptest::prop_assert_eq!(b.inputs.len(), batch * shape.input_len());
+            proptest::prop_assert_eq!(b.targets.len(), batch * shape.target_len());
+            proptest::prop_assert!(b.inputs.iter().all(|&t| (t as usize) < vocab));
+            proptest::prop_assert!(b.targets.iter().all(|&t| (t as usize) < classes));
+        }
+    }
+
     #[test]
     fn regression_values_are_in_unit_range() {
         let mut s = SyntheticSource::new(

@@ -97,11 +97,11 @@ pub struct RunOptions<'a> {
     /// Learning rate of every optimizer.
     pub learning_rate: f64,
     /// Called after every optimizer step.
-    pub progress: Option<&'a mut dyn FnMut(Progress)>,
+    pub progress: Option<&'a mut (dyn FnMut(Progress) + Send)>,
     /// The batch source. When `None`, vector and image models read a memory-mapped fixture
     /// data set through trainmem-loader ([`FixtureData`], generated on first use in the work
     /// directory), and token models read a [`SyntheticSource`] seeded from the plan.
-    pub source: Option<Box<dyn BatchSource + 'a>>,
+    pub source: Option<Box<dyn BatchSource + Send + 'a>>,
 }
 
 impl Default for RunOptions<'_> {
@@ -147,7 +147,7 @@ pub struct MeasuredRun {
 
 /// Where a run's batches come from.
 enum Data<'a> {
-    Source(Box<dyn BatchSource + 'a>),
+    Source(Box<dyn BatchSource + Send + 'a>),
     Loader(Box<FixtureData>),
 }
 
@@ -207,6 +207,23 @@ pub fn run_measured_detailed(
     let _turn = RUN_LOCK
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // The run trains on a thread of its own, joined before the lock is released: memory the
+    // thread keeps for its lifetime (kernel scratch, thread-locals) is freed when it exits,
+    // inside this call, never in the middle of the next run's measurements.
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
+            .name("trainmem-burn-run".into())
+            .stack_size(8 << 20)
+            .spawn_scoped(scope, move || train_on_backend(plan, opts))
+            .map_err(|e| BurnRunError::Backend(format!("cannot start the training thread: {e}")))?;
+        match worker.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, BurnRunError> {
     let balanced = plan.checkpointing.policy != CheckpointPolicyKind::None;
     match opts.backend {
         BackendChoice::Flex => {
@@ -260,6 +277,10 @@ pub fn run_measured_detailed(
 }
 
 /// Refuses plan knobs a burn run cannot honour.
+///
+/// Plan values that describe rather than configure (the device capacity and allocator string,
+/// the host baseline, `loader.worker_overhead`, `data.sample_bytes`) are the simulator's
+/// business: a real run measures them instead.
 fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
     let no = |m: &str| Err(BurnRunError::Unsupported(m.to_string()));
     if plan.optimizer.state == StateAllocation::Eager {
@@ -275,6 +296,12 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
     }
     if plan.parallel.world_size != 1 || plan.parallel.pipeline_stages != 1 {
         return no("data or pipeline parallelism: a measured run trains on one device");
+    }
+    if plan.data.augmentation_scratch != 0.0 || plan.data.size_variation != 0.0 {
+        return no(
+            "data.augmentation_scratch / data.size_variation: the measured run's loader stacks \
+             fixture rows without augmentation",
+        );
     }
     if plan.loader.pin_memory {
         return no(
@@ -729,6 +756,9 @@ mod tests {
         assert!(check_supported(&p).is_ok());
         let mut p = base();
         p.training.grads_to_none = false;
+        assert!(check_supported(&p).is_err());
+        let mut p = base();
+        p.data.augmentation_scratch = 1.0;
         assert!(check_supported(&p).is_err());
         assert!(check_supported(&base()).is_ok());
     }

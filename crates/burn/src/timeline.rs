@@ -98,3 +98,58 @@ pub fn to_timeline(
     }
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::DeviceMemory;
+    use trainmem_probe::ProcStatus;
+    use trainmem_sim::timeline::Phase;
+
+    #[test]
+    fn samples_carry_host_categories_rss_and_device_cache() {
+        let mut host = [0u64; 8];
+        host[Category::Parameter.index()] = 100;
+        let s = ProbeSample {
+            phase: Phase::Forward,
+            step: 3,
+            epoch: 1,
+            micro_batch: Some(2),
+            time_us: 5.0,
+            host: Some(host),
+            host_peak: Some(host),
+            host_total_peak: Some(100),
+            rss: Some(ProcStatus {
+                vm_rss: 70,
+                rss_anon: 40,
+                rss_file: 20,
+                rss_shmem: 10,
+                vm_hwm: 80,
+                vm_peak: 90,
+            }),
+            device: Some(DeviceMemory {
+                number_allocs: 2,
+                bytes_in_use: 300,
+                bytes_padding: 4,
+                bytes_reserved: 1000,
+                driver_free: Some(1),
+                driver_total: Some(2),
+            }),
+        };
+        let t = to_sample(&s);
+        assert_eq!(t.host.categories.get(Category::Parameter), 100);
+        assert_eq!((t.host.anon_rss, t.host.file_rss), (40, 30));
+        assert_eq!((t.device.allocated, t.device.reserved), (300, 1000));
+        assert_eq!(t.device.categories.get(Category::Cache), 700);
+        assert_eq!((t.step, t.epoch, t.micro_batch), (3, 1, Some(2)));
+        let none = ProbeSample {
+            host: None,
+            device: None,
+            rss: None,
+            ..s
+        };
+        let t = to_sample(&none);
+        assert_eq!(t.host.categories.total(), 0);
+        assert_eq!(t.device.reserved, 0);
+    }
+}

@@ -74,7 +74,8 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
                     });
                     println!("{v}");
                 } else {
-                    println!("{}: error  {e}", path.display());
+                    // The error names the file itself.
+                    println!("error  {e}");
                 }
             }
         }

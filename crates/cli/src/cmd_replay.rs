@@ -90,12 +90,14 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn progress_bar(len: u64, bytes: bool) -> ProgressBar {
-    if len < PROGRESS_MIN_BYTES || !std::io::stderr().is_terminal() {
+/// A progress bar over `total` (bytes or ops), shown only when stderr is a terminal and the
+/// trace file is at least [`PROGRESS_MIN_BYTES`] long.
+fn progress_bar(total: u64, trace_bytes: u64, unit_is_bytes: bool) -> ProgressBar {
+    if trace_bytes < PROGRESS_MIN_BYTES || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(len);
-    let template = if bytes {
+    let bar = ProgressBar::new(total);
+    let template = if unit_is_bytes {
         "replaying {bar:40} {bytes}/{total_bytes} ({eta})"
     } else {
         "replaying {bar:40} {pos}/{len} ops ({eta})"
@@ -138,14 +140,7 @@ fn replay_file(
         let (ops, info) = trace::ops_from_snapshot(&bytes, device)
             .with_context(|| format!("{}: PyTorch snapshot", path.display()))?;
         drop(bytes);
-        let bar = progress_bar(
-            if ops.len() as u64 * 64 >= PROGRESS_MIN_BYTES {
-                ops.len() as u64
-            } else {
-                0
-            },
-            false,
-        );
+        let bar = progress_bar(ops.len() as u64, len, false);
         for (n, (origin, op)) in ops.into_iter().enumerate() {
             replay
                 .apply(origin, op)
@@ -158,7 +153,7 @@ fn replay_file(
         return Ok((replay, Format::Snapshot(info)));
     }
 
-    let bar = progress_bar(len, true);
+    let bar = progress_bar(len, len, true);
     let mut lines = JsonLines::new(reader);
     let mut n = 0u64;
     while let Some(item) = lines.next() {

@@ -103,10 +103,10 @@ fn run_sim(
         b
     });
     let mut tick = |done: u64, _total: u64| {
-        if let Some(b) = &bar {
-            if done % 16 == 0 || done == total {
-                b.set_position(done);
-            }
+        if let Some(b) = &bar
+            && (done.is_multiple_of(16) || done == total)
+        {
+            b.set_position(done);
         }
     };
     let opts = SimOptions {

@@ -54,6 +54,11 @@ pub struct LoaderConfig {
     pub persistent_workers: bool,
     /// Build batches in reusable page-locked (mlock'ed) staging buffers.
     pub pin_memory: bool,
+    /// Reuse the buffers of dropped batches for new batches (a pool, so the steady state
+    /// allocates nothing and never faults fresh pages in). Off: every batch gets fresh heap
+    /// buffers, which the allocator may hand back to the OS and fault in again. Implied by
+    /// `pin_memory`.
+    pub reuse_buffers: bool,
     /// Give up on a batch that takes longer than this many milliseconds to arrive.
     pub timeout_ms: Option<u64>,
     /// Seed of the workers' seeds and of each batch's random generator (augmentation).
@@ -71,6 +76,7 @@ impl Default for LoaderConfig {
             prefetch_factor: 2,
             persistent_workers: false,
             pin_memory: false,
+            reuse_buffers: true,
             timeout_ms: None,
             seed: 0,
         }

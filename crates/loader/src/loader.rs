@@ -380,10 +380,14 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     pub fn new(dataset: Arc<D>, config: LoaderConfig, builder: Bd) -> Result<Self, LoaderError> {
         config.validate()?;
         let memory = Arc::new(MemoryCounters::default());
-        let staging = config.pin_memory.then(|| {
+        let staging = (config.pin_memory || config.reuse_buffers).then(|| {
             // Enough idle blocks for every batch in flight plus the one the caller holds.
             let keep = config.max_batches_in_flight().max(1) * 4 + 4;
-            Arc::new(StagingPool::new(true, keep, Arc::clone(&memory)))
+            Arc::new(StagingPool::new(
+                config.pin_memory,
+                keep,
+                Arc::clone(&memory),
+            ))
         });
         let seed = match config.order {
             Order::Shuffled { seed } => mix(&[config.seed, seed]),
@@ -405,11 +409,16 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         })
     }
 
-    /// Sets a hook run once in each worker thread when it starts, before it builds any batch.
-    /// Call before the first epoch.
+    /// Sets a hook run once in each worker thread when it starts, before it builds any batch
+    /// (once per spawn: every epoch without persistent workers). Persistent workers already
+    /// running are joined first, so the hook applies to all workers from the next epoch on.
     pub fn with_worker_init(mut self, hook: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.init = Some(Box::new(hook));
+        // Joining the persistent pool drops the workers' handles on `shared`; no epoch can be
+        // alive (it would borrow `self`), so this loader is then the only holder.
+        self.pool = None;
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.init = Some(Box::new(hook)),
+            None => unreachable!("no worker or epoch holds the loader's shared state here"),
         }
         self
     }

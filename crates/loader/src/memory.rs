@@ -9,7 +9,8 @@
 //!   [`crate::WorkerContext::alloc_buffer`]);
 //! * `scratch`: per-batch worker scratch (from [`crate::WorkerContext::scratch_f32`]), freed at
 //!   the end of each batch;
-//! * `staging_idle`: staging buffers (pinned or not) parked in the pool, owned by no batch;
+//! * `staging_idle`: pooled batch buffers (page-locked with `pin_memory`, reused with
+//!   `reuse_buffers`) parked in the pool, owned by no batch;
 //! * `sampler`: the epoch's index list (8 bytes per sample of the shard).
 //!
 //! `total = queue + reorder + building + scratch + staging_idle + sampler`. A batch's bytes
@@ -18,8 +19,10 @@
 //! prefetch factor `P`, at most `P·W` batches are in `building + queue + reorder`, so
 //! `queue + reorder + building ≤ P·W × batch bytes` and `scratch ≤ W × scratch per batch`.
 //!
-//! `staging` (all staging bytes, idle or held by batches), `staging_pinned` (the part that is
-//! page-locked) and `pin_failures` describe the staging pool: when `mlock` fails (for example
+//! `staging` (all pooled bytes, idle or held by batches, the caller's included),
+//! `staging_pinned` (the part that is page-locked) and `pin_failures` describe the pool; it only
+//! grows when no idle block fits, so `staging ≤ (P·W + batches the caller holds) × batch bytes`
+//! (page-rounded per column). when `mlock` fails (for example
 //! under a low `RLIMIT_MEMLOCK`) the buffer is used unpinned and the failure is counted here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,8 +1,9 @@
-//! Batch buffers: 64-byte-aligned heap blocks, or reusable page-locked staging blocks.
+//! Batch buffers: 64-byte-aligned heap blocks, or reusable (optionally page-locked) blocks
+//! from a pool.
 //!
-//! With `pin_memory`, batches are built directly in staging blocks taken from a pool: page
-//! aligned, a whole number of pages, locked in RAM with `mlock` so a device copy can DMA from
-//! them. A block returns to the pool when its batch is dropped and is reused by a later batch,
+//! With `reuse_buffers` (the default) or `pin_memory`, batches are built directly in blocks
+//! taken from a pool: page aligned, a whole number of pages, and with `pin_memory` locked in RAM
+//! with `mlock` so a device copy can DMA from them. A block returns to the pool when its batch is dropped and is reused by a later batch,
 //! so the steady state allocates nothing. If `mlock` fails (for example `RLIMIT_MEMLOCK` is
 //! low) the block is used unpinned and [`crate::LoaderMemory::pin_failures`] counts it. The
 //! CUDA host allocator is not used: trainmem-loader has no CUDA dependency; a device crate can

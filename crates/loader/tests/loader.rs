@@ -342,6 +342,8 @@ fn in_flight_bytes_never_exceed_the_bound() {
             workers,
             prefetch_factor: prefetch,
             pin_memory: pin,
+            // Fresh buffers per batch for the strict total check; pooled with pinning.
+            reuse_buffers: pin,
             order: Order::Shuffled { seed: 3 },
             ..cfg(16, workers)
         };
@@ -407,6 +409,9 @@ fn in_flight_bytes_never_exceed_the_bound() {
             "{now:?}"
         );
         if pin {
+            // The pool grows only when no idle block fits: P·W in the loader, at most 2 held
+            // here (3 for a moment), and one being handed over.
+            assert!(peak.staging <= (in_flight + 4) * batch_bytes, "{peak:?}");
             assert!(
                 now.staging > 0 && now.staging == now.staging_idle,
                 "{now:?}"

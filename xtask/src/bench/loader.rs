@@ -364,10 +364,18 @@ fn stream(args: &LoaderBenchArgs) -> anyhow::Result<()> {
         order: Order::Shuffled { seed: 11 },
         ..LoaderConfig::default()
     };
-    let batch_bytes = args.batch * ds.bytes_per_sample() + args.batch * 8;
+    // Pooled buffers are page-rounded per column; plus the batch's index list.
+    let page = |b: usize| b.div_ceil(4096) * 4096;
+    let batch_bytes: usize = ds
+        .columns()
+        .iter()
+        .map(|c| page(args.batch * c.array.bytes_per_sample()))
+        .sum::<usize>()
+        + args.batch * 8;
     let sampler_bytes = samples * 8;
-    // P·W batches inside the loader + the one the consumer holds + the epoch's index list.
-    let bound = config.in_flight_bound(batch_bytes, 0) + batch_bytes + sampler_bytes;
+    // P·W batches inside the loader, the one the consumer holds and one being handed over
+    // (the buffer pool never holds more), plus the epoch's index list.
+    let bound = config.in_flight_bound(batch_bytes, 0) + 2 * batch_bytes + sampler_bytes;
     let mut loader = Loader::new(Arc::clone(&ds), config, StackColumns)?;
     let before = rss::read().context("reading /proc/self/status")?;
     let (mut max_anon, mut max_file) = (before.rss_anon, before.rss_file);

@@ -249,8 +249,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     ///
     /// Size 0 returns the null block (address 0, size 0, [`BlockId::NULL`]) without touching
     /// any state, as PyTorch returns a null pointer; freeing it is a no-op. Sizes whose rounded
-    /// or segment size overflows `u64` fail with [`AllocError::SizeOverflow`] and change
-    /// nothing. On [`AllocError::OutOfMemory`] see [`CachingAllocator`]'s ladder docs in the
+    /// or segment size overflows `u64`, or exceeds `i64::MAX` (the statistics are `i64`, as
+    /// PyTorch's), fail with [`AllocError::SizeOverflow`] and change nothing. On [`AllocError::OutOfMemory`] see [`CachingAllocator`]'s ladder docs in the
     /// crate root: live blocks are untouched; cached segments may have been released.
     #[inline]
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Block, AllocError> {
@@ -279,7 +279,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         }
         let size = round_size(orig, self.config.roundup_power2_divisions())
             .ok_or(AllocError::SizeOverflow { size: orig })?;
-        let alloc_size = allocation_size(size).ok_or(AllocError::SizeOverflow { size: orig })?;
+        let alloc_size = allocation_size(size)
+            .filter(|&a| a <= i64::MAX as u64)
+            .ok_or(AllocError::SizeOverflow { size: orig })?;
         let pool = PoolKind::for_size(size);
         let slot = self.slot_of(stream);
         let idx = match self.get_free_block(size, slot, pool) {

@@ -531,6 +531,11 @@ fn bad_input_is_an_error_and_changes_nothing() {
             size: u64::MAX - 100
         })
     );
+    // Representable in u64 but beyond the i64 statistics.
+    assert_eq!(
+        a.malloc(1 << 63, S0),
+        Err(AllocError::SizeOverflow { size: 1 << 63 })
+    );
     // Size 0: the null block, no state change; freeing it is a no-op.
     let z = a.malloc(0, S0).unwrap();
     assert!(z.is_null());

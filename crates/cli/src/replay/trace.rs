@@ -168,7 +168,13 @@ pub fn ops_from_snapshot(
     bytes: &[u8],
     device: usize,
 ) -> anyhow::Result<(Vec<(Origin, Op)>, SnapshotInfo)> {
-    let options = serde_pickle::DeOptions::new().replace_unresolved_globals();
+    // PyTorch shares frame objects between trace entries (the pickle refers back to them);
+    // serde-pickle cannot rebuild such shared values in every place and would fail with
+    // "recursive structure found", so they are replaced by None. Only `frames` are shared that
+    // way, and replay does not read them.
+    let options = serde_pickle::DeOptions::new()
+        .replace_unresolved_globals()
+        .replace_recursive_structures();
     let value = serde_pickle::value_from_slice(bytes, options)
         .context("the trace starts like a pickle (byte 0x80) but could not be read as one")?;
     let Value::Dict(top) = value else {
@@ -450,6 +456,59 @@ mod tests {
         assert_eq!(info.free_action, "free_requested");
         assert_eq!(ops.len(), 2);
         assert_eq!(ops[1].1, Op::Free { id: 0 });
+    }
+
+    /// A protocol-4 pickle as Python writes it: strings memoized and referred back to, and the
+    /// `frames` list shared by both entries (as PyTorch shares frame objects).
+    fn python_style_pickle() -> Vec<u8> {
+        let mut b = vec![0x80, 0x04, b'}', 0x94, b'('];
+        let s = |b: &mut Vec<u8>, text: &str| {
+            b.push(0x8c);
+            b.push(text.len() as u8);
+            b.extend_from_slice(text.as_bytes());
+            b.push(0x94);
+        };
+        s(&mut b, "device_traces"); // memo 1
+        b.extend_from_slice(&[b']', 0x94, b']', 0x94, b'(']); // memo 2, 3
+        b.extend_from_slice(&[b'}', 0x94, b'(']); // entry 1, memo 4
+        s(&mut b, "action"); // 5
+        s(&mut b, "alloc"); // 6
+        s(&mut b, "addr"); // 7
+        b.extend_from_slice(&[b'M', 0x00, 0x10]); // 4096
+        s(&mut b, "size"); // 8
+        b.extend_from_slice(&[b'K', 100]);
+        s(&mut b, "stream"); // 9
+        b.extend_from_slice(&[b'K', 0]);
+        s(&mut b, "note"); // 10
+        s(&mut b, "fwd"); // 11
+        s(&mut b, "frames"); // 12
+        b.extend_from_slice(&[b']', 0x94, b'(', b'h', 11, b'e']); // frames = ["fwd"], memo 13
+        b.push(b'u');
+        b.extend_from_slice(&[b'}', 0x94, b'(', b'h', 5]); // entry 2, memo 14
+        s(&mut b, "free_completed"); // 15
+        b.extend_from_slice(&[b'h', 7, b'M', 0x00, 0x10, b'h', 8, b'K', 100, b'h', 9, b'K', 0]);
+        b.extend_from_slice(&[b'h', 12, b'h', 13, b'u']); // the same frames list
+        b.extend_from_slice(&[b'e', b'a', b'u', b'.']);
+        b
+    }
+
+    #[test]
+    fn python_pickles_with_shared_frames_replay() {
+        let bytes = python_style_pickle();
+        let (ops, info) = ops_from_snapshot(&bytes, 0).unwrap();
+        let ops: Vec<Op> = ops.into_iter().map(|(_, op)| op).collect();
+        assert_eq!(
+            ops,
+            vec![
+                Op::Alloc {
+                    id: 0,
+                    size: 100,
+                    stream: 0
+                },
+                Op::Free { id: 0 }
+            ]
+        );
+        assert_eq!(info.free_action, "free_completed");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct SimOom {
 }
 
 /// Device memory of a simulation.
+// One value per simulation, on the hot path of every allocation: not boxed on purpose.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum SimMemory {
     /// PyTorch-semantics caching allocator over a simulated GPU.
