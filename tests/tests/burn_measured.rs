@@ -288,3 +288,73 @@ fn checkpoint_save_spikes_by_about_the_model_size() {
         .expect("steps");
     assert!(after < 4096, "temporary bytes after saving: {after}");
 }
+
+/// Activation bytes the first training forward added (after forward minus batch loaded).
+fn forward_activations(r: &MeasuredRun) -> i64 {
+    let at = |phase: Phase| {
+        r.samples
+            .iter()
+            .find(|s| s.phase == phase)
+            .and_then(|s| s.host_bytes(Category::Activation))
+            .expect("phase sampled, host counted") as i64
+    };
+    at(Phase::Forward) - at(Phase::BatchLoaded)
+}
+
+#[test]
+fn half_precision_halves_parameters_state_and_activations() {
+    let _serial = serial();
+    let mut p = plan(2);
+    p.optimizer.kind = OptimizerKind::Adam;
+    p.validate().expect("valid plan");
+    let full = run(&p);
+    p.precision.compute = trainmem_sim::plan::Dtype::F16;
+    p.precision.master_weights = false;
+    p.validate().expect("valid plan");
+    let half = run(&p);
+    assert_eq!(half.parameter_bytes * 2, full.parameter_bytes);
+    let state = |r: &MeasuredRun| {
+        r.samples
+            .iter()
+            .rfind(|s| s.phase == Phase::OptimizerStep)
+            .and_then(|s| s.host_bytes(Category::OptimizerState))
+            .expect("counted") as i64
+    };
+    let (fs, hs) = (state(&full), state(&half));
+    assert!(
+        (2 * hs - fs).abs() <= fs / 50,
+        "adam state f32 {fs}, f16 {hs}"
+    );
+    let (fa, ha) = (forward_activations(&full), forward_activations(&half));
+    assert!(
+        (2 * ha - fa).abs() <= fa / 20,
+        "activations f32 {fa}, f16 {ha}"
+    );
+}
+
+#[test]
+fn balanced_checkpointing_keeps_fewer_activations_after_forward() {
+    let _serial = serial();
+    let mut p = plan(2);
+    p.model = trainmem_sim::plan::ModelSpec::Mlp(trainmem_sim::plan::MlpSpec {
+        input: 256,
+        hidden: vec![512, 512, 512],
+        output: 256,
+        activation: trainmem_sim::plan::Activation::Gelu,
+        dropout: 0.0,
+        bias: true,
+        loss: trainmem_sim::plan::Loss::Mse,
+    });
+    p.validate().expect("valid plan");
+    let plain = forward_activations(&run(&p));
+    p.checkpointing.policy = trainmem_sim::plan::CheckpointPolicyKind::Sqrt;
+    p.validate().expect("valid plan");
+    let balanced = forward_activations(&run(&p));
+    // GELU's inputs are recomputed in backward instead of kept: three hidden layers of
+    // 32 x 512 f32 (65,536 bytes each) fewer, the matmul inputs still kept.
+    let gelu_inputs = 3 * 32 * 512 * 4;
+    assert!(
+        (plain - balanced - gelu_inputs).abs() <= gelu_inputs / 10,
+        "no checkpointing {plain}, balanced {balanced}"
+    );
+}

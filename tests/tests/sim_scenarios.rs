@@ -433,3 +433,25 @@ fn model_parallel() {
     let act2 = r.stages[2].peak_breakdown.get(Category::Activation);
     assert!(act0 > act2, "{act0} vs {act2}");
 }
+
+#[test]
+fn every_fixture_plan_parses_and_runs_two_steps() {
+    let dir = format!("{}/../fixtures/plans", env!("CARGO_MANIFEST_DIR"));
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let p = Plan::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let opts = SimOptions {
+            max_steps: Some(2),
+            ..Default::default()
+        };
+        let r = simulate(&p, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(!r.timeline.samples.is_empty());
+        assert!(r.summary.all_freed_at_teardown, "{}", path.display());
+        n += 1;
+    }
+    assert!(n >= 16, "{n} plans");
+}

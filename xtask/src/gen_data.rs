@@ -38,7 +38,11 @@ pub fn run(args: GenDataArgs) -> anyhow::Result<ExitCode> {
         dim: args.dim,
         classes: args.classes,
         seed: args.seed,
-        label_dtype: if args.u8_labels { DType::U8 } else { DType::I64 },
+        label_dtype: if args.u8_labels {
+            DType::U8
+        } else {
+            DType::I64
+        },
     };
     let paths = write_fixture_with_progress(&args.out, &spec)?;
     println!(

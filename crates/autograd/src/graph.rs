@@ -305,9 +305,10 @@ impl<'p> Graph<'p> {
         let inputs = &self.program.inputs;
         for (v, t) in self.value_tensor.iter_mut().enumerate() {
             if let Some(t) = t.take()
-                && !inputs.contains(&(v as ValueId)) {
-                    store.release(t);
-                }
+                && !inputs.contains(&(v as ValueId))
+            {
+                store.release(t);
+            }
         }
         for g in self.grads.iter_mut() {
             if let Some(t) = g.take() {
@@ -343,10 +344,11 @@ impl<'p> Graph<'p> {
                     self.run_op(store, tape, i, save, true)?;
                     let out = p.ops[i].output;
                     if hold.contains(&out)
-                        && let Some(t) = self.value_tensor[out as usize] {
-                            store.retain(t);
-                            tape.held.push(t);
-                        }
+                        && let Some(t) = self.value_tensor[out as usize]
+                    {
+                        store.retain(t);
+                        tape.held.push(t);
+                    }
                 }
                 hooks.after_layer(store, layer, Pass::Forward, &mut self.param_grads)?;
             }
@@ -407,15 +409,19 @@ impl<'p> Graph<'p> {
                 if op.inputs[..k].contains(&v) {
                     continue;
                 }
-                if self.last_use[v as usize] == i as u32 && !p.inputs.contains(&v)
-                    && let Some(t) = self.value_tensor[v as usize].take() {
-                        store.release(t);
-                    }
-            }
-            if self.last_use[op.output as usize] == u32::MAX && Some(op.output) != p.loss
-                && let Some(t) = self.value_tensor[op.output as usize].take() {
+                if self.last_use[v as usize] == i as u32
+                    && !p.inputs.contains(&v)
+                    && let Some(t) = self.value_tensor[v as usize].take()
+                {
                     store.release(t);
                 }
+            }
+            if self.last_use[op.output as usize] == u32::MAX
+                && Some(op.output) != p.loss
+                && let Some(t) = self.value_tensor[op.output as usize].take()
+            {
+                store.release(t);
+            }
         }
         Ok(())
     }

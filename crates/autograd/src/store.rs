@@ -77,13 +77,14 @@ impl TensorMemory for CountingMemory {
     type Error = CountingOom;
     fn allocate(&mut self, bytes: u64, _category: Category) -> Result<Allocated<u32>, CountingOom> {
         if let Some(cap) = self.capacity
-            && self.live + bytes > cap {
-                return Err(CountingOom {
-                    requested: bytes,
-                    live: self.live,
-                    capacity: cap,
-                });
-            }
+            && self.live + bytes > cap
+        {
+            return Err(CountingOom {
+                requested: bytes,
+                live: self.live,
+                capacity: cap,
+            });
+        }
         self.live += bytes;
         self.peak = self.peak.max(self.live);
         let id = match self.free_ids.pop() {

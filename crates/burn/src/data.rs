@@ -101,6 +101,9 @@ impl FixtureData {
                 .max(1),
             persistent_workers: plan.loader.persistent_workers,
             pin_memory: plan.loader.pin_memory,
+            // Plans have no buffer-reuse knob: every batch gets fresh buffers, as PyTorch's
+            // DataLoader does, so the input bytes follow the batches in flight.
+            reuse_buffers: false,
             seed: plan.seed,
             ..LoaderConfig::default()
         };

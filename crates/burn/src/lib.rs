@@ -28,15 +28,17 @@
 //! tags; see [`run`]).
 //!
 //! Setting: an MLP 256 → 512 → 256 with ReLU (262,912 f32 parameters = 1,051,648 bytes),
-//! batch 32, MSE, one training thread; figures are live heap bytes at phase boundaries.
+//! batch 32, MSE, one training thread, batches from trainmem-loader over a memory-mapped
+//! fixture; figures are live heap bytes at phase boundaries. Reproduce them with
+//! `cargo run -p trainmem-burn --example burn_facts`.
 //! The `burn_measured` tests re-check the optimizer, leak and loader facts on every CI run,
 //! with margins derived from the model's own sizes.
 //!
 //! * **Optimizer state is lazy and appears at the first `step`.** Live bytes after step 1
-//!   minus after model construction: SGD ≈ 0 (−1.9 KB), momentum +1,051,992 (1×
-//!   parameters), Adam +2,108,392 (2× parameters + 5 KB of per-parameter records); flat
-//!   afterwards (Adam: 4,222,979 bytes at the end of steps 2, 3 and 4). burn-optim's Adam
-//!   allocates both moments at the first step; AdamW the same.
+//!   minus after model construction: SGD +2,864 (bookkeeping only), momentum +1,054,592 (1×
+//!   parameters), Adam +2,109,424 (2× parameters + 6 KB of per-parameter records); exactly
+//!   flat afterwards (Adam: 4,233,454 bytes at the end of steps 2, 3 and 4). burn-optim's
+//!   Adam allocates both moments at the first step; AdamW the same.
 //! * **Momentum's first velocity is the gradient buffer.** At step 1 the velocity is
 //!   `grad.clone()` (a reference, no copy), so with allocation-time tags its bytes stay under
 //!   `gradient` after the step; from step 2 the velocity is a new tensor made inside the step
@@ -53,34 +55,35 @@
 //!   place — the new weights are allocated inside the step (under `optimizer_state`) while
 //!   the old ones stay with the graph. Keeping outputs whose graph *was* backwarded holds only
 //!   their values: +32,992 per step (one batch of logits, 32,768). Without retention live
-//!   bytes are flat to within 2.6 KB.
+//!   bytes are exactly flat from step to step.
 //! * **Dropping kept graphs frees them late.** burn-autodiff keeps graphs in a process-wide
 //!   registry; after every backward pass it frees the orphaned graph roots nobody references,
-//!   one layer per pass. Clearing the kept outputs every 2 steps bounds the total (3.63 MB /
-//!   4.09 MB alternating) instead of freeing at once. A run flushes orphans with trivial
+//!   one layer per pass. Clearing the kept outputs every 2 steps bounds the total (the
+//!   growth per step alternates +461,132 / −461,132 bytes) instead of freeing at once. A run flushes orphans with trivial
 //!   backward passes before it starts and after it ends, so runs do not see each other's
 //!   graphs.
-//! * **Activations: forward vs after backward.** The forward pass adds 201,700 activation
+//! * **Activations: forward vs after backward.** The forward pass adds 201,988 activation
 //!   bytes; backward frees the saved ones and allocates 1,052,960 gradient bytes (the peak
 //!   inside backward is 626 KB above the level after it: temporaries); 33 KB of activations
 //!   remain after backward (the logits and loss, held until metrics are recorded).
 //! * **Balanced checkpointing** (`Autodiff<_, BalancedCheckpointing>`): an MLP
-//!   256 → 512 → 512 → 512 → 256 with GELU keeps 273,348 activation bytes after forward
-//!   instead of 468,156 (−42%): element-wise ops are recomputed, matmul inputs still saved.
+//!   256 → 512 → 512 → 512 → 256 with GELU keeps 272,804 activation bytes after forward
+//!   instead of 468,716 (−42%): element-wise ops are recomputed, matmul inputs still saved.
 //! * **Checkpoint saving spikes by the model size.** Converting the module into a record item
 //!   (before `BinFileRecorder` streams it to the file) holds a host copy of every parameter:
 //!   +1,053,201 bytes (`temporary`) at `checkpoint_save`, gone right after.
 //! * **Half precision on Flex.** Flex stores and computes F16 and BF16; casting the
 //!   parameters halves them (525,824 bytes), Adam's moments follow the parameters' dtype
-//!   (1,060,552 bytes), activations halve (103,394 bytes after forward).
+//!   (1,060,552 bytes), activations halve (103,954 bytes after forward).
 //! * **Metric retention.** Keeping the loss tensor per step costs ≈ 250 bytes per step (its
 //!   graph was consumed by backward); keeping the detached outputs costs one batch of logits
 //!   per step (+32,900).
 //! * **Kernel scratch that never goes away.** Flex's matrix products use the `gemm` crate,
 //!   which keeps a thread-local packing buffer the size of the CPU's L2 cache (1 MiB here),
-//!   allocated at the thread's first product and kept for the thread's life. A run makes it
-//!   before its baseline, under `other`; otherwise it would look like 1 MiB of activations
-//!   that backward never frees.
+//!   allocated at the thread's first product and kept for the thread's life. A run trains on
+//!   a thread of its own, makes the buffer before its baseline (under `other`; otherwise it
+//!   would look like 1 MiB of activations that backward never frees), and it is freed when
+//!   that thread exits, before the run returns.
 //! * **`memory_cleanup` (empty_cache)** is a no-op on Flex (its tensors are plain heap memory
 //!   with no pool); on CUDA it releases cubecl's free pages (`ComputeClient::memory_cleanup`,
 //!   current stream only in cubecl 0.10).

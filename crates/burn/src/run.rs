@@ -22,7 +22,9 @@
 //! velocity is the gradient buffer itself, so it stays under `gradient`).
 //!
 //! Plan knobs honoured: model, batch and micro-batch (accumulation through burn-optim's
-//! `GradientsAccumulator`), epochs, steps per epoch, max steps, optimizer kind (`sgd`,
+//! `GradientsAccumulator`), epochs, steps per epoch, max steps, the data set size and the
+//! loader (trainmem-loader over a memory-mapped fixture: workers, prefetch factor, persistent
+//! workers, drop_last), optimizer kind (`sgd`,
 //! `momentum`, `adam`, `adamw`, amsgrad), gradient checkpointing (burn's
 //! `BalancedCheckpointing` for any policy other than `none`), half precision (`f16`/`bf16`
 //! parameters and inputs, where the backend supports the dtype), checkpoint saving through
@@ -30,8 +32,12 @@
 //! (scalars vs tensors), output retention (the leak: outputs kept across steps, with their
 //! graph when `retain_graph`), `empty_cache` (`Backend::memory_cleanup`). Knobs burn cannot
 //! express (eager optimizer state, f32 master weights, gradients kept between steps,
-//! data/pipeline parallelism, a raw `layers` model) are refused with
-//! [`BurnRunError::Unsupported`], never silently ignored.
+//! data/pipeline parallelism, pinned memory, augmentation, a preloaded or streamed data set,
+//! a raw `layers` model) are refused with [`BurnRunError::Unsupported`], never silently
+//! ignored.
+//!
+//! Each run trains on a thread of its own (joined before the run returns) and runs one at a
+//! time per process, because the counting allocator's counters are process-wide.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -319,6 +319,28 @@ mod tests {
     }
 
     #[test]
+    fn concat_fills_every_byte_and_reused_blocks_are_zeroed() {
+        let mem = Arc::new(MemoryCounters::default());
+        let pool = Arc::new(StagingPool::new(false, 4, Arc::clone(&mem)));
+        for p in [None, Some(&pool)] {
+            let b = BatchBuffer::concat(p, 10, [&[1u8, 2, 3][..], &[4, 5], &[6, 7, 8, 9, 10, 11]]);
+            assert_eq!(b.as_bytes(), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+            let short = BatchBuffer::concat(p, 6, [&[9u8, 9][..]]);
+            assert_eq!(short.as_bytes(), &[9, 9, 0, 0, 0, 0]);
+        }
+        // A block that held data comes back zeroed through `staged`.
+        let dirty = BatchBuffer::concat(Some(&pool), 4096, [&[0xFFu8; 4096][..]]);
+        drop(dirty);
+        let clean = BatchBuffer::staged(&pool, 4096);
+        assert!(clean.as_bytes().iter().all(|&x| x == 0));
+        assert_eq!(
+            mem.current().pin_failures,
+            0,
+            "unpinned pools never try to pin"
+        );
+    }
+
+    #[test]
     fn staging_blocks_are_reused_and_accounted() {
         let mem = Arc::new(MemoryCounters::default());
         let pool = Arc::new(StagingPool::new(true, 2, Arc::clone(&mem)));

@@ -335,8 +335,10 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
             });
         }
     }
-    if let Some(cap) = plan.host.capacity {
-        if s.peak_host_rss > cap.0 {
+    if let Some(cap) = plan.host.capacity
+        && s.peak_host_rss > cap.0
+    {
+        {
             out.push(Finding {
                 kind: PatternKind::OutOfMemory,
                 domain: Domain::Host,

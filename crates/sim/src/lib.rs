@@ -1,7 +1,39 @@
 //! trainmem-sim: predicts the memory timeline of a training run from a plan.
 //!
-//! * [`plan`]: the TOML plan ([`Plan`]) and model specs ([`ModelSpec`]).
-//! * [`timeline`]: the shared [`Timeline`] (also produced by measured runs).
+//! A [`Plan`] (TOML, [`plan`]) names a model ([`ModelSpec`]), batch and accumulation, dtypes,
+//! optimizer, checkpointing, data and loader, retention, device and parallel layout.
+//! [`simulate`] lowers the model to an autograd program ([`lower`]) and runs every step
+//! through trainmem-alloc's caching allocator on a simulated device (or exact counting for a
+//! CPU device), with a host-memory model of the loader ([`engine::host`]). The result is the
+//! shared [`Timeline`] ([`timeline`]: bytes per category at every phase boundary, host and
+//! device) plus a [`Summary`] (peaks and when, the breakdown at the peak, fragmentation, a
+//! predicted OOM with the allocator's message). [`explain`] names the patterns in words,
+//! [`fit`] searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
+//! counters (Perfetto), a memory_viz snapshot pickle and an SVG chart.
+//!
+//! ```
+//! use trainmem_sim::{Plan, SimOptions, simulate};
+//! let plan = Plan::from_toml_str(r#"
+//!     [model.mlp]
+//!     input = 784
+//!     hidden = [1024]
+//!     output = 10
+//!     loss = "cross_entropy"
+//!     [training]
+//!     batch_size = 64
+//!     epochs = 1
+//!     steps_per_epoch = 3
+//!     [device]
+//!     capacity = "8GiB"
+//! "#)?;
+//! let r = simulate(&plan, SimOptions::default())?;
+//! assert!(r.summary.oom.is_none());
+//! assert!(r.summary.peak_allocated > 0);
+//! for f in trainmem_sim::explain(&plan, &r.timeline, &r.summary) {
+//!     println!("{}", f.text);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![warn(missing_docs)]
 

@@ -181,9 +181,10 @@ fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
             }
             (CnnOp::Dropout, s) => {
                 if let Some(p) = l.p
-                    && !(0.0..1.0).contains(&p) {
-                        return Err(format!("layer {i} (dropout): p = {p} is outside 0 ≤ p < 1"));
-                    }
+                    && !(0.0..1.0).contains(&p)
+                {
+                    return Err(format!("layer {i} (dropout): p = {p} is outside 0 ≤ p < 1"));
+                }
                 s
             }
             (CnnOp::BatchNorm | CnnOp::Relu | CnnOp::Gelu | CnnOp::Silu, s) => s,

@@ -431,12 +431,12 @@ impl Default for ParallelPlan {
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     /// The file could not be read.
-    #[error("cannot read plan {path}: {source}")]
+    #[error("cannot read plan {path}: {cause}")]
     Io {
         /// The path.
         path: String,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// TOML syntax, an unknown key or a value of the wrong type. The message names the key
     /// and its line.
@@ -468,9 +468,9 @@ impl Plan {
     /// Reads and validates a plan file.
     pub fn load(path: impl AsRef<Path>) -> Result<Plan, PlanError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| PlanError::Io {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         Plan::parse(&text, &path.display().to_string())
     }
@@ -518,19 +518,21 @@ impl Plan {
             ));
         }
         if let Some(m) = t.micro_batch_size
-            && (m == 0 || !t.batch_size.is_multiple_of(m)) {
-                return Err(err(
-                    "training.micro_batch_size",
-                    format!("{m} does not divide batch_size {}", t.batch_size),
-                ));
-            }
+            && (m == 0 || !t.batch_size.is_multiple_of(m))
+        {
+            return Err(err(
+                "training.micro_batch_size",
+                format!("{m} does not divide batch_size {}", t.batch_size),
+            ));
+        }
         if let Some(a) = t.grad_accumulation
-            && (a == 0 || !t.batch_size.is_multiple_of(a)) {
-                return Err(err(
-                    "training.grad_accumulation",
-                    format!("{a} does not divide batch_size {}", t.batch_size),
-                ));
-            }
+            && (a == 0 || !t.batch_size.is_multiple_of(a))
+        {
+            return Err(err(
+                "training.grad_accumulation",
+                format!("{a} does not divide batch_size {}", t.batch_size),
+            ));
+        }
         if t.epochs == 0 {
             return Err(err("training.epochs", "must be at least 1".into()));
         }
@@ -563,12 +565,13 @@ impl Plan {
             ));
         }
         if let Some(g) = p.grads
-            && !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64) {
-                return Err(err(
-                    "precision.grads",
-                    format!("`{g}` is not a float dtype"),
-                ));
-            }
+            && !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
+        {
+            return Err(err(
+                "precision.grads",
+                format!("`{g}` is not a float dtype"),
+            ));
+        }
         if !matches!(
             self.optimizer.state_dtype,
             Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
@@ -598,13 +601,12 @@ impl Plan {
                 }
                 Some(_) => {}
             },
-            CheckpointPolicyKind::Budget
-                if c.budget.is_none() => {
-                    return Err(err(
-                        "checkpointing.budget",
-                        "policy \"budget\" needs budget = \"<bytes>\"".into(),
-                    ));
-                }
+            CheckpointPolicyKind::Budget if c.budget.is_none() => {
+                return Err(err(
+                    "checkpointing.budget",
+                    "policy \"budget\" needs budget = \"<bytes>\"".into(),
+                ));
+            }
             _ => {}
         }
         if c.every.is_some() && c.policy != CheckpointPolicyKind::Every {

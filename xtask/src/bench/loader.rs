@@ -14,7 +14,7 @@ use burn::backend::Flex;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
-use trainmem_loader::fixtures::{FixtureSpec, FixturePaths};
+use trainmem_loader::fixtures::{FixturePaths, FixtureSpec};
 use trainmem_loader::{Dataset, Loader, LoaderConfig, MmapDataset, Order, StackColumns};
 use trainmem_probe::rss;
 
@@ -161,10 +161,7 @@ print(json.dumps(out))
 "#;
 
 /// Seconds per epoch for each worker count, or why PyTorch could not run.
-fn torch_times(
-    args: &LoaderBenchArgs,
-    paths: &FixturePaths,
-) -> Result<(String, Vec<f64>), String> {
+fn torch_times(args: &LoaderBenchArgs, paths: &FixturePaths) -> Result<(String, Vec<f64>), String> {
     let script = args.dir.join("torch_loader_bench.py");
     std::fs::write(&script, TORCH_SCRIPT).map_err(|e| e.to_string())?;
     let workers: Vec<String> = WORKERS.iter().map(usize::to_string).collect();
@@ -183,7 +180,10 @@ fn torch_times(
         format!(
             "no result from {} (stderr: {})",
             args.python,
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
         )
     })?;
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
@@ -337,10 +337,7 @@ pub fn run(args: LoaderBenchArgs) -> anyhow::Result<ExitCode> {
             Ok((_, t)) => format!("{:.2}x", t[i] / ours[i]),
             Err(_) => "n/a".to_string(),
         };
-        println!(
-            "| {w} | {:.2} | {vs_burn} | {vs_torch} |",
-            memcpy / ours[i]
-        );
+        println!("| {w} | {:.2} | {vs_burn} | {vs_torch} |", memcpy / ours[i]);
     }
 
     if args.stream_gib > 0.0 {

@@ -115,4 +115,13 @@ mod tests {
         assert_eq!(format_bytes(3 << 29), "1.50 GiB");
         assert_eq!(format_bytes(1536), "1.50 KiB");
     }
+
+    proptest::proptest! {
+        /// Whole numbers with a unit parse to the exact product.
+        #[test]
+        fn whole_sizes_are_exact(n in 0u64..1_000_000, unit in 0usize..6) {
+            let (suffix, mult) = [("", 1u64), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("MB", 1_000_000), ("GB", 1_000_000_000)][unit];
+            proptest::prop_assert_eq!(parse_size(&format!("{n}{suffix}")).unwrap(), n * mult);
+        }
+    }
 }

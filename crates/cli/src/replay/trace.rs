@@ -486,15 +486,19 @@ mod tests {
         b.push(b'u');
         b.extend_from_slice(&[b'}', 0x94, b'(', b'h', 5]); // entry 2, memo 14
         s(&mut b, "free_completed"); // 15
-        b.extend_from_slice(&[b'h', 7, b'M', 0x00, 0x10, b'h', 8, b'K', 100, b'h', 9, b'K', 0]);
+        b.extend_from_slice(&[
+            b'h', 7, b'M', 0x00, 0x10, b'h', 8, b'K', 100, b'h', 9, b'K', 0,
+        ]);
         b.extend_from_slice(&[b'h', 12, b'h', 13, b'u']); // the same frames list
-        b.extend_from_slice(&[b'e', b'a', b'u', b'.']);
+        b.extend_from_slice(b"eau."); // APPENDS, APPEND, SETITEMS, STOP
         b
     }
 
     #[test]
     fn python_pickles_with_shared_frames_replay() {
         let bytes = python_style_pickle();
+        // Without replacing the shared values, serde-pickle rejects this pickle.
+        assert!(serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).is_err());
         let (ops, info) = ops_from_snapshot(&bytes, 0).unwrap();
         let ops: Vec<Op> = ops.into_iter().map(|(_, op)| op).collect();
         assert_eq!(
@@ -527,5 +531,25 @@ mod tests {
             serde_pickle::value_to_vec(&Value::List(vec![]), Default::default()).unwrap();
         assert!(ops_from_snapshot(&not_dict, 0).is_err());
         assert!(ops_from_snapshot(&[0x80, 0x03, 0xff], 0).is_err());
+    }
+
+    proptest::proptest! {
+        /// Every op written as a JSON line parses back to itself.
+        #[test]
+        fn json_lines_round_trip(kind in 0u8..3, id: u64, size: u64, stream: u64, default_stream: bool) {
+            let (line, op) = match kind {
+                0 if default_stream => (
+                    format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":{size}}}"),
+                    Op::Alloc { id, size, stream: 0 },
+                ),
+                0 => (
+                    format!("{{\"size\":{size},\"stream\":{stream},\"op\":\"alloc\",\"id\":{id}}}"),
+                    Op::Alloc { id, size, stream },
+                ),
+                1 => (format!("{{\"op\":\"free\",\"id\":{id}}}"), Op::Free { id }),
+                _ => ("{\"op\":\"empty_cache\"}".to_string(), Op::EmptyCache),
+            };
+            proptest::prop_assert_eq!(parse_line(&line, 1).unwrap(), Some(op));
+        }
     }
 }

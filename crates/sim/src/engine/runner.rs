@@ -60,12 +60,13 @@ impl LayerHooks<SimMemory> for ZeroHooks {
             for &p in &self.layer_params[layer as usize] {
                 let p = p as usize;
                 if let Some(full) = grads[p]
-                    && !self.grad_is_shard[p] {
-                        let shard = store.alloc(self.grad_shard_bytes[p], Category::Gradient)?;
-                        store.release(full);
-                        grads[p] = Some(shard);
-                        self.grad_is_shard[p] = true;
-                    }
+                    && !self.grad_is_shard[p]
+                {
+                    let shard = store.alloc(self.grad_shard_bytes[p], Category::Gradient)?;
+                    store.release(full);
+                    grads[p] = Some(shard);
+                    self.grad_is_shard[p] = true;
+                }
             }
         }
         Ok(())

@@ -115,4 +115,41 @@ mod tests {
         assert!(a.alloc(11 * ALIGN).is_none());
         assert_eq!(a.alloc(10 * ALIGN).unwrap().offset, 0);
     }
+
+    proptest::proptest! {
+        /// Any sequence of allocations and frees keeps the arena consistent: live blocks never
+        /// overlap, free ranges are sorted, disjoint and never adjacent, and live plus free
+        /// bytes cover the arena exactly.
+        #[test]
+        fn arena_invariants(ops in proptest::collection::vec((0u8..3, 1u64..20_000, 0usize..64), 1..300)) {
+            let capacity = 1 << 20;
+            let mut a = FirstFit::new(capacity);
+            let mut live: Vec<Range> = Vec::new();
+            for (kind, size, pick) in ops {
+                if kind < 2 || live.is_empty() {
+                    if let Some(r) = a.alloc(size) {
+                        proptest::prop_assert_eq!(r.len, size.next_multiple_of(ALIGN));
+                        live.push(r);
+                    }
+                } else {
+                    let r = live.swap_remove(pick % live.len());
+                    a.free(r);
+                }
+                let mut blocks = live.clone();
+                blocks.sort_by_key(|r| r.offset);
+                for w in blocks.windows(2) {
+                    proptest::prop_assert!(w[0].offset + w[0].len <= w[1].offset);
+                }
+                for w in a.free.windows(2) {
+                    proptest::prop_assert!(w[0].0 + w[0].1 < w[1].0);
+                }
+                let live_bytes: u64 = live.iter().map(|r| r.len).sum();
+                let free_bytes: u64 = a.free.iter().map(|f| f.1).sum();
+                proptest::prop_assert_eq!(live_bytes, a.allocated());
+                proptest::prop_assert_eq!(live_bytes + free_bytes, capacity);
+                let top = blocks.last().map_or(0, |r| r.offset + r.len);
+                proptest::prop_assert_eq!(a.top(), top);
+            }
+        }
+    }
 }

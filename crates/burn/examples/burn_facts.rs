@@ -1,0 +1,125 @@
+//! Prints the measurements behind the crate's `burn_facts` docs: one small MLP trained on
+//! burn 0.21 + Flex under several plans, with live host bytes per category at every phase.
+//!
+//! `cargo run -p trainmem-burn --example burn_facts [all|sgd|momentum|adam|leak|ckpt|half|balanced]`
+
+use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
+use trainmem_probe::{Category, CountingAlloc};
+use trainmem_sim::plan::{
+    Activation, CheckpointPolicyKind, Dtype, Loss, MlpSpec, ModelSpec, OptimizerKind, Plan,
+};
+use trainmem_sim::timeline::Phase;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::new();
+
+fn base(kind: OptimizerKind) -> Plan {
+    let mut p = Plan::from_toml_str("[model.mlp]\ninput = 256\nhidden = [512]\noutput = 256\n")
+        .expect("plan");
+    p.training.batch_size = 32;
+    p.training.steps_per_epoch = Some(4);
+    p.data.samples = 128;
+    p.optimizer.kind = kind;
+    p
+}
+
+fn show(name: &str, r: &MeasuredRun) {
+    println!("== {name}: parameter bytes {}", r.parameter_bytes);
+    print!("{:<16}{:>4}", "phase", "step");
+    for c in Category::ALL {
+        let n = c.name();
+        print!("{:>13}", &n[..n.len().min(12)]);
+    }
+    println!("{:>12}{:>12}", "total", "peak");
+    for s in &r.samples {
+        if s.phase == Phase::BatchLoaded {
+            continue;
+        }
+        print!("{:<16}{:>4}", s.phase.name(), s.step);
+        for c in Category::ALL {
+            print!("{:>13}", s.host_bytes(c).unwrap_or(0));
+        }
+        println!(
+            "{:>12}{:>12}",
+            s.host_total().unwrap_or(0),
+            s.host_total_peak.unwrap_or(0)
+        );
+    }
+    let steps: Vec<u64> = r
+        .samples
+        .iter()
+        .filter(|s| s.phase == Phase::OptimizerStep)
+        .filter_map(|s| s.host_total())
+        .collect();
+    if let Some(init) = r
+        .samples
+        .iter()
+        .find(|s| s.phase == Phase::ModelInit)
+        .and_then(|s| s.host_total())
+    {
+        let deltas: Vec<i64> = std::iter::once(steps[0] as i64 - init as i64)
+            .chain(steps.windows(2).map(|w| w[1] as i64 - w[0] as i64))
+            .collect();
+        println!("growth per step (first: since model init): {deltas:?}\n");
+    }
+}
+
+fn run(name: &str, p: &Plan) {
+    match run_measured_detailed(p, RunOptions::default()) {
+        Ok(r) => show(name, &r),
+        Err(e) => println!("== {name}: {e}\n"),
+    }
+}
+
+fn main() {
+    let which: Vec<String> = std::env::args().skip(1).collect();
+    let want = |k: &str| which.is_empty() || which.iter().any(|w| w == k || w == "all");
+    for kind in [
+        OptimizerKind::Sgd,
+        OptimizerKind::Momentum,
+        OptimizerKind::Adam,
+    ] {
+        if want(kind.name()) {
+            run(kind.name(), &base(kind));
+        }
+    }
+    if want("leak") {
+        let mut p = base(OptimizerKind::Sgd);
+        p.leak.retain_outputs = true;
+        p.leak.retain_graph = true;
+        run("kept outputs with their graph", &p);
+        p.leak.retain_graph = false;
+        run("kept outputs, graph backwarded", &p);
+        p.leak.retain_graph = true;
+        p.leak.clear_every = 2;
+        p.training.steps_per_epoch = Some(6);
+        p.data.samples = 192;
+        run("kept graphs cleared every 2 steps", &p);
+    }
+    if want("ckpt") {
+        let mut p = base(OptimizerKind::Sgd);
+        p.training.checkpoint_every = 2;
+        run("checkpoint every 2 steps", &p);
+    }
+    if want("half") {
+        let mut p = base(OptimizerKind::Adam);
+        p.precision.compute = Dtype::F16;
+        p.precision.master_weights = false;
+        run("f16, adam", &p);
+    }
+    if want("balanced") {
+        let mut p = base(OptimizerKind::Sgd);
+        p.model = ModelSpec::Mlp(MlpSpec {
+            input: 256,
+            hidden: vec![512, 512, 512],
+            output: 256,
+            activation: Activation::Gelu,
+            dropout: 0.0,
+            bias: true,
+            loss: Loss::Mse,
+        });
+        run("gelu mlp, no checkpointing", &p);
+        p.checkpointing.policy = CheckpointPolicyKind::Sqrt;
+        run("gelu mlp, balanced checkpointing", &p);
+    }
+}
