@@ -338,19 +338,17 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
     if let Some(cap) = plan.host.capacity
         && s.peak_host_rss > cap.0
     {
-        {
-            out.push(Finding {
-                kind: PatternKind::OutOfMemory,
-                domain: Domain::Host,
-                bytes: s.peak_host_rss as i128 - cap.0 as i128,
-                step: t.peak_host_rss().map(|p| t.samples[p.sample].step),
-                text: format!(
-                    "Host memory peaks at {}, above the host capacity of {}: the process would be killed or swap. The largest host category at the peak decides the remedy (fewer workers or prefetch slots, persistent workers, memory-mapped data).",
-                    human(s.peak_host_rss),
-                    human(cap.0)
-                ),
-            });
-        }
+        out.push(Finding {
+            kind: PatternKind::OutOfMemory,
+            domain: Domain::Host,
+            bytes: s.peak_host_rss as i128 - cap.0 as i128,
+            step: t.peak_host_rss().map(|p| t.samples[p.sample].step),
+            text: format!(
+                "Host memory peaks at {}, above the host capacity of {}: the process would be killed or swap. The largest host category at the peak decides the remedy (fewer workers or prefetch slots, persistent workers, memory-mapped data).",
+                human(s.peak_host_rss),
+                human(cap.0)
+            ),
+        });
     }
     if let Some(o) = &s.oom {
         let top = s

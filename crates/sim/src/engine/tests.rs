@@ -191,3 +191,65 @@ capacity = "1GiB"
         }
     }
 }
+
+#[test]
+fn zero_stages_shard_per_rank_bytes() {
+    // parameters 32 + 8 + 16 + 2 elements; 4 ranks: shards of 8, 2, 4, 1 elements
+    let base = format!("{TINY}\n[parallel]\nworld_size = 4\nzero_stage = STAGE\n");
+    let run = |stage: u8| {
+        let plan = Plan::from_toml_str(&base.replace("STAGE", &stage.to_string())).unwrap();
+        simulate(&plan, SimOptions::default()).unwrap()
+    };
+    let shard_bytes = (8 + 2 + 4 + 1) * 4;
+    let s1 = run(1);
+    let t = &s1.timeline;
+    assert_eq!(
+        t.find(0, Phase::OptimizerStep)
+            .unwrap()
+            .device
+            .categories
+            .get(Category::OptimizerState),
+        2 * shard_bytes
+    );
+    assert_eq!(
+        t.find(0, Phase::Backward)
+            .unwrap()
+            .device
+            .categories
+            .get(Category::Gradient),
+        232,
+        "stage 1 keeps full gradients"
+    );
+    let s2 = run(2);
+    assert_eq!(
+        s2.timeline
+            .find(0, Phase::Backward)
+            .unwrap()
+            .device
+            .categories
+            .get(Category::Gradient),
+        shard_bytes,
+        "stage 2 shards gradients"
+    );
+    let s3 = run(3);
+    let init = s3.timeline.at_phase(Phase::ModelInit).next().unwrap();
+    assert_eq!(
+        init.device.categories.get(Category::Parameter),
+        shard_bytes,
+        "stage 3 shards parameters"
+    );
+    // layers are gathered one at a time during forward: the peak holds more than the shards
+    assert!(s3.summary.peak_breakdown.get(Category::Parameter) >= shard_bytes);
+    assert!(s3.summary.all_freed_at_teardown);
+    // DDP without sharding: gradient buckets as large as the gradients, from the first backward
+    let s0 = run(0);
+    assert_eq!(
+        s0.timeline
+            .find(0, Phase::Backward)
+            .unwrap()
+            .device
+            .categories
+            .get(Category::Gradient),
+        2 * 232
+    );
+}
