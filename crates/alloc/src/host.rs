@@ -85,7 +85,9 @@ impl DeviceMemory for HostDevice {
         // Over-allocate by the alignment at the allocator's natural alignment: a zeroed
         // allocation at natural alignment maps fresh pages lazily, while one at 512-byte
         // alignment would be zero-filled eagerly.
-        let padded = bytes.checked_add(Self::ALIGNMENT).ok_or_else(|| oom.clone())?;
+        let padded = bytes
+            .checked_add(Self::ALIGNMENT)
+            .ok_or_else(|| oom.clone())?;
         let layout = Layout::from_size_align(padded, 16).map_err(|_| oom.clone())?;
         // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };

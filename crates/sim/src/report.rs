@@ -97,7 +97,11 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
         pct(s.peak_reserved, cap)
     );
     let _ = writeln!(o, "peak host RSS  {}", human(s.peak_host_rss));
-    let _ = writeln!(o, "\nat the peak:");
+    let _ = writeln!(o, "\nat the peak (share of reserved):");
+    let peak_total: u64 = Category::ALL
+        .into_iter()
+        .map(|c| s.peak_breakdown.get(c))
+        .sum();
     for c in Category::ALL {
         let b = s.peak_breakdown.get(c);
         if b > 0 {
@@ -106,7 +110,7 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
                 "  {:<16} {:>12}  {:5.1}%",
                 c.name(),
                 human(b),
-                pct(b, s.peak_allocated.max(1))
+                pct(b, peak_total.max(1))
             );
         }
     }

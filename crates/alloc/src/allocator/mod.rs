@@ -22,6 +22,7 @@ pub(crate) mod invariants;
 
 const NONE: u32 = u32::MAX;
 
+static DBG_N: AtomicU32 = AtomicU32::new(0);static DBG_LEN: AtomicU32 = AtomicU32::new(0);static DBG_MAX: AtomicU32 = AtomicU32::new(0);
 static NEXT_OWNER: AtomicU32 = AtomicU32::new(1);
 
 /// A hasher for 512-aligned addresses (a multiply-xorshift mix; no per-op allocation).
@@ -359,6 +360,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             size.saturating_add(max_rounding)
         };
         let map = &mut self.pools[slot as usize].free[p];
+        DBG_N.fetch_add(1, Ordering::Relaxed); DBG_LEN.fetch_add(map.len() as u32, Ordering::Relaxed); DBG_MAX.fetch_max(map.len() as u32, Ordering::Relaxed);
         map.extract_if(fkey(size, 0)..fkey(limit, 0), |_, _| true)
             .next()
             .map(|(_, idx)| idx)
@@ -1243,6 +1245,7 @@ impl<D: DeviceMemory> Drop for CachingAllocator<D> {
     /// Returns every segment to the device (live blocks included: their ids become invalid
     /// together with the allocator).
     fn drop(&mut self) {
+        eprintln!("DBG n={} len_sum={} max={} nodes={}", DBG_N.load(Ordering::Relaxed), DBG_LEN.load(Ordering::Relaxed), DBG_MAX.load(Ordering::Relaxed), self.nodes.len());
         for (&addr, &size) in &self.segments {
             let _ = self.device.free(addr, size);
         }
