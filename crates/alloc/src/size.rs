@@ -60,6 +60,7 @@ impl PoolKind {
 /// 512 B. The `size > 512·d` guard is PyTorch's: with 4 divisions, 1200 B is not above 2048 B
 /// and rounds to 1536 B (PyTorch's documentation example of 1200 → 1280 leaves the guard out;
 /// trainmem follows the code so reserved bytes match).
+#[inline]
 pub fn round_size(size: u64, divisions: &RoundupPower2Divisions) -> Option<u64> {
     if size < MIN_BLOCK_SIZE {
         return Some(MIN_BLOCK_SIZE);

@@ -24,9 +24,8 @@ impl Stat {
         let a = amount as i64;
         self.current += a;
         self.allocated += a;
-        if self.current > self.peak {
-            self.peak = self.current;
-        }
+        // `max` rather than a branch: compiles to a conditional move on the hot path.
+        self.peak = self.peak.max(self.current);
     }
 
     #[inline]

@@ -230,55 +230,38 @@ pub fn run_measured_detailed(
 }
 
 fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, BurnRunError> {
-    let balanced = plan.checkpointing.policy != CheckpointPolicyKind::None;
     match opts.backend {
-        BackendChoice::Flex => {
-            let device = burn::backend::flex::FlexDevice;
-            if balanced {
-                train::<
-                    burn::backend::Autodiff<
-                        burn::backend::Flex,
-                        burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
-                    >,
-                >(
-                    plan,
-                    opts,
-                    device,
-                    "burn 0.21.0 flex (balanced checkpointing)",
-                )
-            } else {
-                train::<burn::backend::Autodiff<burn::backend::Flex>>(
-                    plan,
-                    opts,
-                    device,
-                    "burn 0.21.0 flex",
-                )
-            }
-        }
+        BackendChoice::Flex => train_on::<burn::backend::Flex>(
+            plan,
+            opts,
+            burn::backend::flex::FlexDevice,
+            "burn 0.21.0 flex",
+        ),
         #[cfg(feature = "cuda")]
-        BackendChoice::Cuda { index } => {
-            let device = burn::backend::cuda::CudaDevice { index };
-            if balanced {
-                train::<
-                    burn::backend::Autodiff<
-                        burn::backend::Cuda,
-                        burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
-                    >,
-                >(
-                    plan,
-                    opts,
-                    device,
-                    "burn 0.21.0 cuda (balanced checkpointing)",
-                )
-            } else {
-                train::<burn::backend::Autodiff<burn::backend::Cuda>>(
-                    plan,
-                    opts,
-                    device,
-                    "burn 0.21.0 cuda",
-                )
-            }
-        }
+        BackendChoice::Cuda { index } => train_on::<burn::backend::Cuda>(
+            plan,
+            opts,
+            burn::backend::cuda::CudaDevice { index },
+            "burn 0.21.0 cuda",
+        ),
+    }
+}
+
+/// Trains on base backend `B` under autodiff, with burn's balanced checkpointing when the plan
+/// asks for any checkpointing policy.
+fn train_on<B: MemoryBackend>(
+    plan: &Plan,
+    opts: RunOptions<'_>,
+    device: B::Device,
+    producer: &str,
+) -> Result<MeasuredRun, BurnRunError> {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    if plan.checkpointing.policy != CheckpointPolicyKind::None {
+        let producer = format!("{producer} (balanced checkpointing)");
+        train::<Autodiff<B, BalancedCheckpointing>>(plan, opts, device, &producer)
+    } else {
+        train::<Autodiff<B>>(plan, opts, device, producer)
     }
 }
 

@@ -21,12 +21,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use trainmem_alloc::AllocatorConfig;
+use trainmem_alloc::{AllocatorConfig, format_size};
 
 #[path = "replay/engine.rs"]
 mod engine;
-#[path = "replay/size.rs"]
-mod size;
 #[path = "replay/trace.rs"]
 mod trace;
 
@@ -56,10 +54,9 @@ pub struct ReplayArgs {
 }
 
 fn parse_capacity(text: &str) -> Result<u64, String> {
-    match size::parse_size(text) {
+    match trainmem_sim::bytes::parse_bytes(text) {
         Ok(0) => Err("the capacity must be more than 0 bytes".to_string()),
-        Ok(bytes) => Ok(bytes),
-        Err(err) => Err(format!("{err:#}")),
+        other => other,
     }
 }
 
@@ -223,7 +220,7 @@ fn text_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> String {
             Format::JsonLines => "JSON lines".to_string(),
             Format::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
         },
-        size::format_bytes(args.capacity)
+        format_size(args.capacity)
     );
     let _ = writeln!(
         out,
@@ -232,7 +229,7 @@ fn text_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> String {
         c.allocs,
         c.frees,
         c.empty_cache_calls,
-        size::format_bytes(c.empty_cache_released_bytes),
+        format_size(c.empty_cache_released_bytes),
         c.live_at_end
     );
     if let Format::Snapshot(info) = format {

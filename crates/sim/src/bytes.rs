@@ -31,26 +31,32 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
             "`{text}` is not a byte size (expected e.g. `24GiB` or `4096`)"
         ));
     }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a byte size (bad number `{num}`)"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
         other => {
             return Err(format!(
                 "`{text}`: unknown unit `{other}` (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
             ));
         }
     };
-    let bytes = value * mult;
+    // Whole numbers are exact (no detour through f64, which loses bytes above 2^53).
+    if let Ok(whole) = num.parse::<u64>() {
+        return whole
+            .checked_mul(mult)
+            .ok_or_else(|| format!("`{text}` is out of range"));
+    }
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a byte size (bad number `{num}`)"))?;
+    let bytes = value * mult as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err(format!("`{text}` is out of range"));
     }
@@ -153,6 +159,39 @@ mod tests {
                 .contains("unknown unit")
         );
         assert!(parse_bytes("GiB").is_err());
+        assert_eq!(parse_bytes(" 512 ").unwrap(), 512);
+        assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_bytes("4 kib").unwrap(), 4096);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("0.5KiB").unwrap(), 512);
+        for bad in [
+            "",
+            "1.2.3GiB",
+            "-5",
+            "99999999999999999999TiB",
+            "16777217TiB",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn whole_numbers_are_exact_beyond_f64_precision() {
+        // 2^53 + 1 is not representable in f64.
+        assert_eq!(
+            parse_bytes("9007199254740993").unwrap(),
+            9_007_199_254_740_993
+        );
+        assert_eq!(parse_bytes("8388607TiB").unwrap(), 8_388_607u64 << 40);
+    }
+
+    proptest::proptest! {
+        /// Whole numbers with a unit parse to the exact product.
+        #[test]
+        fn whole_sizes_are_exact(n in 0u64..1_000_000, unit in 0usize..6) {
+            let (suffix, mult) = [("", 1u64), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("MB", 1_000_000), ("GB", 1_000_000_000)][unit];
+            proptest::prop_assert_eq!(parse_bytes(&format!("{n}{suffix}")).unwrap(), n * mult);
+        }
     }
 
     #[test]

@@ -17,12 +17,14 @@ use crate::stats::MemoryStats;
 use crate::stream::StreamId;
 use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
 
+mod free_set;
 #[cfg(any(test, feature = "proptest"))]
 pub(crate) mod invariants;
 
+use free_set::{Found, FreeSet};
+
 const NONE: u32 = u32::MAX;
 
-static DBG_N: AtomicU32 = AtomicU32::new(0);static DBG_LEN: AtomicU32 = AtomicU32::new(0);static DBG_MAX: AtomicU32 = AtomicU32::new(0);
 static NEXT_OWNER: AtomicU32 = AtomicU32::new(1);
 
 /// A hasher for 512-aligned addresses (a multiply-xorshift mix; no per-op allocation).
@@ -100,7 +102,7 @@ impl Node {
 #[derive(Debug)]
 struct StreamPools {
     stream: StreamId,
-    free: [BTreeMap<u128, u32>; 2],
+    free: [FreeSet; 2],
 }
 
 #[inline]
@@ -148,11 +150,12 @@ pub struct ReleasedMemory {
 /// [`SharedAllocator`](crate::SharedAllocator), which wraps it in a mutex.
 ///
 /// Data structures: blocks live in a slab (`Vec`) linked per segment by prev/next indices;
-/// free blocks are kept per stream and pool in a B-tree keyed by (size, address), so best
-/// fit is one ordered lookup-and-remove. A malloc hit costs that lookup, a possible split
-/// (one insert), O(1) slab work and O(1) statistics; a free costs the merges (one removal per
-/// merged neighbour) and one insert. No heap allocation happens on these paths when tracing
-/// is off, apart from the B-tree's occasional node allocation.
+/// free blocks are kept per stream and pool in a sorted array keyed by (size, address), or a
+/// B-tree once a set holds thousands of blocks (see `free_set`), so best fit is one binary
+/// search. A malloc hit costs that lookup, O(1) slab work, O(1) statistics and one removal or,
+/// when it splits, one re-filing (the remainder takes the found block's place); a free costs
+/// one insertion, or a re-filing (plus a removal when both neighbours merge). No heap
+/// allocation happens on these paths when tracing is off, apart from a free set's growth.
 pub struct CachingAllocator<D: DeviceMemory> {
     device: D,
     config: AllocatorConfig,
@@ -285,11 +288,15 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .ok_or(AllocError::SizeOverflow { size: orig })?;
         let pool = PoolKind::for_size(size);
         let slot = self.slot_of(stream);
-        let idx = match self.get_free_block(size, slot, pool) {
-            Some(i) => i,
-            None => self.alloc_miss(orig, size, alloc_size, slot, pool, label.as_ref())?,
+        // A cached block is still filed in its free set (`filed`); a fresh segment is not.
+        let (idx, filed) = match self.get_free_block(size, slot, pool) {
+            Some(found) => (found.idx, Some(found)),
+            None => (
+                self.alloc_miss(orig, size, alloc_size, slot, pool, label.as_ref())?,
+                None,
+            ),
         };
-        Ok(self.alloc_found_block(idx, size, orig, label))
+        Ok(self.alloc_found_block(idx, filed, size, orig, label))
     }
 
     #[inline]
@@ -310,7 +317,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             None => {
                 self.pools.push(StreamPools {
                     stream,
-                    free: [BTreeMap::new(), BTreeMap::new()],
+                    free: [FreeSet::default(), FreeSet::default()],
                 });
                 (self.pools.len() - 1) as u32
             }
@@ -320,13 +327,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     }
 
     #[inline]
-    fn free_insert(&mut self, slot: u32, pool: PoolKind, size: u64, addr: u64, idx: u32) {
-        self.pools[slot as usize].free[pidx(pool)].insert(fkey(size, addr), idx);
-    }
-
-    #[inline]
     fn free_remove(&mut self, slot: u32, pool: PoolKind, size: u64, addr: u64) {
-        self.pools[slot as usize].free[pidx(pool)].remove(&fkey(size, addr));
+        self.pools[slot as usize].free[pidx(pool)].remove(fkey(size, addr));
     }
 
     /// Every cached free block, across streams and pools.
@@ -337,14 +339,16 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 .flat_map(move |pool| {
                     sp.free[pidx(pool)]
                         .iter()
-                        .map(move |(&k, &idx)| FreeKey::from_entry(slot as u32, pool, k, idx))
+                        .map(move |(k, idx)| FreeKey::from_entry(slot as u32, pool, k, idx))
                 })
         })
     }
 
-    /// Best fit on the request's stream, honouring the oversize rules.
+    /// Best fit on the request's stream, honouring the oversize rules. The block stays in its
+    /// free set: [`alloc_found_block`](Self::alloc_found_block) takes it out (or re-files its
+    /// remainder in its place, which moves fewer entries).
     #[inline]
-    fn get_free_block(&mut self, size: u64, slot: u32, pool: PoolKind) -> Option<u32> {
+    fn get_free_block(&mut self, size: u64, slot: u32, pool: PoolKind) -> Option<Found> {
         let p = pidx(pool);
         if self.gc_enabled() {
             self.pool_calls[p] += 1;
@@ -359,11 +363,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         } else {
             size.saturating_add(max_rounding)
         };
-        let map = &mut self.pools[slot as usize].free[p];
-        DBG_N.fetch_add(1, Ordering::Relaxed); DBG_LEN.fetch_add(map.len() as u32, Ordering::Relaxed); DBG_MAX.fetch_max(map.len() as u32, Ordering::Relaxed);
-        map.extract_if(fkey(size, 0)..fkey(limit, 0), |_, _| true)
-            .next()
-            .map(|(_, idx)| idx)
+        self.pools[slot as usize].free[p].first_in(fkey(size, 0), fkey(limit, 0))
     }
 
     /// The miss path: new segment, then release oversize blocks, then flush everything.
@@ -485,9 +485,17 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Ok(Some(idx))
     }
 
-    /// Hands block `idx` (free, out of the free set) to the client, splitting off the rest.
+    /// Hands free block `idx` to the client, splitting off the rest. `filed`: where the block
+    /// is in its free set on a cache hit; `None` for a fresh segment.
     #[inline]
-    fn alloc_found_block(&mut self, idx: u32, size: u64, orig: u64, label: Option<Label>) -> Block {
+    fn alloc_found_block(
+        &mut self,
+        idx: u32,
+        filed: Option<Found>,
+        size: u64,
+        orig: u64,
+        label: Option<Label>,
+    ) -> Block {
         let max_split = self.config.max_split_size_or_max();
         let (bsize, pool, next, addr, stream, slot, already_split) = {
             let n = &self.nodes[idx as usize];
@@ -531,7 +539,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             let n = &mut self.nodes[idx as usize];
             n.next = r;
             n.size = size;
-            self.free_insert(slot, pool, remaining, addr + size, r);
+            let set = &mut self.pools[slot as usize].free[p];
+            match filed {
+                Some(found) => set.replace_found(found, fkey(remaining, addr + size), r),
+                None => set.insert(fkey(remaining, addr + size), r),
+            }
             if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else {
@@ -541,6 +553,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         } else if already_split {
             self.stats.inactive_split_bytes.decrease(pool, bsize);
             self.stats.inactive_split.decrease(pool, 1);
+        }
+        if let Some(found) = filed
+            && !split
+        {
+            self.pools[slot as usize].free[pidx(pool)].remove_found(found);
         }
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -721,12 +738,15 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let p = pidx(pool);
         let mut before_count: i64 = 0;
         let mut before_bytes: i64 = 0;
+        // The key of a merged neighbour still in the free set: the merged block is re-filed in
+        // its place at the end (one move of the entries between the two positions).
+        let mut old_key: Option<u128> = None;
         // Merge with the previous block.
         let prev = self.nodes[idx as usize].prev;
         if prev != NONE && self.nodes[prev as usize].state == NodeState::Free {
             let pn = &self.nodes[prev as usize];
             let (paddr, psize, pprev) = (pn.addr, pn.size, pn.prev);
-            self.free_remove(slot, pool, psize, paddr);
+            old_key = Some(fkey(psize, paddr));
             before_count += 1;
             before_bytes += psize as i64;
             let n = &mut self.nodes[idx as usize];
@@ -742,7 +762,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if next != NONE && self.nodes[next as usize].state == NodeState::Free {
             let nn = &self.nodes[next as usize];
             let (naddr, nsize, nnext) = (nn.addr, nn.size, nn.next);
-            self.free_remove(slot, pool, nsize, naddr);
+            if let Some(k) = old_key.replace(fkey(nsize, naddr)) {
+                self.pools[slot as usize].free[p].remove(k);
+            }
             before_count += 1;
             before_bytes += nsize as i64;
             let n = &mut self.nodes[idx as usize];
@@ -761,7 +783,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             (0, 0)
         };
         let (size, start) = (n.size, n.addr);
-        self.free_insert(slot, pool, size, start, idx);
+        let set = &mut self.pools[slot as usize].free[p];
+        match old_key {
+            Some(k) => set.replace(k, fkey(size, start), idx),
+            None => set.insert(fkey(size, start), idx),
+        }
         let st = &mut self.stats;
         st.inactive_split.change(pool, after_count - before_count);
         st.inactive_split_bytes
@@ -912,16 +938,15 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let key_size = size.max(max_split);
         let lo = fkey(key_size, 0);
         let map = &self.pools[slot as usize].free[pidx(pool)];
-        if let Some((&k, &idx)) = map.range(lo..).next()
+        if let Some((k, idx)) = map.first_from(lo)
             && !self.nodes[idx as usize].is_split()
         {
             self.release_block(FreeKey::from_entry(slot, pool, k, idx))?;
             return Ok(true);
         }
         let candidates: Vec<FreeKey> = map
-            .range(..lo)
-            .rev()
-            .map(|(&k, &idx)| FreeKey::from_entry(slot, pool, k, idx))
+            .below_rev(lo)
+            .map(|(k, idx)| FreeKey::from_entry(slot, pool, k, idx))
             .take_while(|k| k.size >= max_split)
             .collect();
         let mut total = 0u64;
@@ -1245,7 +1270,6 @@ impl<D: DeviceMemory> Drop for CachingAllocator<D> {
     /// Returns every segment to the device (live blocks included: their ids become invalid
     /// together with the allocator).
     fn drop(&mut self) {
-        eprintln!("DBG n={} len_sum={} max={} nodes={}", DBG_N.load(Ordering::Relaxed), DBG_LEN.load(Ordering::Relaxed), DBG_MAX.load(Ordering::Relaxed), self.nodes.len());
         for (&addr, &size) in &self.segments {
             let _ = self.device.free(addr, size);
         }
