@@ -108,7 +108,7 @@
 //! ## Features
 //!
 //! * `cuda`: `CudaDevice` (cudarc, libcuda loaded at run time).
-//! * `proptest`: the [`testing`] module (strategies, [`testing::check_invariants`]).
+//! * `proptest`: the `testing` module (strategies, `testing::check_invariants`).
 
 #![warn(missing_docs)]
 
