@@ -123,9 +123,7 @@ impl BatchBuilder<MmapDataset> for ResizeColumns {
         ctx: &mut WorkerContext,
     ) -> Result<ColumnBatch, BoxError> {
         let n = indices.len();
-        let mut columns = Vec::new();
-        let mut dtypes = Vec::new();
-        let mut shapes = Vec::new();
+        let mut batch = ColumnBatch::start(indices, dataset.columns().len());
         for (k, c) in dataset.columns().iter().enumerate() {
             let a = &c.array;
             let bps = a.bytes_per_sample();
@@ -152,18 +150,9 @@ impl BatchBuilder<MmapDataset> for ResizeColumns {
             } else {
                 copy_rows(a, indices, buf.as_bytes_mut(), ctx)?;
             }
-            columns.push(buf);
-            dtypes.push(a.dtype());
-            let mut shape = vec![n];
-            shape.extend_from_slice(a.sample_shape());
-            shapes.push(shape);
+            batch.push_column(buf, a);
         }
         ctx.clear_sample();
-        Ok(ColumnBatch {
-            indices: indices.to_vec(),
-            columns,
-            dtypes,
-            shapes,
-        })
+        Ok(batch)
     }
 }

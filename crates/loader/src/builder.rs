@@ -2,6 +2,7 @@
 //! per-sample transform plus collate ([`MapCollate`]), and the zero-copy-to-one-copy column
 //! stacker for memory-mapped data sets ([`StackColumns`] → [`ColumnBatch`]).
 
+use crate::array::MappedArray;
 use crate::context::WorkerContext;
 use crate::dataset::{Dataset, MmapDataset};
 use crate::dtype::{DType, Element};
@@ -107,6 +108,26 @@ pub struct ColumnBatch {
 }
 
 impl ColumnBatch {
+    /// An empty batch of `indices` with room for `columns` columns.
+    pub(crate) fn start(indices: &[usize], columns: usize) -> Self {
+        ColumnBatch {
+            indices: indices.to_vec(),
+            columns: Vec::with_capacity(columns),
+            dtypes: Vec::with_capacity(columns),
+            shapes: Vec::with_capacity(columns),
+        }
+    }
+
+    /// Appends `buf`, this batch's samples of `array` (same dtype and sample shape).
+    pub(crate) fn push_column(&mut self, buf: BatchBuffer, array: &MappedArray) {
+        let mut shape = Vec::with_capacity(1 + array.sample_shape().len());
+        shape.push(self.indices.len());
+        shape.extend_from_slice(array.sample_shape());
+        self.columns.push(buf);
+        self.dtypes.push(array.dtype());
+        self.shapes.push(shape);
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.indices.len()
@@ -196,9 +217,7 @@ impl BatchBuilder<MmapDataset> for StackColumns {
         ctx: &mut WorkerContext,
     ) -> Result<ColumnBatch, BoxError> {
         let n = indices.len();
-        let mut columns = Vec::with_capacity(dataset.columns().len());
-        let mut dtypes = Vec::with_capacity(columns.capacity());
-        let mut shapes = Vec::with_capacity(columns.capacity());
+        let mut batch = ColumnBatch::start(indices, dataset.columns().len());
         for c in dataset.columns() {
             let a = &c.array;
             if let Some(&bad) = indices.iter().find(|&&i| i >= a.len()) {
@@ -210,18 +229,9 @@ impl BatchBuilder<MmapDataset> for StackColumns {
                 n * a.bytes_per_sample(),
                 runs.map(|(start, run)| a.samples(start..start + run).unwrap_or(&[])),
             );
-            columns.push(buf);
-            dtypes.push(a.dtype());
-            let mut shape = vec![n];
-            shape.extend_from_slice(a.sample_shape());
-            shapes.push(shape);
+            batch.push_column(buf, a);
         }
         ctx.clear_sample();
-        Ok(ColumnBatch {
-            indices: indices.to_vec(),
-            columns,
-            dtypes,
-            shapes,
-        })
+        Ok(batch)
     }
 }

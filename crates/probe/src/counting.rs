@@ -91,6 +91,27 @@ fn record_dealloc(tag: u8, size: usize) {
     TOTAL_LIVE.fetch_sub(size, Ordering::Relaxed);
 }
 
+/// Writes the calling thread's category tag into the header of a fresh block and counts it;
+/// returns the caller's pointer, or null if `base` is null.
+///
+/// # Safety
+/// `base` is null or a block just returned by `System` for `outer_layout(layout)`, whose
+/// offset is `offset`.
+unsafe fn tag_block(base: *mut u8, offset: usize, layout: Layout) -> *mut u8 {
+    if base.is_null() {
+        return base;
+    }
+    let tag = current_tag_byte();
+    // SAFETY: `offset < outer.size()`, so `base + offset` and the byte before it are inside
+    // the block `System` just returned (the caller's contract).
+    unsafe {
+        let user = base.add(offset);
+        user.sub(1).write(tag);
+        record_alloc(tag, layout.size());
+        user
+    }
+}
+
 // SAFETY: every method forwards to `System` with a layout that is valid and at least as large
 // as the caller's, and returns a pointer `offset` bytes into the block, where `offset` is a
 // multiple of the requested alignment and at least `HEADER`; so the returned pointer is aligned
@@ -103,39 +124,17 @@ unsafe impl GlobalAlloc for CountingAlloc {
         let Some((outer, offset)) = outer_layout(layout) else {
             return std::ptr::null_mut();
         };
-        // SAFETY: `outer` has a non-zero size (it includes the header).
-        let base = unsafe { System.alloc(outer) };
-        if base.is_null() {
-            return base;
-        }
-        let tag = current_tag_byte();
-        // SAFETY: `offset < outer.size()`, so `base + offset` and the byte before it are inside
-        // the block `System` just returned.
-        unsafe {
-            let user = base.add(offset);
-            user.sub(1).write(tag);
-            record_alloc(tag, layout.size());
-            user
-        }
+        // SAFETY: `outer` has a non-zero size (it includes the header); `base` is what
+        // `System` returned for `outer`, as `tag_block` requires.
+        unsafe { tag_block(System.alloc(outer), offset, layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let Some((outer, offset)) = outer_layout(layout) else {
             return std::ptr::null_mut();
         };
-        // SAFETY: `outer` has a non-zero size (it includes the header).
-        let base = unsafe { System.alloc_zeroed(outer) };
-        if base.is_null() {
-            return base;
-        }
-        let tag = current_tag_byte();
         // SAFETY: as in `alloc`; the tag byte is in the header, the user bytes stay zero.
-        unsafe {
-            let user = base.add(offset);
-            user.sub(1).write(tag);
-            record_alloc(tag, layout.size());
-            user
-        }
+        unsafe { tag_block(System.alloc_zeroed(outer), offset, layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
