@@ -6,7 +6,7 @@ use crate::array::MappedArray;
 use crate::context::WorkerContext;
 use crate::dataset::{Dataset, MmapDataset};
 use crate::dtype::{DType, Element};
-use crate::staging::BatchBuffer;
+use crate::staging::{BatchBuffer, prefetch_pages};
 
 /// The error type builders and transforms return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -201,6 +201,12 @@ pub(crate) fn copy_rows(
         let src = array
             .samples(start..start + run)
             .ok_or_else(|| format!("sample {start} out of range"))?;
+        if let Some(next) = indices
+            .get(row + run)
+            .and_then(|&i| array.samples(i..i + 1))
+        {
+            prefetch_pages(next);
+        }
         out[row * bps..(row + run) * bps].copy_from_slice(src);
         row += run;
     }

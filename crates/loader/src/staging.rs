@@ -19,6 +19,33 @@ use crate::memory::{MemoryCounters, Term};
 const PAGE: usize = 4096;
 const HEAP_ALIGN: usize = 64;
 
+/// How much of the next part [`BatchBuffer::concat`] (or the next row `copy_rows`) asks the
+/// CPU to start loading while it copies the current one: the pages of one typical sample row.
+const PREFETCH_AHEAD: usize = 64 * 1024;
+
+/// Hints the CPU to start loading one cache line of each page in the first
+/// [`PREFETCH_AHEAD`] bytes of `part`. With shuffled samples every row starts on pages whose
+/// translations and lines are cold; touching them one row ahead overlaps those misses with the
+/// current copy, which raises the copy bandwidth with shuffled rows. No effect on contents.
+#[inline]
+pub(crate) fn prefetch_pages(part: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let n = part.len().min(PREFETCH_AHEAD);
+        let mut off = 0;
+        while off < n {
+            // SAFETY: `_mm_prefetch` needs only SSE, part of every x86_64 target's baseline. A
+            // prefetch is a hint: it never faults and reads nothing architecturally, and
+            // `off < part.len()` keeps the address inside the live slice `part` anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(part.as_ptr().add(off).cast()) };
+            off += PAGE;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = part;
+}
+
 /// A block of raw memory with its layout.
 #[derive(Debug)]
 struct Block {
@@ -98,15 +125,21 @@ impl StagingPool {
         let rounded = size.max(1).div_ceil(PAGE) * PAGE;
         {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            // Best fit among idle blocks at least as large.
+            // Best fit among idle blocks at least as large; among equal fits the most recently
+            // returned one (`idle` is kept in return order), whose lines are most likely still
+            // in cache: a batch is written into it right away, and a block written a few
+            // batches ago has been evicted by the sample reads since. Taking the oldest instead
+            // rotates through every idle block, which lowers the copy bandwidth measurably.
             let best = idle
                 .iter()
                 .enumerate()
+                .rev()
                 .filter(|(_, b)| b.layout.size() >= rounded)
                 .min_by_key(|(_, b)| b.layout.size())
                 .map(|(i, _)| i);
             if let Some(i) = best {
-                let b = idle.swap_remove(i);
+                // `remove`, not `swap_remove`: keeps the return order (the list is short).
+                let b = idle.remove(i);
                 self.memory.sub(Term::StagingIdle, b.layout.size());
                 return Some(b);
             }
@@ -226,7 +259,11 @@ impl BatchBuffer {
         if let Some(b) = &buf.block {
             let dst = b.ptr.as_ptr();
             let mut off = 0;
-            for part in parts {
+            let mut parts = parts.into_iter().peekable();
+            while let Some(part) = parts.next() {
+                if let Some(next) = parts.peek() {
+                    prefetch_pages(next);
+                }
                 let n = part.len().min(len - off);
                 // SAFETY: `dst + off .. dst + off + n` lies within the block's `len` bytes
                 // (`off + n <= len`), the source is a live slice of `n` bytes, and a fresh
@@ -338,6 +375,47 @@ mod tests {
             0,
             "unpinned pools never try to pin"
         );
+    }
+
+    #[test]
+    fn prefetch_hint_leaves_data_alone() {
+        // Empty, sub-page, unaligned and longer-than-the-window slices: only hints, no change.
+        let data: Vec<u8> = (0..3 * PREFETCH_AHEAD).map(|i| (i % 251) as u8).collect();
+        for part in [&data[..0], &data[5..100], &data[1..], &data[..]] {
+            prefetch_pages(part);
+        }
+        assert!(data.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+        // Parts that each get the next one prefetched still land back to back.
+        let rows: Vec<&[u8]> = data.chunks(PAGE + 3).collect();
+        let b = BatchBuffer::concat(None, data.len(), rows.iter().copied());
+        assert_eq!(b.as_bytes(), &data[..]);
+    }
+
+    #[test]
+    fn idle_blocks_are_taken_most_recent_first() {
+        let mem = Arc::new(MemoryCounters::default());
+        let pool = Arc::new(StagingPool::new(false, 8, Arc::clone(&mem)));
+        let a = BatchBuffer::staged(&pool, 4096);
+        let b = BatchBuffer::staged(&pool, 4096);
+        let c = BatchBuffer::staged(&pool, 4096);
+        let (pa, pb, pc) = (
+            a.as_bytes().as_ptr(),
+            b.as_bytes().as_ptr(),
+            c.as_bytes().as_ptr(),
+        );
+        drop(a);
+        drop(c);
+        drop(b);
+        // Equal fits come back in reverse return order, so a hot block is reused first.
+        let x = BatchBuffer::staged(&pool, 4096);
+        assert_eq!(x.as_bytes().as_ptr(), pb);
+        let y = BatchBuffer::staged(&pool, 4096);
+        assert_eq!(y.as_bytes().as_ptr(), pc);
+        drop(y);
+        let z = BatchBuffer::staged(&pool, 4096);
+        assert_eq!(z.as_bytes().as_ptr(), pc);
+        let w = BatchBuffer::staged(&pool, 4096);
+        assert_eq!(w.as_bytes().as_ptr(), pa);
     }
 
     #[test]
