@@ -90,6 +90,39 @@ struct Node {
 }
 
 impl Node {
+    /// A free, unlabelled block of `size` bytes at `addr` on `stream`'s `pool` (slot `slot`),
+    /// linked between `prev` and `next` in its segment.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn free_block(
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolKind,
+        slot: u32,
+        gc_base: u64,
+        prev: u32,
+        next: u32,
+    ) -> Node {
+        Node {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            seq: 0,
+            gc_base,
+            prev,
+            next,
+            pool,
+            slot,
+            state: NodeState::Free,
+            raii: false,
+            event_count: 0,
+            has_uses: false,
+            label: None,
+        }
+    }
+
     #[inline]
     fn is_split(&self) -> bool {
         self.prev != NONE || self.next != NONE
@@ -455,23 +488,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(AllocError::Device(e)),
         };
-        let idx = self.new_node(Node {
-            addr,
-            size: alloc_size,
-            requested: 0,
-            stream,
-            seq: 0,
-            gc_base: 0,
-            prev: NONE,
-            next: NONE,
-            pool,
-            slot,
-            state: NodeState::Free,
-            raii: false,
-            event_count: 0,
-            has_uses: false,
-            label: None,
-        });
+        let idx = self.new_node(Node::free_block(
+            addr, alloc_size, stream, pool, slot, 0, NONE, NONE,
+        ));
         self.segments.insert(addr, alloc_size);
         self.reserved += alloc_size;
         self.stats.segment.increase(pool, 1);
@@ -516,23 +535,16 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         };
         if split {
             let p = pidx(pool);
-            let r = self.new_node(Node {
-                addr: addr + size,
-                size: remaining,
-                requested: 0,
+            let r = self.new_node(Node::free_block(
+                addr + size,
+                remaining,
                 stream,
-                seq: 0,
-                gc_base: self.pool_calls[p],
-                prev: idx,
-                next,
                 pool,
                 slot,
-                state: NodeState::Free,
-                raii: false,
-                event_count: 0,
-                has_uses: false,
-                label: None,
-            });
+                self.pool_calls[p],
+                idx,
+                next,
+            ));
             if next != NONE {
                 self.nodes[next as usize].prev = r;
             }
