@@ -12,6 +12,10 @@ mod bench;
 mod gen_data;
 mod scenario;
 
+/// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
+#[global_allocator]
+static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
+
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "trainmem's task runner")]
 struct Cli {

@@ -1,25 +1,14 @@
-//! What a scenario hands back, and how it is shown: a terminal timeline chart, verdicts with
-//! their figures, a markdown report and a JSON timeline.
+//! What a scenario hands back, and how it is shown: a terminal chart of the measured timeline
+//! with the twin overlaid, verdicts with their figures, the twin's error per category at the
+//! peak, a markdown report and a JSON document.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use trainmem_probe::Category;
+use trainmem_sim::timeline::{Domain, Sample, Source, Timeline};
 
-/// One sample of the timeline, taken at a phase boundary.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Sample {
-    /// Phase boundary name (`epoch_start`, `forward`, `backward`, `optimizer_step`,
-    /// `empty_cache`, ...).
-    pub phase: String,
-    /// What happened, for people (`epoch 1, batch 3`).
-    pub label: String,
-    /// Bytes in live blocks (`allocated_bytes.all.current`).
-    pub allocated: u64,
-    /// Bytes held from the device (`reserved_bytes.all.current`).
-    pub reserved: u64,
-    /// Free bytes inside segments that also hold live blocks (`inactive_split_bytes.all.current`).
-    pub inactive_split: u64,
-}
+use super::ctx::{Backend, Mode};
 
 /// A number behind a verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,6 +24,15 @@ pub struct Figure {
 impl Figure {
     /// A byte count.
     pub fn bytes(name: impl Into<String>, value: u64) -> Self {
+        Self {
+            name: name.into(),
+            value: value as f64,
+            unit: "bytes",
+        }
+    }
+
+    /// A signed byte count (a difference).
+    pub fn delta(name: impl Into<String>, value: i64) -> Self {
         Self {
             name: name.into(),
             value: value as f64,
@@ -63,11 +61,28 @@ impl Figure {
     /// The value for people.
     pub fn display_value(&self) -> String {
         match self.unit {
-            "bytes" => mib(self.value as u64),
-            "ratio" => format!("{:.2}", self.value),
+            "bytes" => human(self.value),
+            "ratio" => format!("{:.3}", self.value),
             _ => format!("{}", self.value),
         }
     }
+}
+
+/// Bytes for people: B, KiB or MiB, signed.
+pub fn human(bytes: f64) -> String {
+    let a = bytes.abs();
+    if a >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", bytes / (1u64 << 20) as f64)
+    } else if a >= 1024.0 {
+        format!("{:.1} KiB", bytes / 1024.0)
+    } else {
+        format!("{bytes:.0} B")
+    }
+}
+
+/// Bytes as MiB with one decimal.
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 /// Is it a pattern the scenario must show, or a knob that must remove it?
@@ -80,14 +95,16 @@ pub enum VerdictKind {
     Knob,
 }
 
-/// The outcome of one check.
+/// The outcome of one check on one source.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
     /// Pattern or knob.
     pub kind: VerdictKind,
     /// Short name of what is checked.
     pub name: String,
-    /// Whether the run showed it.
+    /// Measured run or the twin.
+    pub source: Source,
+    /// Whether it showed.
     pub reproduced: bool,
     /// The condition checked, in words, with the numbers.
     pub detail: String,
@@ -95,89 +112,359 @@ pub struct Verdict {
     pub figures: Vec<Figure>,
 }
 
-/// Everything a scenario produces.
+/// The twin's error for one category at the peak.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TwinError {
+    /// The category.
+    pub category: Category,
+    /// Measured peak bytes.
+    pub measured: u64,
+    /// Simulated peak bytes.
+    pub simulated: u64,
+    /// (simulated − measured) / measured; `None` when nothing was measured.
+    pub error: Option<f64>,
+    /// The accuracy target for this category, if it has one.
+    pub tolerance: Option<f64>,
+}
+
+impl TwinError {
+    /// Whether the error is within the target (true when the category has no target).
+    pub fn within(&self) -> bool {
+        match (self.tolerance, self.error) {
+            (Some(tol), Some(e)) => e.abs() <= tol,
+            (Some(_), None) => self.simulated == 0,
+            (None, _) => true,
+        }
+    }
+}
+
+/// The accuracy target of the twin for a category: 2% for parameters, gradients and
+/// optimizer state, 10% for activations and loader buffers (`input`), none for the rest.
+pub fn tolerance(c: Category) -> Option<f64> {
+    match c {
+        Category::Parameter | Category::Gradient | Category::OptimizerState => Some(0.02),
+        Category::Activation | Category::Input => Some(0.10),
+        _ => None,
+    }
+}
+
+/// The twin's error per category: peak bytes over each whole timeline.
+pub fn twin_errors(measured: &Timeline, simulated: &Timeline, domain: Domain) -> Vec<TwinError> {
+    let m = measured.peak_per_category(domain);
+    let s = simulated.peak_per_category(domain);
+    Category::ALL
+        .into_iter()
+        .filter(|&c| m.get(c) > 0 || s.get(c) > 0)
+        .map(|c| {
+            let (mv, sv) = (m.get(c), s.get(c));
+            TwinError {
+                category: c,
+                measured: mv,
+                simulated: sv,
+                error: (mv > 0).then(|| (sv as f64 - mv as f64) / mv as f64),
+                tolerance: tolerance(c),
+            }
+        })
+        .collect()
+}
+
+/// One run in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// What this run is.
+    pub label: String,
+    /// The plan as run.
+    pub plan: trainmem_sim::Plan,
+    /// The memory that holds the tensors (host on a CPU backend).
+    pub domain: Domain,
+    /// The measured timeline.
+    pub measured: Option<Timeline>,
+    /// The twin's timeline.
+    pub simulated: Option<Timeline>,
+    /// Why no measured run was made, when the mode asked for one.
+    pub not_measured: Option<String>,
+    /// The twin's error per category (both sources present).
+    pub twin: Vec<TwinError>,
+}
+
+impl RunReport {
+    /// The timeline the chart is drawn from (measured when present).
+    pub fn primary(&self) -> Option<&Timeline> {
+        self.measured.as_ref().or(self.simulated.as_ref())
+    }
+}
+
+/// Everything a scenario produces.
+#[derive(Debug, Clone, Serialize)]
 pub struct ScenarioReport {
     /// Registry name.
     pub name: String,
-    /// One-line title.
+    /// One-line description of the pattern.
     pub title: String,
-    /// What was run (model, sizes, device).
-    pub setup: String,
-    /// The timeline, one sample per phase boundary.
-    pub timeline: Vec<Sample>,
-    /// The checks.
+    /// Which source articles document the pattern.
+    pub sources: String,
+    /// Which runs were made.
+    pub mode: Mode,
+    /// The backend of the measured runs.
+    pub backend: Backend,
+    /// The runs, the first being the pattern's own.
+    pub runs: Vec<RunReport>,
+    /// The checks, per source.
     pub verdicts: Vec<Verdict>,
-    /// Which bytes cause the pattern and which knob removes it (markdown paragraphs).
+    /// Which bytes cause the pattern and which knob removes it.
     pub explanation: Vec<String>,
+    /// Remarks about how it was run.
+    pub notes: Vec<String>,
+    /// Files written.
+    pub files: Vec<String>,
 }
 
 impl ScenarioReport {
     /// True when every pattern and knob check came out as expected.
     pub fn all_reproduced(&self) -> bool {
-        self.verdicts.iter().all(|v| v.reproduced)
+        !self.verdicts.is_empty() && self.verdicts.iter().all(|v| v.reproduced)
     }
-}
 
-/// Bytes as MiB with one decimal.
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    /// The twin errors outside their targets, as `(run, row)`.
+    pub fn twin_misses(&self) -> Vec<(&str, &TwinError)> {
+        self.runs
+            .iter()
+            .flat_map(|r| {
+                r.twin
+                    .iter()
+                    .filter(|e| !e.within())
+                    .map(move |e| (r.label.as_str(), e))
+            })
+            .collect()
+    }
 }
 
 /// Width of the bars in the chart.
-const BAR: usize = 40;
+const BAR: usize = 44;
 
-/// The timeline as a compact text chart: one row per sample, `█` allocated and `░` reserved
-/// but not allocated (the cache), scaled to the largest reserved figure.
-pub fn timeline_chart(samples: &[Sample]) -> String {
-    let scale = samples
+/// At most this many rows in a chart; phases inside a step are dropped first.
+const MAX_ROWS: usize = 48;
+
+/// One letter per category in the stacked bars.
+pub fn letter(c: Category) -> char {
+    match c {
+        Category::Parameter => 'P',
+        Category::Gradient => 'G',
+        Category::OptimizerState => 'O',
+        Category::Activation => 'A',
+        Category::Input => 'I',
+        Category::Temporary => 'T',
+        Category::Cache => 'c',
+        Category::Other => 'x',
+    }
+}
+
+fn row_label(s: &Sample) -> String {
+    let mut l = format!("e{} s{:<3} {}", s.epoch, s.step, s.phase.name());
+    if let Some(m) = s.micro_batch {
+        let _ = write!(l, " mb{m}");
+    }
+    l
+}
+
+fn same_point(a: &Sample, b: &Sample) -> bool {
+    a.phase == b.phase && a.step == b.step && a.epoch == b.epoch && a.micro_batch == b.micro_batch
+}
+
+/// Which rows of `t` the chart shows.
+fn chart_rows(t: &Timeline, domain: Domain) -> Vec<usize> {
+    use trainmem_sim::timeline::Phase;
+    let all: Vec<usize> = (0..t.samples.len()).collect();
+    if all.len() <= MAX_ROWS {
+        return all;
+    }
+    let minor = [Phase::BatchLoaded, Phase::ZeroGrad, Phase::Metrics];
+    let kept: Vec<usize> = all
+        .into_iter()
+        .filter(|&i| !minor.contains(&t.samples[i].phase))
+        .collect();
+    if kept.len() <= MAX_ROWS {
+        return kept;
+    }
+    let peak = kept
         .iter()
-        .map(|s| s.reserved.max(s.allocated))
+        .copied()
+        .max_by_key(|&i| t.categories(i, domain).total())
+        .unwrap_or(0);
+    let stride = kept.len().div_ceil(MAX_ROWS);
+    let mut rows: Vec<usize> = kept.iter().copied().step_by(stride).collect();
+    if !rows.contains(&peak) {
+        rows.push(peak);
+        rows.sort_unstable();
+    }
+    rows
+}
+
+/// The run's timeline as a text chart: one row per phase boundary, a bar stacked by category
+/// (`P` parameters, `G` gradients, `O` optimizer state, `A` activations, `I` input, `T`
+/// temporaries, `c` cache, `x` other), `|` where the twin puts the total at the same point, and
+/// the figures beside it.
+pub fn chart(run: &RunReport) -> String {
+    let Some(t) = run.primary() else {
+        return "(no timeline)\n".to_string();
+    };
+    let twin = if run.measured.is_some() {
+        run.simulated.as_ref()
+    } else {
+        None
+    };
+    let domain = run.domain;
+    let rows = chart_rows(t, domain);
+    let twin_at = |s: &Sample| -> Option<u64> {
+        twin.and_then(|tw| {
+            tw.samples
+                .iter()
+                .position(|x| same_point(x, s))
+                .map(|i| tw.categories(i, domain).total())
+        })
+    };
+    let scale = rows
+        .iter()
+        .map(|&i| {
+            let s = &t.samples[i];
+            t.categories(i, domain)
+                .total()
+                .max(twin_at(s).unwrap_or(0))
+        })
         .max()
         .unwrap_or(0)
         .max(1);
-    let label_width = samples
-        .iter()
-        .map(|s| s.label.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(5);
+    let cells = |bytes: u64| ((bytes as u128 * BAR as u128).div_ceil(scale as u128) as usize).min(BAR);
+    let show_rss = domain == Domain::Host && t.source == Source::Measured;
     let mut out = String::new();
+    let legend: Vec<String> = Category::ALL
+        .iter()
+        .map(|&c| format!("{}={}", letter(c), c.name()))
+        .collect();
     let _ = writeln!(
         out,
-        "{:label_width$}  {:BAR$}  {:>11} {:>11} {:>11}",
-        "phase", "█ allocated  ░ cached", "allocated", "reserved", "inact.split"
+        "{} memory, {} ({}){}; full scale {}",
+        domain.name(),
+        t.source,
+        legend.join(" "),
+        if twin.is_some() { ", | = twin" } else { "" },
+        mib(scale)
     );
-    for s in samples {
-        let cells = |bytes: u64| ((bytes as u128 * BAR as u128).div_ceil(scale as u128)) as usize;
-        let alloc_cells = cells(s.allocated).min(BAR);
-        let reserved_cells = cells(s.reserved).clamp(alloc_cells, BAR);
-        let bar: String = "█".repeat(alloc_cells)
-            + &"░".repeat(reserved_cells - alloc_cells)
-            + &" ".repeat(BAR - reserved_cells);
+    let _ = write!(out, "{:<22} {:BAR$} {:>10}", "point", "", t.source.to_string());
+    if twin.is_some() {
+        let _ = write!(out, " {:>10} {:>7}", "twin", "error");
+    }
+    if show_rss {
+        let _ = write!(out, " {:>10} {:>10}", "RssAnon", "RssFile");
+    }
+    out.push('\n');
+    for &i in &rows {
+        let s = &t.samples[i];
+        let cats = t.categories(i, domain);
+        let mut bar: Vec<char> = Vec::with_capacity(BAR);
+        let mut acc = 0u64;
+        for c in Category::ALL {
+            let before = cells(acc);
+            acc += cats.get(c);
+            let after = cells(acc);
+            bar.extend(std::iter::repeat_n(letter(c), after.saturating_sub(before)));
+        }
+        bar.resize(BAR, ' ');
+        let total = cats.total();
+        let tw = twin_at(s);
+        if let Some(v) = tw {
+            let pos = cells(v).saturating_sub(1).min(BAR - 1);
+            bar[pos] = '|';
+        }
+        let bar: String = bar.into_iter().collect();
+        let _ = write!(out, "{:<22} {bar} {:>10}", row_label(s), mib(total));
+        if twin.is_some() {
+            match tw {
+                Some(v) => {
+                    let err = if total > 0 {
+                        format!("{:+.1}%", (v as f64 - total as f64) / total as f64 * 100.0)
+                    } else {
+                        "-".into()
+                    };
+                    let _ = write!(out, " {:>10} {:>7}", mib(v), err);
+                }
+                None => {
+                    let _ = write!(out, " {:>10} {:>7}", "-", "");
+                }
+            }
+        }
+        if show_rss {
+            let _ = write!(
+                out,
+                " {:>10} {:>10}",
+                mib(s.host.anon_rss),
+                mib(s.host.file_rss)
+            );
+        }
+        out.push('\n');
+    }
+    if rows.len() < t.samples.len() {
         let _ = writeln!(
             out,
-            "{:label_width$}  {bar}  {:>11} {:>11} {:>11}",
-            s.label,
-            mib(s.allocated),
-            mib(s.reserved),
-            mib(s.inactive_split)
+            "({} of {} points shown; every point is in timeline.json)",
+            rows.len(),
+            t.samples.len()
         );
     }
     out
+}
+
+/// The twin's error table for one run (empty when the run lacks either source).
+pub fn twin_table(run: &RunReport) -> String {
+    if run.twin.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:>14} {:>14} {:>9} {:>8}",
+        "category", "measured peak", "twin peak", "error", "target"
+    );
+    for e in &run.twin {
+        let err = e
+            .error
+            .map(|x| format!("{:+.2}%", x * 100.0))
+            .unwrap_or_else(|| "-".into());
+        let target = match e.tolerance {
+            Some(t) => format!(
+                "{}{:.0}%",
+                if e.within() { "ok ±" } else { "MISS ±" },
+                t * 100.0
+            ),
+            None => "".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:>14} {:>14} {:>9} {:>8}",
+            e.category.name(),
+            e.measured,
+            e.simulated,
+            err,
+            target
+        );
+    }
+    out
+}
+
+fn mark(v: &Verdict) -> &'static str {
+    match (v.kind, v.reproduced) {
+        (VerdictKind::Pattern, true) => "REPRODUCED    ",
+        (VerdictKind::Pattern, false) => "NOT REPRODUCED",
+        (VerdictKind::Knob, true) => "KNOB WORKS    ",
+        (VerdictKind::Knob, false) => "KNOB FAILED   ",
+    }
 }
 
 /// The verdicts as lines for the terminal.
 pub fn verdict_lines(verdicts: &[Verdict]) -> String {
     let mut out = String::new();
     for v in verdicts {
-        let mark = match (v.kind, v.reproduced) {
-            (VerdictKind::Pattern, true) => "REPRODUCED    ",
-            (VerdictKind::Pattern, false) => "NOT REPRODUCED",
-            (VerdictKind::Knob, true) => "KNOB WORKS    ",
-            (VerdictKind::Knob, false) => "KNOB FAILED   ",
-        };
-        let _ = writeln!(out, "[{mark}] {}", v.name);
+        let _ = writeln!(out, "[{}] {} ({})", mark(v), v.name, v.source);
         let _ = writeln!(out, "    {}", v.detail);
         let figures: Vec<String> = v
             .figures
@@ -195,13 +482,28 @@ pub fn verdict_lines(verdicts: &[Verdict]) -> String {
 pub fn render_text(report: &ScenarioReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "== scenario {}: {}", report.name, report.title);
-    let _ = writeln!(out, "{}\n", report.setup);
-    out.push_str(&timeline_chart(&report.timeline));
-    out.push('\n');
+    let _ = writeln!(
+        out,
+        "   (sources: {}; mode {:?}, backend {:?})\n",
+        report.sources, report.mode, report.backend
+    );
+    for run in &report.runs {
+        let _ = writeln!(out, "-- run: {}", run.label);
+        out.push_str(&chart(run));
+        let table = twin_table(run);
+        if !table.is_empty() {
+            let _ = writeln!(out, "\ntwin error per category at the peak:");
+            out.push_str(&table);
+        }
+        out.push('\n');
+    }
     out.push_str(&verdict_lines(&report.verdicts));
     out.push('\n');
     for paragraph in &report.explanation {
         let _ = writeln!(out, "{paragraph}\n");
+    }
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
     }
     out
 }
@@ -209,17 +511,16 @@ pub fn render_text(report: &ScenarioReport) -> String {
 /// The whole report as markdown.
 pub fn render_markdown(report: &ScenarioReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# Scenario `{}`: {}\n", report.name, report.title);
-    let _ = writeln!(out, "{}\n", report.setup);
+    let _ = writeln!(out, "# Scenario `{}`\n\n{}\n", report.name, report.title);
     let _ = writeln!(
         out,
-        "## Timeline\n\n```text\n{}```\n",
-        timeline_chart(&report.timeline)
+        "Sources: {}. Mode: {:?}. Backend: {:?}.\n",
+        report.sources, report.mode, report.backend
     );
     let _ = writeln!(out, "## Verdicts\n");
     let _ = writeln!(
         out,
-        "| check | kind | result | figures |\n|---|---|---|---|"
+        "| check | source | kind | result | figures |\n|---|---|---|---|---|"
     );
     for v in &report.verdicts {
         let result = match (v.kind, v.reproduced) {
@@ -239,18 +540,46 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "| {} | {kind} | {result} | {} |",
+            "| {} | {} | {kind} | {result} | {} |",
             v.name,
+            v.source,
             figures.join("<br>")
         );
     }
     out.push('\n');
     for v in &report.verdicts {
-        let _ = writeln!(out, "* **{}**: {}", v.name, v.detail);
+        let _ = writeln!(out, "* **{}** ({}): {}", v.name, v.source, v.detail);
     }
     let _ = writeln!(out, "\n## Why, and what removes it\n");
     for paragraph in &report.explanation {
         let _ = writeln!(out, "{paragraph}\n");
+    }
+    for run in &report.runs {
+        let _ = writeln!(out, "## Run: {}\n", run.label);
+        if let Some(why) = &run.not_measured {
+            let _ = writeln!(out, "Not measured: {why}\n");
+        }
+        let _ = writeln!(out, "```text\n{}```\n", chart(run));
+        let table = twin_table(run);
+        if !table.is_empty() {
+            let _ = writeln!(
+                out,
+                "Twin error per category at the peak:\n\n```text\n{table}```\n"
+            );
+        }
+    }
+    if !report.notes.is_empty() {
+        let _ = writeln!(out, "## Notes\n");
+        for note in &report.notes {
+            let _ = writeln!(out, "* {note}");
+        }
+        out.push('\n');
+    }
+    if !report.files.is_empty() {
+        let _ = writeln!(out, "## Files\n");
+        for f in &report.files {
+            let _ = writeln!(out, "* `{f}`");
+        }
     }
     out
 }
@@ -258,29 +587,89 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trainmem_sim::timeline::{Phase, TimelineMeta};
 
-    fn sample(label: &str, allocated: u64, reserved: u64) -> Sample {
-        Sample {
-            phase: "p".into(),
-            label: label.into(),
-            allocated,
-            reserved,
-            inactive_split: 0,
+    fn timeline(source: Source, values: &[(Phase, u64, u64)]) -> Timeline {
+        let mut t = Timeline::new(source, TimelineMeta::default());
+        for &(phase, step, act) in values {
+            let mut s = Sample {
+                phase,
+                step,
+                epoch: 0,
+                micro_batch: None,
+                time_us: 0.0,
+                host: Default::default(),
+                device: Default::default(),
+            };
+            s.host.categories.set(Category::Parameter, 1 << 20);
+            s.host.categories.set(Category::Activation, act);
+            t.push(s);
         }
+        t
     }
 
     #[test]
-    fn chart_scales_bars_to_the_largest_reserved() {
-        let chart = timeline_chart(&[sample("a", 10 << 20, 40 << 20), sample("b", 0, 0)]);
-        let lines: Vec<&str> = chart.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert_eq!(lines[1].matches('█').count(), 10);
-        assert_eq!(lines[1].matches('░').count(), 30);
-        assert!(lines[1].contains("40.0 MiB"));
-        assert_eq!(
-            lines[2].matches('█').count() + lines[2].matches('░').count(),
-            0
+    fn twin_errors_use_the_peak_of_each_category() {
+        let m = timeline(
+            Source::Measured,
+            &[(Phase::Forward, 0, 1000), (Phase::Backward, 0, 10)],
         );
+        let s = timeline(
+            Source::Simulated,
+            &[(Phase::Forward, 0, 1050), (Phase::Backward, 0, 0)],
+        );
+        let rows = twin_errors(&m, &s, Domain::Host);
+        assert_eq!(rows.len(), 2);
+        let act = rows
+            .iter()
+            .find(|r| r.category == Category::Activation)
+            .expect("activation row");
+        assert_eq!((act.measured, act.simulated), (1000, 1050));
+        assert!((act.error.unwrap_or(0.0) - 0.05).abs() < 1e-9);
+        assert!(act.within());
+        let param = rows
+            .iter()
+            .find(|r| r.category == Category::Parameter)
+            .expect("parameter row");
+        assert_eq!(param.error, Some(0.0));
+        let miss = TwinError {
+            category: Category::Gradient,
+            measured: 100,
+            simulated: 103,
+            error: Some(0.03),
+            tolerance: tolerance(Category::Gradient),
+        };
+        assert!(!miss.within());
+    }
+
+    #[test]
+    fn chart_overlays_the_twin_and_stacks_categories() {
+        let m = timeline(
+            Source::Measured,
+            &[(Phase::Forward, 0, 1 << 20), (Phase::Backward, 0, 0)],
+        );
+        let s = timeline(
+            Source::Simulated,
+            &[(Phase::Forward, 0, 1 << 20), (Phase::Backward, 0, 0)],
+        );
+        let run = RunReport {
+            label: "x".into(),
+            plan: trainmem_sim::Plan::from_toml_str("[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n")
+                .expect("plan"),
+            domain: Domain::Host,
+            twin: twin_errors(&m, &s, Domain::Host),
+            measured: Some(m),
+            simulated: Some(s),
+            not_measured: None,
+        };
+        let text = chart(&run);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[2].contains('P') && lines[2].contains('A'));
+        assert!(lines[2].contains('|'));
+        assert!(!lines[3].contains('A'));
+        assert!(lines[2].contains("+0.0%"));
+        assert!(twin_table(&run).contains("activation"));
     }
 
     #[test]
@@ -288,21 +677,26 @@ mod tests {
         let report = ScenarioReport {
             name: "x".into(),
             title: "t".into(),
-            setup: "s".into(),
-            timeline: vec![sample("a", 1, 2)],
+            sources: "000".into(),
+            mode: Mode::Simulated,
+            backend: Backend::Flex,
+            runs: vec![],
             verdicts: vec![Verdict {
                 kind: VerdictKind::Pattern,
                 name: "p".into(),
+                source: Source::Simulated,
                 reproduced: false,
                 detail: "d".into(),
                 figures: vec![Figure::bytes("f", 1 << 20)],
             }],
             explanation: vec!["e".into()],
+            notes: vec![],
+            files: vec![],
         };
         assert!(!report.all_reproduced());
         let md = render_markdown(&report);
         assert!(md.contains("**not reproduced**"));
-        assert!(md.contains("f = 1.0 MiB"));
+        assert!(md.contains("f = 1.00 MiB"));
         assert!(render_text(&report).contains("NOT REPRODUCED"));
     }
 }

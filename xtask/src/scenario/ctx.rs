@@ -1,0 +1,397 @@
+//! What a scenario works with: its plans, its runs (measured on burn, simulated by the twin, or
+//! both, as the command line asks) and the verdicts it reaches.
+//!
+//! A scenario body loads a plan ([`Ctx::plan`]), runs it ([`Ctx::run`] — measured and/or
+//! simulated with a progress bar), then states what it checks with [`Ctx::check`] (one run) or
+//! [`Ctx::compare`] (a knob: the base run against the run with the knob set). Each check is a
+//! closure over a [`Timeline`], so the same rule judges the measured run and the twin's
+//! prediction, and a verdict is recorded per source.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
+use trainmem_sim::plan::DeviceKind;
+use trainmem_sim::timeline::{Domain, Source, Timeline};
+use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
+
+use super::report::{Figure, Verdict, VerdictKind};
+
+/// Which runs a scenario makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Real burn training runs only.
+    Measured,
+    /// The simulated twin only (fast; what CI runs for every scenario).
+    Simulated,
+    /// Both, side by side, with the twin's error per category.
+    Both,
+}
+
+impl Mode {
+    /// Whether real runs are made.
+    pub fn measured(self) -> bool {
+        matches!(self, Mode::Measured | Mode::Both)
+    }
+
+    /// Whether the twin runs.
+    pub fn simulated(self) -> bool {
+        matches!(self, Mode::Simulated | Mode::Both)
+    }
+}
+
+/// Which burn backend measured runs train on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// burn's Flex CPU backend.
+    Flex,
+    /// CUDA device 0 (xtask built with `--features cuda`, and a GPU present).
+    Cuda,
+}
+
+impl Backend {
+    /// The trainmem-burn backend, or why it is not available in this build.
+    pub fn choice(self) -> anyhow::Result<BackendChoice> {
+        match self {
+            Backend::Flex => Ok(BackendChoice::Flex),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => Ok(BackendChoice::Cuda { index: 0 }),
+            #[cfg(not(feature = "cuda"))]
+            Backend::Cuda => bail!(
+                "--backend cuda needs xtask built with CUDA: \
+                 `cargo run -p xtask --features cuda -- scenario ...`"
+            ),
+        }
+    }
+}
+
+/// One plan, run measured and/or simulated.
+#[derive(Debug)]
+pub struct RunRecord {
+    /// What this run is (`respawned workers`, `with the fix`, ...).
+    pub label: String,
+    /// The plan as run.
+    pub plan: Plan,
+    /// The real run, when measured.
+    pub measured: Option<MeasuredRun>,
+    /// The twin's prediction, when simulated.
+    pub simulated: Option<SimResult>,
+    /// Why a measured run was not made although the mode asks for one.
+    pub not_measured: Option<String>,
+}
+
+impl RunRecord {
+    /// The timelines this run has: measured first, then simulated.
+    pub fn timelines(&self) -> Vec<&Timeline> {
+        let mut out = Vec::new();
+        if let Some(m) = &self.measured {
+            out.push(&m.timeline);
+        }
+        if let Some(s) = &self.simulated {
+            out.push(&s.timeline);
+        }
+        out
+    }
+
+    /// The timeline from `source`, if this run has it.
+    pub fn timeline(&self, source: Source) -> Option<&Timeline> {
+        match source {
+            Source::Measured => self.measured.as_ref().map(|m| &m.timeline),
+            Source::Simulated => self.simulated.as_ref().map(|s| &s.timeline),
+        }
+    }
+
+    /// The memory domain that holds this plan's tensors.
+    pub fn domain(&self) -> Domain {
+        domain_of(&self.plan, self.measured.as_ref())
+    }
+}
+
+/// The domain that holds a plan's tensors: the host on a CPU device (burn's Flex), the device
+/// otherwise (the twin's GPU, or a measured CUDA run).
+pub fn domain_of(plan: &Plan, measured: Option<&MeasuredRun>) -> Domain {
+    let measured_on_device = measured.is_some_and(|m| {
+        m.timeline
+            .samples
+            .iter()
+            .any(|s| s.device.reserved > 0 || s.device.allocated > 0)
+    });
+    if plan.device.kind == DeviceKind::Cpu && !measured_on_device {
+        Domain::Host
+    } else {
+        Domain::Device
+    }
+}
+
+/// A scenario's working state.
+pub struct Ctx {
+    /// Which runs to make.
+    pub mode: Mode,
+    /// The backend of measured runs.
+    pub backend: Backend,
+    /// Where fixture data and checkpoints go.
+    pub work_dir: PathBuf,
+    /// Whether to print progress (off for `--json` and in tests).
+    pub progress: bool,
+    runs: Vec<RunRecord>,
+    verdicts: Vec<Verdict>,
+    notes: Vec<String>,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("mode", &self.mode)
+            .field("backend", &self.backend)
+            .field("runs", &self.runs.len())
+            .field("verdicts", &self.verdicts.len())
+            .finish()
+    }
+}
+
+/// Directory holding the scenario plans.
+pub fn plans_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(|root| root.join("fixtures").join("scenarios"))
+        .unwrap_or_else(|| PathBuf::from("fixtures/scenarios"))
+}
+
+impl Ctx {
+    /// A context for one scenario.
+    pub fn new(mode: Mode, backend: Backend, work_dir: PathBuf, progress: bool) -> Ctx {
+        Ctx {
+            mode,
+            backend,
+            work_dir,
+            progress,
+            runs: Vec::new(),
+            verdicts: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Loads `fixtures/scenarios/NAME.toml`.
+    pub fn plan(&self, name: &str) -> anyhow::Result<Plan> {
+        let path = plans_dir().join(format!("{name}.toml"));
+        Plan::load(&path).with_context(|| format!("loading {}", path.display()))
+    }
+
+    /// Runs `plan` as the mode asks and records it; returns its index.
+    pub fn run(&mut self, label: &str, plan: &Plan) -> anyhow::Result<usize> {
+        self.run_with(label, plan, |_| {})
+    }
+
+    /// Like [`Ctx::run`], with extra options for the measured run.
+    pub fn run_with(
+        &mut self,
+        label: &str,
+        plan: &Plan,
+        configure: impl FnOnce(&mut RunOptions<'_>),
+    ) -> anyhow::Result<usize> {
+        let simulated = if self.mode.simulated() {
+            Some(self.simulate(label, plan)?)
+        } else {
+            None
+        };
+        let measured = if self.mode.measured() {
+            Some(self.measure(label, plan, configure)?)
+        } else {
+            None
+        };
+        self.runs.push(RunRecord {
+            label: label.to_string(),
+            plan: plan.clone(),
+            measured,
+            simulated,
+            not_measured: None,
+        });
+        Ok(self.runs.len() - 1)
+    }
+
+    /// Runs `plan` through the twin only, whatever the mode, and says why in the report
+    /// (`reason`: what a measured run cannot do here).
+    pub fn run_simulated_only(
+        &mut self,
+        label: &str,
+        plan: &Plan,
+        reason: &str,
+    ) -> anyhow::Result<usize> {
+        let simulated = Some(self.simulate(label, plan)?);
+        let not_measured = self.mode.measured().then(|| reason.to_string());
+        if let Some(reason) = &not_measured {
+            self.note(format!("`{label}` is simulated only: {reason}"));
+        }
+        self.runs.push(RunRecord {
+            label: label.to_string(),
+            plan: plan.clone(),
+            measured: None,
+            simulated,
+            not_measured,
+        });
+        Ok(self.runs.len() - 1)
+    }
+
+    fn bar(&self, label: &str, what: &str, total: u64) -> ProgressBar {
+        if !self.progress {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(total.max(1));
+        bar.set_style(
+            ProgressStyle::with_template("  {prefix:<34} [{bar:30}] {pos}/{len} steps {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{what}: {label}"));
+        bar
+    }
+
+    fn simulate(&self, label: &str, plan: &Plan) -> anyhow::Result<SimResult> {
+        let bar = self.bar(label, "twin", plan.total_steps());
+        let mut on_step = |done: u64, total: u64| {
+            bar.set_length(total.max(1));
+            bar.set_position(done);
+        };
+        let opts = SimOptions {
+            trace_entries: Some(20_000),
+            progress: Some(&mut on_step),
+            max_steps: None,
+        };
+        let result = simulate(plan, opts).with_context(|| format!("simulating `{label}`"));
+        bar.finish_and_clear();
+        result
+    }
+
+    fn measure(
+        &self,
+        label: &str,
+        plan: &Plan,
+        configure: impl FnOnce(&mut RunOptions<'_>),
+    ) -> anyhow::Result<MeasuredRun> {
+        let bar = self.bar(label, "burn", plan.total_steps());
+        let mut on_step = |p: trainmem_burn::Progress| {
+            bar.set_length(p.total_steps.max(1));
+            bar.set_position(p.step);
+        };
+        let mut opts = RunOptions {
+            backend: self.backend.choice()?,
+            work_dir: Some(self.work_dir.join("work")),
+            progress: Some(&mut on_step),
+            ..RunOptions::default()
+        };
+        configure(&mut opts);
+        let result = run_measured_detailed(plan, opts)
+            .with_context(|| format!("measured run `{label}`"));
+        bar.finish_and_clear();
+        let run = result?;
+        if !run.host_counted && self.backend == Backend::Flex {
+            bail!(
+                "measured run `{label}`: no counting allocator is installed, so host bytes per \
+                 category cannot be measured"
+            );
+        }
+        Ok(run)
+    }
+
+    /// A recorded run.
+    pub fn record(&self, run: usize) -> &RunRecord {
+        &self.runs[run]
+    }
+
+    /// Every recorded run.
+    pub fn runs(&self) -> &[RunRecord] {
+        &self.runs
+    }
+
+    /// Judges one run: `rule` is applied to each timeline the run has (measured and/or
+    /// simulated) and returns whether the pattern shows, a sentence with the numbers, and the
+    /// figures behind it.
+    pub fn check(
+        &mut self,
+        run: usize,
+        kind: VerdictKind,
+        name: &str,
+        rule: impl Fn(&Timeline) -> Judgement,
+    ) {
+        let judged: Vec<(Source, Judgement)> = self.runs[run]
+            .timelines()
+            .into_iter()
+            .map(|t| (t.source, rule(t)))
+            .collect();
+        for (source, j) in judged {
+            self.push_verdict(kind, name, source, j);
+        }
+    }
+
+    /// Judges a knob: `rule(base, with_knob)` is applied per source where both runs have a
+    /// timeline.
+    pub fn compare(
+        &mut self,
+        base: usize,
+        other: usize,
+        kind: VerdictKind,
+        name: &str,
+        rule: impl Fn(&Timeline, &Timeline) -> Judgement,
+    ) {
+        let mut judged = Vec::new();
+        for source in [Source::Measured, Source::Simulated] {
+            if let (Some(a), Some(b)) = (
+                self.runs[base].timeline(source),
+                self.runs[other].timeline(source),
+            ) {
+                judged.push((source, rule(a, b)));
+            }
+        }
+        for (source, j) in judged {
+            self.push_verdict(kind, name, source, j);
+        }
+    }
+
+    /// Records a verdict reached outside the timeline rules (from run extras such as the
+    /// loader's thread count, or an allocator replay).
+    pub fn push_verdict(&mut self, kind: VerdictKind, name: &str, source: Source, j: Judgement) {
+        self.verdicts.push(Verdict {
+            kind,
+            name: name.to_string(),
+            source,
+            reproduced: j.ok,
+            detail: j.detail,
+            figures: j.figures,
+        });
+    }
+
+    /// Adds a sentence to the report's notes.
+    pub fn note(&mut self, text: impl Into<String>) {
+        self.notes.push(text.into());
+    }
+
+    /// Consumes the context: runs, verdicts and notes.
+    pub fn finish(self) -> (Vec<RunRecord>, Vec<Verdict>, Vec<String>) {
+        (self.runs, self.verdicts, self.notes)
+    }
+}
+
+/// The outcome of applying a rule to a timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// Whether the pattern (or the knob's effect) shows.
+    pub ok: bool,
+    /// The condition, in words, with its numbers.
+    pub detail: String,
+    /// The numbers behind it.
+    pub figures: Vec<Figure>,
+}
+
+impl Judgement {
+    /// A judgement.
+    pub fn new(ok: bool, detail: impl Into<String>, figures: Vec<Figure>) -> Judgement {
+        Judgement {
+            ok,
+            detail: detail.into(),
+            figures,
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Turning a finished scenario into its report and its files: `report.md`, `timeline.json`,
+//! SVG charts, a Chrome trace and a memory_viz pickle.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::Value;
+use trainmem_probe::Category;
+use trainmem_sim::export::{chrome::chrome_trace, pickle::snapshot_pickle, svg::render_svg};
+use trainmem_sim::plan::DeviceKind;
+use trainmem_sim::timeline::Source;
+use trainmem_sim::{SimOptions, simulate};
+
+use super::Scenario;
+use super::ctx::{Ctx, RunRecord};
+use super::report::{self, RunReport, ScenarioReport, twin_errors};
+
+/// The report of a finished scenario.
+pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
+    let (mode, backend) = (ctx.mode, ctx.backend);
+    let (runs, verdicts, notes) = ctx.finish();
+    let mut explanation: Vec<String> = scenario
+        .explanation
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    if let Some(first) = runs.iter().find(|r| r.simulated.is_some())
+        && let Some(sim) = &first.simulated
+    {
+        let findings = trainmem_sim::explain(&first.plan, &sim.timeline, &sim.summary);
+        if !findings.is_empty() {
+            let lines: Vec<String> = findings.iter().map(|f| format!("* {}", f.text)).collect();
+            explanation.push(format!(
+                "The twin's reading of `{}`:\n{}",
+                first.label,
+                lines.join("\n")
+            ));
+        }
+    }
+    ScenarioReport {
+        name: scenario.name.to_string(),
+        title: scenario.description.to_string(),
+        sources: scenario.sources.to_string(),
+        mode,
+        backend,
+        runs: runs.iter().map(run_report).collect(),
+        verdicts,
+        explanation,
+        notes,
+        files: Vec::new(),
+    }
+}
+
+fn run_report(r: &RunRecord) -> RunReport {
+    let domain = r.domain();
+    let twin = match (&r.measured, &r.simulated) {
+        (Some(m), Some(s)) => twin_errors(&m.timeline, &s.timeline, domain),
+        _ => Vec::new(),
+    };
+    RunReport {
+        label: r.label.clone(),
+        plan: r.plan.clone(),
+        domain,
+        measured: r.measured.as_ref().map(|m| m.timeline.clone()),
+        simulated: r.simulated.as_ref().map(|s| s.timeline.clone()),
+        not_measured: r.not_measured.clone(),
+        twin,
+    }
+}
+
+/// A file-name-safe form of a run label.
+fn slug(label: &str) -> String {
+    let mut s: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while s.contains("--") {
+        s = s.replace("--", "-");
+    }
+    s.trim_matches('-').to_string()
+}
+
+/// Writes the report's files into `dir` and lists them in the report.
+pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let write = |name: &str, bytes: &[u8]| -> anyhow::Result<String> {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        Ok(name.to_string())
+    };
+    let mut files = Vec::new();
+
+    // SVG charts: the first run's primary timeline, then every timeline of every run.
+    if let Some(t) = report.runs.first().and_then(|r| r.primary()) {
+        files.push(write("timeline.svg", render_svg(t).as_bytes())?);
+    }
+    for (i, run) in report.runs.iter().enumerate() {
+        for t in [&run.measured, &run.simulated].into_iter().flatten() {
+            let name = format!("run{i}-{}-{}.svg", slug(&run.label), t.source);
+            files.push(write(&name, render_svg(t).as_bytes())?);
+        }
+    }
+
+    // One Chrome trace: every timeline as its own pair of processes.
+    let mut events: Vec<Value> = Vec::new();
+    let mut pid_base = 0u64;
+    for run in &report.runs {
+        for t in [&run.measured, &run.simulated].into_iter().flatten() {
+            let text = chrome_trace(t)?;
+            let value: Value = serde_json::from_str(&text)?;
+            if let Some(list) = value.get("traceEvents").and_then(Value::as_array) {
+                for ev in list {
+                    let mut ev = ev.clone();
+                    if let Some(pid) = ev.get("pid").and_then(Value::as_u64) {
+                        ev["pid"] = Value::from(pid_base + pid);
+                    }
+                    if ev.get("ph").and_then(Value::as_str) == Some("M")
+                        && let Some(name) = ev["args"]["name"].as_str()
+                    {
+                        ev["args"]["name"] = Value::from(format!("{}: {name}", run.label));
+                    }
+                    events.push(ev);
+                }
+            }
+            pid_base += 10;
+        }
+    }
+    let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
+    files.push(write("trace.json", serde_json::to_string(&trace)?.as_bytes())?);
+
+    // memory_viz pickle: the twin's caching-allocator snapshot of the first run's plan.
+    if let Some((pickle, note)) = memory_viz(report)? {
+        files.push(write("memory_viz.pickle", &pickle)?);
+        report.notes.push(note);
+    }
+
+    files.push("report.md".into());
+    files.push("timeline.json".into());
+    report.files = files;
+    write("report.md", report::render_markdown(report).as_bytes())?;
+    write(
+        "timeline.json",
+        serde_json::to_string_pretty(report)?.as_bytes(),
+    )?;
+    Ok(())
+}
+
+/// The memory_viz snapshot of the scenario's first plan, simulated on a caching allocator
+/// (a CPU plan is re-simulated as if on a GPU, since burn's CPU tensors have no allocator to
+/// snapshot).
+fn memory_viz(report: &ScenarioReport) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+    let Some(run) = report.runs.first() else {
+        return Ok(None);
+    };
+    let mut plan = run.plan.clone();
+    let on_gpu = plan.device.kind == DeviceKind::Cpu;
+    plan.device.kind = DeviceKind::Cuda;
+    let sim = simulate(
+        &plan,
+        SimOptions {
+            trace_entries: Some(20_000),
+            progress: None,
+            max_steps: None,
+        },
+    )?;
+    let Some(snapshot) = sim.snapshot else {
+        return Ok(None);
+    };
+    let note = if on_gpu {
+        "memory_viz.pickle: the twin's caching-allocator snapshot of this plan as if it ran on a \
+         GPU (burn's CPU tensors have no allocator to snapshot); open it at pytorch.org/memory_viz"
+    } else {
+        "memory_viz.pickle: the twin's caching-allocator snapshot of this plan; open it at \
+         pytorch.org/memory_viz"
+    };
+    Ok(Some((snapshot_pickle(&snapshot)?, note.to_string())))
+}
+
+/// The table printed after `scenario all`: verdicts and the twin's error per category for
+/// every run with both sources.
+pub fn summary_table(reports: &[ScenarioReport]) -> String {
+    let cats = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Input,
+    ];
+    let mut out = String::new();
+    let _ = writeln!(out, "\n== summary: verdicts, and the twin's error at the peak");
+    let _ = write!(out, "| scenario | run | verdicts |");
+    for c in cats {
+        let _ = write!(out, " {} |", c.name());
+    }
+    let _ = writeln!(out);
+    let _ = write!(out, "|---|---|---|");
+    for _ in cats {
+        let _ = write!(out, "---|");
+    }
+    let _ = writeln!(out);
+    for r in reports {
+        let passed = r.verdicts.iter().filter(|v| v.reproduced).count();
+        let verdicts = format!("{passed}/{}", r.verdicts.len());
+        for (i, run) in r.runs.iter().enumerate() {
+            let _ = write!(
+                out,
+                "| {} | {} | {} |",
+                if i == 0 { r.name.as_str() } else { "" },
+                run.label,
+                if i == 0 { verdicts.as_str() } else { "" }
+            );
+            for c in cats {
+                let cell = run
+                    .twin
+                    .iter()
+                    .find(|e| e.category == c)
+                    .map(|e| match e.error {
+                        Some(x) => format!(
+                            "{:+.1}%{}",
+                            x * 100.0,
+                            if e.within() { "" } else { " (miss)" }
+                        ),
+                        None => "-".into(),
+                    })
+                    .unwrap_or_else(|| {
+                        if run.measured.is_none() {
+                            if run.simulated.is_some() {
+                                "sim only".into()
+                            } else {
+                                "-".into()
+                            }
+                        } else {
+                            "0".into()
+                        }
+                    });
+                let _ = write!(out, " {cell} |");
+            }
+            let _ = writeln!(out);
+        }
+    }
+    let verdict_sources: Vec<Source> = reports
+        .iter()
+        .flat_map(|r| r.verdicts.iter().map(|v| v.source))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\n{} verdicts ({} on measured runs, {} on the twin); errors are (twin - measured) / \
+         measured of each category's peak; targets 2% (parameter, gradient, optimizer_state), \
+         10% (activation, input).",
+        verdict_sources.len(),
+        verdict_sources
+            .iter()
+            .filter(|s| **s == Source::Measured)
+            .count(),
+        verdict_sources
+            .iter()
+            .filter(|s| **s == Source::Simulated)
+            .count()
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_file_safe() {
+        assert_eq!(slug("Persistent workers (knob)"), "persistent-workers-knob");
+        assert_eq!(slug("a/b"), "a-b");
+    }
+}
