@@ -358,3 +358,204 @@ fn balanced_checkpointing_keeps_fewer_activations_after_forward() {
         "no checkpointing {plain}, balanced {balanced}"
     );
 }
+
+fn run_with(plan: &Plan, opts: RunOptions<'_>) -> MeasuredRun {
+    let run = run_measured_detailed(plan, opts).expect("measured run");
+    assert!(run.host_counted, "the counting allocator is installed");
+    run
+}
+
+/// Bytes of one batch's features: `batch × input floats × 4`.
+fn feature_batch_bytes(p: &Plan) -> u64 {
+    p.micro_batch_size() * 256 * 4
+}
+
+#[test]
+fn augmentation_scratch_peaks_in_the_first_batches_of_every_respawned_epoch() {
+    let _turn = serial();
+    let mut p = plan(4);
+    p.training.epochs = 2;
+    p.data.samples = 32 * 4;
+    p.data.augmentation_scratch = 2.0;
+    p.data.size_variation = 0.25;
+    p.loader.workers = 2;
+    p.loader.prefetch_factor = 2;
+    p.loader.persistent_workers = false;
+    let r = run(&p);
+    assert_eq!(
+        r.loader_threads_spawned,
+        Some(4),
+        "2 workers respawned per epoch"
+    );
+    assert_eq!(r.loader_memory.len(), r.samples.len());
+    let batch = feature_batch_bytes(&p);
+    // One worker's scratch for one batch is 2 × (1 ± 0.25) × the batch's features (rounded
+    // per sample); at most both workers hold one each.
+    let peak = r.loader_peak.expect("loader used").scratch as u64;
+    assert!(
+        peak >= batch * 3 / 2,
+        "scratch peak {peak} vs batch {batch}"
+    );
+    assert!(
+        peak <= 2 * (batch * 5 / 2 + 4 * 32 * 4),
+        "scratch peak {peak}"
+    );
+    // (That the scratch differs from batch to batch is checked deterministically by
+    // trainmem-loader's own tests.)
+    // Input bytes (peak since the previous sample) at each batch of each epoch: the first
+    // two batches (workers filling their queues through augmentation scratch) are above the
+    // last one (nothing left in flight) by at least one batch of scratch.
+    for epoch in 0..2 {
+        let per_batch: Vec<u64> = r
+            .samples
+            .iter()
+            .filter(|s| s.epoch == epoch && s.phase == Phase::BatchLoaded)
+            .map(|s| s.host_peak_bytes(Category::Input).expect("counted"))
+            .collect();
+        assert_eq!(per_batch.len(), 4);
+        let first = per_batch[0].max(per_batch[1]);
+        let last = per_batch[3];
+        assert!(
+            first >= last + batch,
+            "epoch {epoch}: input peaks per batch {per_batch:?}"
+        );
+    }
+}
+
+#[test]
+fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
+    let _turn = serial();
+    let mut p = plan(4);
+    p.data.samples = 256;
+    p.loader.workers = 2;
+    let mapped = run(&p);
+    p.data.storage = trainmem_sim::plan::DataStorage::Preload;
+    let pre = run(&p);
+    // 256 samples of 256 f32 features and one i64 label.
+    let data = 256 * (256 * 4 + 8);
+    assert_eq!(pre.preloaded_bytes, data);
+    assert_eq!(mapped.preloaded_bytes, 0);
+    let input_at_start =
+        |r: &MeasuredRun| r.samples[0].host_bytes(Category::Input).expect("counted");
+    assert!(input_at_start(&pre) >= data, "{}", input_at_start(&pre));
+    assert!(
+        input_at_start(&mapped) < data / 4,
+        "{}",
+        input_at_start(&mapped)
+    );
+    // It stays resident to the end.
+    let end = pre.samples.last().expect("end").host_bytes(Category::Input);
+    assert!(end.expect("counted") >= data);
+}
+
+#[test]
+fn pinned_staging_bytes_are_reported_pinned_or_failed() {
+    let _turn = serial();
+    let mut p = plan(4);
+    p.loader.workers = 2;
+    p.loader.prefetch_factor = 2;
+    p.loader.pin_memory = true;
+    let r = run(&p);
+    let peak = r.loader_peak.expect("loader used");
+    let batch = feature_batch_bytes(&p);
+    // Every batch in flight sits in a staging block (page-rounded).
+    assert!(peak.staging as u64 >= 2 * batch, "{peak:?}");
+    match r.staging_pinned {
+        Some(true) => {
+            assert_eq!(peak.pin_failures, 0);
+            assert_eq!(peak.staging_pinned, peak.staging, "{peak:?}");
+        }
+        Some(false) => assert!(peak.pin_failures > 0, "{peak:?}"),
+        None => panic!("pin_memory was asked for"),
+    }
+    assert_eq!(r.loader_memory.len(), r.samples.len());
+    p.loader.pin_memory = false;
+    let plain = run(&p);
+    assert_eq!(plain.staging_pinned, None);
+    assert_eq!(plain.loader_peak.expect("loader").staging, 0);
+}
+
+#[test]
+fn lazy_parameters_appear_at_the_first_forward() {
+    let _turn = serial();
+    let p = plan(2);
+    let eager = run(&p);
+    let lazy = run_with(
+        &p,
+        RunOptions {
+            lazy_parameters: true,
+            ..RunOptions::default()
+        },
+    );
+    let params = eager.parameter_bytes;
+    assert_eq!(lazy.parameter_bytes, params);
+    assert_eq!(eager.lazy_parameters_at_init, 0);
+    // 2 weights + 2 biases, not created yet.
+    assert_eq!(lazy.lazy_parameters_at_init, 4);
+    let param_at = |r: &MeasuredRun, phase: Phase| {
+        r.samples
+            .iter()
+            .find(|s| s.phase == phase)
+            .and_then(|s| s.host_bytes(Category::Parameter))
+            .expect("sample")
+    };
+    assert!(param_at(&eager, Phase::ModelInit) >= params);
+    assert!(param_at(&lazy, Phase::ModelInit) < params / 10);
+    // Created inside the first forward, so tagged as that phase's bytes.
+    let act = |r: &MeasuredRun| {
+        r.samples
+            .iter()
+            .find(|s| s.phase == Phase::Forward)
+            .and_then(|s| s.host_bytes(Category::Activation))
+            .expect("forward")
+    };
+    assert!(act(&lazy) >= act(&eager) + params * 9 / 10);
+}
+
+#[test]
+fn allocation_trace_records_the_runs_tensor_sizes() {
+    let _turn = serial();
+    let p = plan(2);
+    let r = run_with(
+        &p,
+        RunOptions {
+            trace_allocations: Some(4096),
+            ..RunOptions::default()
+        },
+    );
+    use trainmem_probe::TraceKind;
+    assert_eq!(r.allocation_trace_dropped, 0);
+    assert!(r.allocation_trace.iter().all(|e| e.size >= 4096));
+    let allocs: Vec<_> = r
+        .allocation_trace
+        .iter()
+        .filter(|e| e.kind == TraceKind::Alloc)
+        .collect();
+    // The 256 × 512 weight matrices (524,288 bytes) are among the traced sizes.
+    assert!(allocs.iter().any(|e| e.size == 256 * 512 * 4));
+    assert!(allocs.iter().any(|e| e.thread == r.training_thread));
+    // Every free of a block allocated during the trace comes after its allocation, with the
+    // same size.
+    let mut live = std::collections::HashMap::new();
+    for e in &r.allocation_trace {
+        match e.kind {
+            TraceKind::Alloc => {
+                live.insert(e.addr, e.size);
+            }
+            TraceKind::Free => {
+                if let Some(size) = live.remove(&e.addr) {
+                    assert_eq!(size, e.size);
+                }
+            }
+        }
+    }
+    // Every sample marks where it falls in the trace, in order, within the trace.
+    let marks: Vec<usize> = r.samples.iter().filter_map(|s| s.trace_events).collect();
+    assert_eq!(marks.len(), r.samples.len(), "every sample has a trace mark");
+    assert!(marks.windows(2).all(|w| w[0] <= w[1]), "{marks:?}");
+    assert!(marks.last().is_some_and(|&m| m <= r.allocation_trace.len()));
+    assert!(marks.first() < marks.last(), "the run's events fall between samples");
+    let untraced = run(&p);
+    assert!(untraced.allocation_trace.is_empty());
+    assert!(untraced.samples.iter().all(|s| s.trace_events.is_none()));
+}

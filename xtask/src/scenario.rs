@@ -41,8 +41,8 @@ mod pinned_staging;
 mod retained_leak;
 mod startup;
 
-pub use ctx::{Backend, Ctx, Judgement, Mode};
-pub use report::{Figure, ScenarioReport, VerdictKind};
+pub use ctx::{Backend, Ctx, Mode};
+pub use report::ScenarioReport;
 
 /// One registered scenario.
 #[derive(Debug, Clone, Copy)]
@@ -260,10 +260,9 @@ pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
         let dir = out_dir(args.out.as_deref(), scenario.name, several);
         let started = std::time::Instant::now();
         let mut report = execute(scenario, args.mode, args.backend, dir.clone(), !args.json)?;
-        report.notes.push(format!(
-            "ran in {:.1} s",
-            started.elapsed().as_secs_f64()
-        ));
+        report
+            .notes
+            .push(format!("ran in {:.1} s", started.elapsed().as_secs_f64()));
         output::write_outputs(&mut report, &dir)?;
         if !args.json {
             print!("{}", report::render_text(&report));

@@ -11,13 +11,16 @@
 //! * `Budget(bytes)`: the configuration that recomputes the fewest blocks while the
 //!   activation peak stays within `bytes`, found by running the graph over a counting memory:
 //!   the last `kept` blocks are not checkpointed, the others in segments of `k`.
+//!
+//! burn checkpoints differently: no segments, but per op (compute-bound outputs kept,
+//! memory-bound ones recomputed); see [`burn_balanced_tables`].
 
 use serde::{Deserialize, Serialize};
 use trainmem_probe::Category;
 
 use crate::dtype::Dtype;
 use crate::graph::{GradMode, Graph, NoHooks};
-use crate::op::SavedTable;
+use crate::op::{OpKind, Saved, SavedTable};
 use crate::program::{Program, ValueDtype};
 use crate::store::{CountingMemory, TensorStore};
 
@@ -245,4 +248,101 @@ pub fn resolve(
             }
         }
     }
+}
+
+/// Whether burn-autodiff marks the op producing an [`OpKind`]'s output *memory bound*
+/// (cheap to recompute) rather than *compute bound*.
+///
+/// From burn-autodiff 0.21 `ops/activation.rs`, `ops/module.rs` and `ops/tensor.rs`: every
+/// activation (`gelu`, `relu`, `sigmoid`, `tanh`; SiLU composes `mul` and `sigmoid`) and
+/// every element-wise arithmetic op (`float_add`, `float_mul`, `float_sub`,
+/// `float_mul_scalar`, `float_div_scalar`, `float_exp`, ...) is memory bound; `linear`,
+/// `float_matmul`, `conv2d`, the pools, `embedding` and the reductions (`float_mean_dim`,
+/// `float_sum_dim`) are compute bound. LayerNorm and softmax are compositions whose last op
+/// (`add` / `div`) is element-wise.
+pub fn burn_memory_bound(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Relu
+            | OpKind::Gelu
+            | OpKind::Silu
+            | OpKind::Tanh
+            | OpKind::Sigmoid
+            | OpKind::Add
+            | OpKind::Mul
+            | OpKind::Scale
+            | OpKind::LayerNorm
+            | OpKind::RmsNorm
+            | OpKind::Softmax
+    )
+}
+
+/// The per-op saved-tensor entries of burn-autodiff's `BalancedCheckpointing` strategy, from
+/// burn's no-checkpointing `table` (what [`Graph::set_op_tables`] takes).
+///
+/// What burn 0.21 does (burn-autodiff `checkpoint/strategy.rs`, `checkpoint/builder.rs`,
+/// `ops/base.rs`):
+///
+/// * A memory-bound op's output is never kept: a later op that checkpoints it records a
+///   `Recompute` action (its retro-forward), so the value is rebuilt from its parents in
+///   backward.
+/// * To make that possible a memory-bound op backs up *all its parents*
+///   (`checkpoint_parents`): a compute-bound parent's tensor is kept (a `Computed` action),
+///   a memory-bound parent is itself recomputed (and already backed up its own parents).
+///   New tensors the element-wise op would save (softmax's `exp`, LayerNorm's `centered`)
+///   are recomputed too; only compute-bound reductions inside a composition (per-row
+///   statistics) stay.
+/// * A memory-bound op with an untracked parent (the batch, a target, a detached max)
+///   cannot back it up and falls back to compute bound (`Err(UntrackedParent)` →
+///   `ComputingProperty::ComputeBound`): its output is kept like any compute-bound one.
+///   Softmax starts with `x − detach(max)`, so its shifted input is compute bound and kept
+///   (exp saves it) while the softmax input itself is not backed up; LayerNorm starts with
+///   `x − mean(x)` (tracked), so it backs up `x` and the row means.
+/// * Compute-bound ops save what they save without checkpointing; a saved reference to a
+///   memory-bound value costs nothing (it is recomputed).
+///
+/// Dropout (`x · mask` with an untracked random mask, then `· 1/(1−p)`) keeps the mask and
+/// its (compute-bound) product; copies and views are treated as compute bound.
+pub fn burn_balanced_tables(program: &Program, table: &SavedTable) -> Vec<Vec<Saved>> {
+    let untracked_parent = |op: &crate::program::Op| {
+        op.input_ids()
+            .iter()
+            .any(|&v| program.inputs.contains(&v) && !program.values[v as usize].requires_grad)
+    };
+    // values whose tensor burn recomputes instead of keeping
+    let mut recomputed = vec![false; program.values.len()];
+    for op in &program.ops {
+        if burn_memory_bound(op.kind) && !untracked_parent(op) {
+            recomputed[op.output as usize] = true;
+        }
+    }
+    program
+        .ops
+        .iter()
+        .map(|op| {
+            let own: Vec<Saved> = if !burn_memory_bound(op.kind) || untracked_parent(op) {
+                match op.kind {
+                    OpKind::Dropout => vec![Saved::FloatMask, Saved::Output],
+                    k => table.get(k).to_vec(),
+                }
+            } else {
+                match op.kind {
+                    // shifted = x − detach(max) is compute bound: exp keeps it; the row sums
+                    OpKind::Softmax => vec![Saved::InputCopy(0), Saved::RowStats(1)],
+                    // backs up x and the row means; sqrt keeps the (compute-bound) variance
+                    OpKind::LayerNorm => vec![Saved::Input(0), Saved::RowStats(2)],
+                    OpKind::RmsNorm => vec![Saved::Input(0), Saved::RowStats(1)],
+                    // backup of every parent
+                    k => (0..k.arity() as u8).map(Saved::Input).collect(),
+                }
+            };
+            own.into_iter()
+                .filter(|s| match *s {
+                    Saved::Input(j) => !recomputed[op.inputs[j as usize] as usize],
+                    Saved::Output => !recomputed[op.output as usize],
+                    _ => true,
+                })
+                .collect()
+        })
+        .collect()
 }

@@ -147,6 +147,11 @@ pub struct Graph<'p> {
     pub param_grads: Vec<Option<TensorId>>,
     /// Bytes of each parameter's gradient (set by the caller: dtype, sharding).
     pub param_grad_bytes: Vec<u64>,
+    /// Whether [`Graph::forward`] takes over the caller's references to the program inputs
+    /// (the batch is moved into the model, as burn's `forward(batch)` does): an input is then
+    /// freed at its last use unless an op saved it. Otherwise (PyTorch, the default) the
+    /// caller keeps its references and the inputs live until it releases them.
+    pub owns_inputs: bool,
 }
 
 impl<'p> Graph<'p> {
@@ -175,9 +180,20 @@ impl<'p> Graph<'p> {
                 .iter()
                 .map(|p| p.elems * compute.size())
                 .collect(),
+            owns_inputs: false,
         };
         g.set_segments(crate::checkpoint::segments(program, &[]));
         g
+    }
+
+    /// Replaces what each op saves, one entry list per op of the program (e.g.
+    /// [`crate::checkpoint::burn_balanced_tables`]).
+    ///
+    /// # Panics
+    /// When `tables` does not hold one list per op.
+    pub fn set_op_tables(&mut self, tables: Vec<Vec<Saved>>) {
+        assert_eq!(tables.len(), self.program.ops.len(), "one table per op");
+        self.table = tables;
     }
 
     /// The program.
@@ -250,6 +266,7 @@ impl<'p> Graph<'p> {
                 let v = op.inputs[i as usize] as usize;
                 self.program.values[v].elems(batch, scale) * 4
             }
+            Saved::InputCopy(i) => self.value_bytes[op.inputs[i as usize] as usize],
             Saved::RowStats(n) => rows() * n as u64 * 4,
             Saved::ChannelStats(n) => op.channels * n as u64 * 4,
             Saved::Input(_) | Saved::Output => 0,
@@ -270,6 +287,46 @@ impl<'p> Graph<'p> {
         hold: &[ValueId],
         hooks: &mut dyn LayerHooks<M>,
     ) -> Result<Tape, M::Error> {
+        self.forward_until(store, inputs, batch, scale, mode, hold, hooks, false)
+    }
+
+    /// Runs a recording forward pass that stops before the loss op: the model's output is
+    /// computed (and held when listed in `hold`), the loss and what it would save are not.
+    /// This is the graph of an output kept without ever being backwarded (burn's analogue of
+    /// `retain_graph`: a forward of its own). The returned tape has no loss.
+    pub fn forward_without_loss<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        inputs: &[TensorId],
+        batch: u64,
+        scale: f64,
+        hold: &[ValueId],
+        hooks: &mut dyn LayerHooks<M>,
+    ) -> Result<Tape, M::Error> {
+        self.forward_until(
+            store,
+            inputs,
+            batch,
+            scale,
+            GradMode::Train,
+            hold,
+            hooks,
+            true,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)] // forward's knobs plus where to stop
+    fn forward_until<M: TensorMemory>(
+        &mut self,
+        store: &mut TensorStore<M>,
+        inputs: &[TensorId],
+        batch: u64,
+        scale: f64,
+        mode: GradMode,
+        hold: &[ValueId],
+        hooks: &mut dyn LayerHooks<M>,
+        skip_loss: bool,
+    ) -> Result<Tape, M::Error> {
         self.prepare(batch, scale);
         let p = self.program;
         let mut tape = Tape {
@@ -286,10 +343,15 @@ impl<'p> Graph<'p> {
         for (&v, &t) in p.inputs.iter().zip(inputs) {
             self.value_tensor[v as usize] = Some(t);
         }
-        let result = self.forward_inner(store, &mut tape, mode, hold, hooks);
-        // program inputs are the caller's references: forget them without releasing
+        let result = self.forward_inner(store, &mut tape, mode, hold, hooks, skip_loss);
+        // program inputs are the caller's references: forget them without releasing, unless
+        // the graph took them over (then a reference still here is released now)
         for &v in &p.inputs {
-            self.value_tensor[v as usize] = None;
+            if let Some(t) = self.value_tensor[v as usize].take()
+                && self.owns_inputs
+            {
+                store.release(t);
+            }
         }
         match result {
             Ok(()) => Ok(tape),
@@ -305,7 +367,7 @@ impl<'p> Graph<'p> {
         let inputs = &self.program.inputs;
         for (v, t) in self.value_tensor.iter_mut().enumerate() {
             if let Some(t) = t.take()
-                && !inputs.contains(&(v as ValueId))
+                && (self.owns_inputs || !inputs.contains(&(v as ValueId)))
             {
                 store.release(t);
             }
@@ -324,6 +386,7 @@ impl<'p> Graph<'p> {
         mode: GradMode,
         hold: &[ValueId],
         hooks: &mut dyn LayerHooks<M>,
+        skip_loss: bool,
     ) -> Result<(), M::Error> {
         let p = self.program;
         for si in 0..self.segments.len() {
@@ -341,6 +404,19 @@ impl<'p> Graph<'p> {
                 hooks.before_layer(store, layer, Pass::Forward)?;
                 let (s, e) = p.layers[layer as usize];
                 for i in s as usize..e as usize {
+                    if skip_loss && Some(p.ops[i].output) == p.loss {
+                        // the loss op's inputs were last used here: drop the forward's own
+                        // references (held ones stay with the tape)
+                        for &v in p.ops[i].input_ids() {
+                            if let Some(t) = self.value_tensor[v as usize].take() {
+                                if p.inputs.contains(&v) && !self.owns_inputs {
+                                    continue;
+                                }
+                                store.release(t);
+                            }
+                        }
+                        continue;
+                    }
                     self.run_op(store, tape, i, save, true)?;
                     let out = p.ops[i].output;
                     if hold.contains(&out)
@@ -410,7 +486,7 @@ impl<'p> Graph<'p> {
                     continue;
                 }
                 if self.last_use[v as usize] == i as u32
-                    && !p.inputs.contains(&v)
+                    && (self.owns_inputs || !p.inputs.contains(&v))
                     && let Some(t) = self.value_tensor[v as usize].take()
                 {
                     store.release(t);

@@ -8,14 +8,14 @@
 //! | `linear` | input | input | the weight is a parameter, already alive; the output is not saved |
 //! | `matmul` | both inputs | both inputs | attention `q·kᵀ` and `p·v` |
 //! | `conv2d` | input | input | |
-//! | `relu` | output | output | PyTorch `threshold_backward(grad, result)` |
+//! | `relu` | output | input | PyTorch `threshold_backward(grad, result)`; burn-autodiff checkpoints the relu's *input* node and builds the mask from it |
 //! | `gelu` | input | input | |
 //! | `silu` | input | input | |
 //! | `tanh`, `sigmoid` | output | output | |
-//! | `softmax` | output | output | |
+//! | `softmax` | output | two input-sized tensors (`shifted`, `exp`) + sum (per row) + output | burn composes softmax from `sub`, `exp`, `sum_dim`, `div` |
 //! | `log_softmax` | output | output | |
 //! | `dropout` | bool mask (1 B/elem) | input + float mask | burn multiplies by a random float tensor |
-//! | `layer_norm` | input + mean, rstd (f32 per row) | input + output | burn composes LayerNorm from element-wise ops; approximate |
+//! | `layer_norm` | input + mean, rstd (f32 per row) | two input-sized tensors (`centered`, `normalized`) + var, denom (per row) + output | burn composes LayerNorm from element-wise ops (see [`SavedTable::burn`]); the input itself is not saved |
 //! | `rms_norm` | input + rstd (f32 per row) | input + output | as above |
 //! | `batch_norm` | input + mean, invstd (f32 per channel) | input + output | |
 //! | `max_pool2d` | input + indices (i64 per output elem) | input + indices | |
@@ -29,7 +29,7 @@
 //! | `copy` | nothing | nothing | contiguous copies, transposes that copy |
 //! | `fused_attention` | q,k,v input + output + logsumexp (f32 per row) | same | flash-style kernels |
 //! | `cross_entropy` | log-probabilities (input-sized) + target | same | log_softmax + nll |
-//! | `mse_loss` | both inputs | both inputs | |
+//! | `mse_loss` | both inputs | the difference (input-sized, input dtype) | burn-nn's MSE is `(logits - targets).square().mean()`: `square` keeps the difference, the target is freed after the subtraction |
 //!
 //! Sources: PyTorch's `derivatives.yaml` (what each backward formula reads) and burn-autodiff's
 //! op implementations (`ops/tensor.rs`, `ops/activation.rs`, `ops/module.rs`); see
@@ -194,8 +194,11 @@ pub enum Saved {
     FloatMask,
     /// New i64 indices, one per output element.
     Indices,
-    /// A new tensor the size of input `i` (e.g. log-probabilities).
+    /// A new tensor the size of input `i` (e.g. log-probabilities), in f32.
     InputSized(u8),
+    /// A new tensor with the size and dtype of input `i` (burn's MSE keeps `logits −
+    /// targets` for its `square`).
+    InputCopy(u8),
     /// `n` new f32 values per normalisation row (mean, rstd, logsumexp).
     RowStats(u8),
     /// `n` new f32 values per channel (batch-norm statistics; not batch-scaled).
@@ -259,13 +262,42 @@ impl SavedTable {
         t
     }
 
-    /// burn-autodiff (no checkpointing). Differs from PyTorch for dropout (a float mask
+    /// burn-autodiff (no checkpointing). Differs from PyTorch for ReLU (burn keeps the
+    /// input: its backward `relu_backward(input, grad)` rebuilds the mask from the
+    /// checkpointed input node, so the pre-activation stays alive beside the output the next
+    /// layer saves), the MSE loss (burn-nn composes it as `sub`, `square`, `mean`: only the
+    /// difference is kept, and the target is freed during forward), dropout (a float mask
     /// multiply), normalisation (composed of element-wise ops) and average pooling.
+    ///
+    /// LayerNorm and softmax have no autodiff op of their own in burn 0.21: burn-autodiff
+    /// does not override `layer_norm` / `softmax`, so the backend traits' default
+    /// compositions run on tracked tensors (burn-backend `ops/modules/base.rs`
+    /// `layer_norm`, `ops/activation.rs` `softmax`), and every element-wise op checkpoints
+    /// what its backward reads (burn-autodiff `ops/tensor.rs`):
+    ///
+    /// * LayerNorm = `centered = x − mean(x)` (sub saves nothing), `var = mean(centered ·
+    ///   centered)` (mul saves `centered`), `denom = sqrt(var + ε)` (sqrt saves its input: one
+    ///   value per row), `normalized = centered / denom` (div saves both operands: `centered`
+    ///   again and `denom`, per row), `normalized · γ` (mul saves `normalized`), `+ β`. Two
+    ///   new input-sized tensors and two values per row are saved; `x` itself is not (the
+    ///   residual stream is freed at its last use unless something else saves it).
+    /// * softmax = `shifted = x − max(x)` (the max is detached), `e = exp(shifted)` (exp
+    ///   saves its *input*, `shifted`), `e / sum(e)` (div saves `e` and the row sums). Two new
+    ///   input-sized tensors and one value per row, besides the output the next op saves.
     pub fn burn() -> SavedTable {
         use Saved::*;
         let mut t = SavedTable::pytorch();
+        t.set(OpKind::Relu, vec![Input(0)]);
+        t.set(OpKind::MseLoss, vec![InputCopy(0)]);
         t.set(OpKind::Dropout, vec![Input(0), FloatMask]);
-        t.set(OpKind::LayerNorm, vec![Input(0), Output]);
+        t.set(
+            OpKind::LayerNorm,
+            vec![InputCopy(0), InputCopy(0), RowStats(2), Output],
+        );
+        t.set(
+            OpKind::Softmax,
+            vec![InputCopy(0), InputCopy(0), RowStats(1), Output],
+        );
         t.set(OpKind::RmsNorm, vec![Input(0), Output]);
         t.set(OpKind::BatchNorm, vec![Input(0), Output]);
         t.set(OpKind::AvgPool2d, vec![]);
@@ -327,12 +359,38 @@ mod tests {
         for t in [&p, &b] {
             for k in OpKind::ALL {
                 for s in t.get(k) {
-                    if let Saved::Input(i) | Saved::InputSized(i) = s {
+                    if let Saved::Input(i) | Saved::InputSized(i) | Saved::InputCopy(i) = s {
                         assert!((*i as usize) < k.arity(), "{k:?}");
                     }
                 }
             }
         }
         assert!(p.to_markdown().contains("| linear | Input(0) |"));
+    }
+
+    #[test]
+    fn burn_relu_keeps_its_input_and_mse_its_difference() {
+        let b = SavedTable::burn();
+        assert_eq!(b.get(OpKind::Relu), &[Saved::Input(0)]);
+        assert_eq!(b.get(OpKind::MseLoss), &[Saved::InputCopy(0)]);
+        let p = SavedTable::pytorch();
+        assert_eq!(p.get(OpKind::Relu), &[Saved::Output]);
+        assert_eq!(p.get(OpKind::MseLoss), &[Saved::Input(0), Saved::Input(1)]);
+    }
+
+    #[test]
+    fn burn_composed_layer_norm_and_softmax_save_two_input_sized_tensors() {
+        let b = SavedTable::burn();
+        for k in [OpKind::LayerNorm, OpKind::Softmax] {
+            let copies = b
+                .get(k)
+                .iter()
+                .filter(|s| **s == Saved::InputCopy(0))
+                .count();
+            assert_eq!(copies, 2, "{k:?}");
+            // the composed op never keeps its input tensor itself
+            assert!(!b.get(k).contains(&Saved::Input(0)), "{k:?}");
+        }
+        assert_eq!(SavedTable::pytorch().get(OpKind::Softmax), &[Saved::Output]);
     }
 }

@@ -1,12 +1,13 @@
 //! Prints the measurements behind the crate's `burn_facts` docs: one small MLP trained on
 //! burn 0.21 + Flex under several plans, with live host bytes per category at every phase.
 //!
-//! `cargo run -p trainmem-burn --example burn_facts [all|sgd|momentum|adam|leak|ckpt|half|balanced]`
+//! `cargo run -p trainmem-burn --example burn_facts [all|sgd|momentum|adam|leak|ckpt|half|balanced|epoch|storage|pin|lazy|trace]`
 
 use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
 use trainmem_probe::{Category, CountingAlloc};
 use trainmem_sim::plan::{
-    Activation, CheckpointPolicyKind, Dtype, Loss, MlpSpec, ModelSpec, OptimizerKind, Plan,
+    Activation, CheckpointPolicyKind, DataStorage, Dtype, Loss, MlpSpec, ModelSpec, OptimizerKind,
+    Plan,
 };
 use trainmem_sim::timeline::Phase;
 
@@ -64,6 +65,74 @@ fn show(name: &str, r: &MeasuredRun) {
     }
 }
 
+/// Input bytes (live, and peak since the previous sample), RSS and loader terms at every
+/// batch and epoch boundary.
+fn show_input(name: &str, r: &MeasuredRun) {
+    println!(
+        "== {name}: threads spawned {:?}, pinned {:?}, preloaded {}",
+        r.loader_threads_spawned, r.staging_pinned, r.preloaded_bytes
+    );
+    println!(
+        "{:<14}{:>3}{:>5}{:>12}{:>12}{:>11}{:>11}{:>11}{:>10}{:>10}",
+        "phase",
+        "ep",
+        "step",
+        "input",
+        "input_peak",
+        "rss_anon",
+        "rss_file",
+        "scratch",
+        "staging",
+        "pinned"
+    );
+    for (i, s) in r.samples.iter().enumerate() {
+        if !matches!(
+            s.phase,
+            Phase::Start
+                | Phase::ModelInit
+                | Phase::EpochStart
+                | Phase::BatchLoaded
+                | Phase::EpochEnd
+                | Phase::End
+        ) {
+            continue;
+        }
+        let l = r.loader_memory.get(i).copied().unwrap_or_default();
+        let rss = s.rss.as_ref();
+        println!(
+            "{:<14}{:>3}{:>5}{:>12}{:>12}{:>11}{:>11}{:>11}{:>10}{:>10}",
+            s.phase.name(),
+            s.epoch,
+            s.step,
+            s.host_bytes(Category::Input).unwrap_or(0),
+            s.host_peak_bytes(Category::Input).unwrap_or(0),
+            rss.map_or(0, |r| r.rss_anon),
+            rss.map_or(0, |r| r.rss_file),
+            l.scratch,
+            l.staging,
+            l.staging_pinned,
+        );
+    }
+    println!("loader peak: {:?}\n", r.loader_peak);
+}
+
+fn run_with(name: &str, p: &Plan, opts: RunOptions<'_>, input: bool) {
+    match run_measured_detailed(p, opts) {
+        Ok(r) if input => show_input(name, &r),
+        Ok(r) => show(name, &r),
+        Err(e) => println!("== {name}: {e}\n"),
+    }
+}
+
+fn scenario(file: &str) -> Plan {
+    let path = format!(
+        "{}/../../fixtures/scenarios/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).expect("scenario plan");
+    Plan::from_toml_str(&text).expect("plan")
+}
+
 fn run(name: &str, p: &Plan) {
     match run_measured_detailed(p, RunOptions::default()) {
         Ok(r) => show(name, &r),
@@ -106,6 +175,89 @@ fn main() {
         p.precision.compute = Dtype::F16;
         p.precision.master_weights = false;
         run("f16, adam", &p);
+    }
+    if want("epoch") {
+        let mut p = scenario("epoch-spike.toml");
+        p.data.size_variation = 0.25;
+        run_with(
+            "epoch spike, workers respawned",
+            &p,
+            RunOptions::default(),
+            true,
+        );
+        p.loader.persistent_workers = true;
+        run_with(
+            "epoch spike, persistent workers",
+            &p,
+            RunOptions::default(),
+            true,
+        );
+        p.data.augmentation_scratch = 0.0;
+        p.data.size_variation = 0.0;
+        run_with(
+            "no augmentation, persistent workers",
+            &p,
+            RunOptions::default(),
+            true,
+        );
+    }
+    if want("storage") {
+        let mut p = scenario("memmap-vs-preload.toml");
+        run_with("mmap", &p, RunOptions::default(), true);
+        p.data.storage = DataStorage::Preload;
+        run_with("preload", &p, RunOptions::default(), true);
+    }
+    if want("pin") {
+        let mut p = scenario("pinned-staging.toml");
+        run_with("pin_memory = true", &p, RunOptions::default(), true);
+        p.loader.pin_memory = false;
+        run_with("pin_memory = false", &p, RunOptions::default(), true);
+    }
+    if want("lazy") {
+        let p = scenario("startup.toml");
+        run("startup, eager parameters", &p);
+        let opts = RunOptions {
+            lazy_parameters: true,
+            ..RunOptions::default()
+        };
+        match run_measured_detailed(&p, opts) {
+            Ok(r) => {
+                println!(
+                    "lazy parameters pending at model_init: {}",
+                    r.lazy_parameters_at_init
+                );
+                show("startup, lazy parameters", &r);
+            }
+            Err(e) => println!("== lazy: {e}"),
+        }
+    }
+    if want("trace") {
+        let p = scenario("empty-cache.toml");
+        let opts = RunOptions {
+            trace_allocations: Some(4096),
+            ..RunOptions::default()
+        };
+        match run_measured_detailed(&p, opts) {
+            Ok(r) => {
+                let mine = r
+                    .allocation_trace
+                    .iter()
+                    .filter(|e| e.thread == r.training_thread)
+                    .count();
+                let allocs = r
+                    .allocation_trace
+                    .iter()
+                    .filter(|e| e.kind == trainmem_probe::TraceKind::Alloc)
+                    .count();
+                let largest = r.allocation_trace.iter().map(|e| e.size).max().unwrap_or(0);
+                println!(
+                    "== trace (>= 4 KiB): {} events ({allocs} allocations), {mine} on the training thread, {} dropped, largest {largest} bytes",
+                    r.allocation_trace.len(),
+                    r.allocation_trace_dropped
+                );
+            }
+            Err(e) => println!("== trace: {e}"),
+        }
     }
     if want("balanced") {
         let mut p = base(OptimizerKind::Sgd);

@@ -7,9 +7,11 @@
 //! a loader's worker threads tag themselves.
 //!
 //! * [`FixtureData`]: trainmem-loader's multi-worker prefetching [`Loader`] over a
-//!   memory-mapped `.npy` fixture data set (`features.npy`, `labels.npy`), generated on first
-//!   use into the run's work directory. This is what a measured run of a vector or image
-//!   model reads, with the plan's workers, prefetch factor and persistence.
+//!   memory-mapped (or, with `data.storage = "preload"`, read-into-memory) `.npy` fixture
+//!   data set (`features.npy`, `labels.npy`), generated on first use into the run's work
+//!   directory. This is what a measured run of a vector or image model reads, with the plan's
+//!   workers, prefetch factor, persistence, pinned staging and augmentation
+//!   ([`FixtureBuilder`]).
 //! * [`SyntheticSource`]: deterministic pseudo-random examples generated on the training
 //!   thread (no worker, no file), for token models (the fixture holds float features) and for
 //!   callers that do not study the loader.
@@ -18,16 +20,89 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
-use trainmem_loader::{ColumnBatch, DType, Loader, LoaderConfig, MmapDataset, StackColumns};
+use trainmem_loader::{
+    BatchBuilder, BoxError, ColumnBatch, DType, Loader, LoaderConfig, MmapDataset, ScratchResize,
+    StackColumns, WorkerContext,
+};
 use trainmem_sim::plan::{DataStorage, Plan};
 
 use crate::BurnRunError;
 use crate::model::ExampleShape;
 
-/// trainmem-loader over a memory-mapped fixture data set.
+/// How the fixture loader's workers build a batch: rows stacked as stored, or each sample
+/// augmented through [`ScratchResize`] (a plan's `data.augmentation_scratch` and
+/// `data.size_variation`) and then stacked, keeping the model's input shape.
+#[derive(Debug, Clone, Copy)]
+pub enum FixtureBuilder {
+    /// Rows copied as stored.
+    Stack(StackColumns),
+    /// Rows resized through variable-size worker scratch, then cropped back.
+    Augment(ScratchResize),
+}
+
+impl BatchBuilder<MmapDataset> for FixtureBuilder {
+    type Batch = ColumnBatch;
+
+    fn build(
+        &self,
+        dataset: &MmapDataset,
+        indices: &[usize],
+        ctx: &mut WorkerContext,
+    ) -> Result<ColumnBatch, BoxError> {
+        match self {
+            FixtureBuilder::Stack(b) => b.build(dataset, indices, ctx),
+            FixtureBuilder::Augment(b) => b.build(dataset, indices, ctx),
+        }
+    }
+}
+
+/// The augmentation a plan asks for on examples of `shape`, or `None` without
+/// `data.augmentation_scratch`. Images (`[c, h, w]` inputs) are resized in both axes, flat
+/// feature vectors along their length.
+pub fn augmentation(
+    plan: &Plan,
+    shape: &ExampleShape,
+) -> Result<Option<ScratchResize>, BurnRunError> {
+    let d = &plan.data;
+    if d.augmentation_scratch == 0.0 {
+        if d.size_variation != 0.0 {
+            return Err(BurnRunError::Unsupported(
+                "data.size_variation without data.augmentation_scratch: the batch handed to \
+                 the model keeps the model's input shape, so only augmentation scratch can vary \
+                 in size; give data.augmentation_scratch > 0"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let (channels, height, width) = match shape {
+        ExampleShape::Classification { input, .. } if input.len() == 3 => {
+            (input[0], input[1], input[2])
+        }
+        ExampleShape::Tokens { .. } => {
+            return Err(BurnRunError::Unsupported(
+                "data.augmentation_scratch with a token model: token batches come from the \
+                 synthetic source, which has no workers to augment in"
+                    .into(),
+            ));
+        }
+        other => (1, 1, other.input_len()),
+    };
+    Ok(Some(ScratchResize {
+        column: 0,
+        channels,
+        height,
+        width,
+        scratch_factor: d.augmentation_scratch,
+        size_variation: d.size_variation,
+    }))
+}
+
+/// trainmem-loader over the fixture data set, memory-mapped or preloaded.
 #[derive(Debug)]
 pub struct FixtureData {
-    loader: Loader<MmapDataset, StackColumns>,
+    loader: Loader<MmapDataset, FixtureBuilder>,
+    preloaded_bytes: u64,
     shape: ExampleShape,
     dir: PathBuf,
 }
@@ -66,18 +141,27 @@ pub fn fixture_spec(plan: &Plan, shape: &ExampleShape) -> Result<FixtureSpec, Bu
 impl FixtureData {
     /// Opens (generating on first use, under `work_dir`) the fixture for `plan` and builds a
     /// loader over it with the plan's loader knobs and `micro_batch` samples per batch.
+    ///
+    /// `data.storage = "mmap"` maps the files; `"preload"` reads them into anonymous memory
+    /// here, allocated by the calling thread (the run tags it `input`); `"stream"` is refused.
+    /// With `data.augmentation_scratch` the workers build batches through [`ScratchResize`].
     pub fn open(
         plan: &Plan,
         shape: &ExampleShape,
         micro_batch: usize,
         work_dir: &Path,
     ) -> Result<FixtureData, BurnRunError> {
-        if plan.data.storage != DataStorage::Mmap {
-            return Err(BurnRunError::Unsupported(format!(
-                "data.storage = {:?}: the measured run reads a memory-mapped data set",
-                plan.data.storage
-            )));
+        if plan.data.storage == DataStorage::Stream {
+            return Err(BurnRunError::Unsupported(
+                "data.storage = \"stream\": the measured run reads a memory-mapped (\"mmap\") \
+                 or preloaded (\"preload\") fixture; a streamed data set is not implemented"
+                    .into(),
+            ));
         }
+        let builder = match augmentation(plan, shape)? {
+            Some(a) => FixtureBuilder::Augment(a),
+            None => FixtureBuilder::Stack(StackColumns),
+        };
         let spec = fixture_spec(plan, shape)?;
         let dir = work_dir.join(format!(
             "fixture-n{}-d{}-c{}-s{}",
@@ -88,8 +172,14 @@ impl FixtureData {
         if !(features.exists() && labels.exists()) {
             write_fixture(&dir, &spec, |_, _| {}).map_err(|e| BurnRunError::Data(e.to_string()))?;
         }
-        let dataset = MmapDataset::open(&[&features, &labels])
+        let mut dataset = MmapDataset::open(&[&features, &labels])
             .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        if plan.data.storage == DataStorage::Preload {
+            dataset = dataset
+                .preload()
+                .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        }
+        let preloaded_bytes = dataset.preloaded_bytes() as u64;
         let usize_of = |v: u64, what: &str| {
             usize::try_from(v).map_err(|_| BurnRunError::Unsupported(format!("{what} too large")))
         };
@@ -107,22 +197,28 @@ impl FixtureData {
             seed: plan.seed,
             ..LoaderConfig::default()
         };
-        let loader = Loader::new(Arc::new(dataset), config, StackColumns)
+        let loader = Loader::new(Arc::new(dataset), config, builder)
             .map_err(|e| BurnRunError::Data(e.to_string()))?;
         Ok(FixtureData {
             loader,
+            preloaded_bytes,
             shape: shape.clone(),
             dir,
         })
     }
 
     /// The loader.
-    pub fn loader(&self) -> &Loader<MmapDataset, StackColumns> {
+    pub fn loader(&self) -> &Loader<MmapDataset, FixtureBuilder> {
         &self.loader
     }
 
+    /// Bytes of the data set read into memory (`data.storage = "preload"`; 0 when mapped).
+    pub fn preloaded_bytes(&self) -> u64 {
+        self.preloaded_bytes
+    }
+
     /// The loader, mutably (to start an epoch).
-    pub fn loader_mut(&mut self) -> &mut Loader<MmapDataset, StackColumns> {
+    pub fn loader_mut(&mut self) -> &mut Loader<MmapDataset, FixtureBuilder> {
         &mut self.loader
     }
 

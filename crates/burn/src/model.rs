@@ -745,6 +745,41 @@ pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
     module.visit(&mut Touch);
 }
 
+/// Like [`parameter_bytes`], without initialising lazy parameters: a parameter not yet
+/// created counts its declared shape at the backend's default float element size. Also
+/// returns how many parameters (float, int and bool) are still uninitialised.
+pub fn lazy_parameter_bytes<B: Backend, M: Module<B>>(module: &M) -> (u64, usize) {
+    use burn::tensor::Element;
+    struct Count {
+        bytes: u64,
+        pending: usize,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if param.is_initialized() {
+                let t = param.val();
+                self.bytes += (t.shape().num_elements() * t.dtype().size()) as u64;
+            } else {
+                self.pending += 1;
+                let elem = <B::FloatElem as Element>::dtype().size();
+                self.bytes += (param.lazy_shape().num_elements() * elem) as u64;
+            }
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            self.pending += usize::from(!param.is_initialized());
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, burn::tensor::Bool>>) {
+            self.pending += usize::from(!param.is_initialized());
+        }
+    }
+    let mut c = Count {
+        bytes: 0,
+        pending: 0,
+    };
+    module.visit(&mut c);
+    (c.bytes, c.pending)
+}
+
 /// Bytes held by the float tensors of `module` (element count × element size of each):
 /// trainable parameters and module state such as batch-norm running statistics.
 pub fn parameter_bytes<B: Backend, M: Module<B>>(module: &M) -> u64 {

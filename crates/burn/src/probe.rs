@@ -110,6 +110,9 @@ pub struct ProbeSample {
     pub rss: Option<ProcStatus>,
     /// Device figures; `None` on CPU backends.
     pub device: Option<DeviceMemory>,
+    /// With an allocation trace running ([`crate::RunOptions::trace_allocations`]): how many
+    /// trace events precede this sample, so the trace can be cut at phase boundaries.
+    pub trace_events: Option<usize>,
 }
 
 impl ProbeSample {
@@ -147,6 +150,8 @@ pub struct Probe<B: MemoryBackend> {
     start: Instant,
     counting: bool,
     samples: Vec<ProbeSample>,
+    loader: Option<trainmem_loader::MemoryWatch>,
+    loader_samples: Vec<trainmem_loader::LoaderMemory>,
 }
 
 impl<B: MemoryBackend> Probe<B> {
@@ -168,7 +173,26 @@ impl<B: MemoryBackend> Probe<B> {
             start: Instant::now(),
             counting,
             samples: Vec::with_capacity(samples),
+            loader: None,
+            loader_samples: Vec::new(),
         }
+    }
+
+    /// Reads trainmem-loader's own accounting at every later sample too
+    /// ([`Self::loader_samples`]); call it before the first sample so the two lists line up.
+    pub fn watch_loader(&mut self, watch: trainmem_loader::MemoryWatch) {
+        self.loader = Some(watch);
+        self.loader_samples.reserve(self.samples.capacity());
+    }
+
+    /// The loader readings, one per sample since [`Self::watch_loader`].
+    pub fn loader_samples(&self) -> &[trainmem_loader::LoaderMemory] {
+        &self.loader_samples
+    }
+
+    /// Consumes the probe, returning its samples and the loader readings.
+    pub fn into_parts(self) -> (Vec<ProbeSample>, Vec<trainmem_loader::LoaderMemory>) {
+        (self.samples, self.loader_samples)
     }
 
     /// Whether host categories are measured (a counting allocator is installed).
@@ -207,8 +231,12 @@ impl<B: MemoryBackend> Probe<B> {
             host_total_peak,
             rss: trainmem_probe::rss::read().ok(),
             device: B::device_memory(&self.device),
+            trace_events: trainmem_probe::trace_enabled().then(trainmem_probe::trace_position),
         };
         self.samples.push(sample);
+        if let Some(w) = &self.loader {
+            self.loader_samples.push(w.current());
+        }
         let last = self.samples.len() - 1;
         Ok(&self.samples[last])
     }

@@ -6,7 +6,7 @@
 //!
 //! | phase | tag |
 //! |---|---|
-//! | building the model (parameters materialised eagerly) | `parameter` |
+//! | building the model (parameters materialised eagerly unless `lazy_parameters`) | `parameter` |
 //! | pulling a batch and moving it to the device | `input` |
 //! | forward pass and loss | `activation` |
 //! | backward pass (gradients, and the graph's frees) | `gradient` |
@@ -23,8 +23,16 @@
 //!
 //! Plan knobs honoured: model, batch and micro-batch (accumulation through burn-optim's
 //! `GradientsAccumulator`), epochs, steps per epoch, max steps, the data set size and the
-//! loader (trainmem-loader over a memory-mapped fixture: workers, prefetch factor, persistent
-//! workers, drop_last), optimizer kind (`sgd`,
+//! loader (trainmem-loader over the fixture: workers, prefetch factor, persistent workers,
+//! drop_last, `pin_memory` — page-locked staging buffers whose bytes and pin status are in
+//! [`MeasuredRun::loader_memory`], [`MeasuredRun::loader_peak`] and
+//! [`MeasuredRun::staging_pinned`]), `data.storage` (`mmap`: the files are mapped and show as
+//! RssFile as the epoch touches them; `preload`: read into heap memory under `input` before
+//! the `start` sample, RssAnon), `data.augmentation_scratch` and `data.size_variation` (the
+//! workers resize every sample through scratch of about `augmentation_scratch × (1 ±
+//! size_variation)` × the sample's bytes, the factor drawn per batch, held until the batch is
+//! built, so a busy worker holds about `augmentation_scratch × batch bytes`; batches keep the
+//! model's input shape; see [`crate::data::augmentation`]), optimizer kind (`sgd`,
 //! `momentum`, `adam`, `adamw`, amsgrad), gradient checkpointing (burn's
 //! `BalancedCheckpointing` for any policy other than `none`), half precision (`f16`/`bf16`
 //! parameters and inputs, where the backend supports the dtype), checkpoint saving through
@@ -32,9 +40,17 @@
 //! (scalars vs tensors), output retention (the leak: outputs kept across steps, with their
 //! graph when `retain_graph`), `empty_cache` (`Backend::memory_cleanup`). Knobs burn cannot
 //! express (eager optimizer state, f32 master weights, gradients kept between steps,
-//! data/pipeline parallelism, pinned memory, augmentation, a preloaded or streamed data set,
+//! data/pipeline parallelism, a streamed data set, `size_variation` without
+//! `augmentation_scratch` (batches keep the model's shape), augmentation of token models,
 //! a raw `layers` model) are refused with [`BurnRunError::Unsupported`], never silently
 //! ignored.
+//!
+//! Run options beyond the plan: [`RunOptions::lazy_parameters`] leaves burn's lazy
+//! parameters to be created at the first forward (then tagged `activation`, the phase that
+//! allocates them), and [`RunOptions::trace_allocations`] records every host allocation and
+//! free above a size from the `start` to the `end` sample ([`MeasuredRun::allocation_trace`],
+//! trainmem-probe's allocation-free recorder) for replaying the real sizes through a
+//! caching-allocator model.
 //!
 //! Each run trains on a thread of its own (joined before the run returns) and runs one at a
 //! time per process, because the counting allocator's counters are process-wide.
@@ -53,7 +69,8 @@ use burn::prelude::{Backend, Tensor};
 use burn::record::{BinFileRecorder, BurnRecord, FullPrecisionSettings, Record, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
-use trainmem_probe::{Category, CategoryScope};
+use trainmem_loader::LoaderMemory;
+use trainmem_probe::{Category, CategoryScope, TraceEvent};
 use trainmem_sim::plan::{
     CheckpointPolicyKind, Dtype, EmptyCachePolicy, MetricRetention, OptimizerKind, Plan,
     StateAllocation,
@@ -63,7 +80,8 @@ use trainmem_sim::timeline::{Phase, Timeline};
 use crate::BurnRunError;
 use crate::data::{BatchSource, FixtureData, HostBatch, SyntheticSource, host_batch};
 use crate::model::{
-    Batch, BatchInput, BatchTarget, Net, example_shape, materialize, parameter_bytes,
+    Batch, BatchInput, BatchTarget, Net, example_shape, lazy_parameter_bytes, materialize,
+    parameter_bytes,
 };
 use crate::probe::{MemoryBackend, Probe, ProbeSample};
 use crate::timeline::to_timeline;
@@ -108,6 +126,18 @@ pub struct RunOptions<'a> {
     /// data set through trainmem-loader ([`FixtureData`], generated on first use in the work
     /// directory), and token models read a [`SyntheticSource`] seeded from the plan.
     pub source: Option<Box<dyn BatchSource + Send + 'a>>,
+    /// Leave burn's lazily initialised parameters alone at model construction (default
+    /// `false`: every parameter is materialised under `parameter` before the `model_init`
+    /// sample). When `true`, a parameter is created when first read, which is inside the
+    /// first forward pass, and its bytes are then tagged as that phase's (`activation`):
+    /// allocation-time tags are kept honest. With half precision the cast reads (and so
+    /// creates) every parameter at construction anyway.
+    pub lazy_parameters: bool,
+    /// Record every host allocation and free of at least this many bytes made through the
+    /// counting allocator from the `start` sample to the `end` sample
+    /// ([`MeasuredRun::allocation_trace`]); `None` (default) records nothing. Needs the
+    /// counting allocator installed (otherwise the trace is empty).
+    pub trace_allocations: Option<u64>,
 }
 
 impl Default for RunOptions<'_> {
@@ -118,6 +148,8 @@ impl Default for RunOptions<'_> {
             learning_rate: 1e-3,
             progress: None,
             source: None,
+            lazy_parameters: false,
+            trace_allocations: None,
         }
     }
 }
@@ -130,6 +162,8 @@ impl std::fmt::Debug for RunOptions<'_> {
             .field("learning_rate", &self.learning_rate)
             .field("progress", &self.progress.is_some())
             .field("source", &self.source.is_some())
+            .field("lazy_parameters", &self.lazy_parameters)
+            .field("trace_allocations", &self.trace_allocations)
             .finish()
     }
 }
@@ -149,6 +183,33 @@ pub struct MeasuredRun {
     pub checkpoints: Vec<PathBuf>,
     /// Loader worker threads started during the run (`None` when no loader was used).
     pub loader_threads_spawned: Option<u64>,
+    /// trainmem-loader's own accounting ([`LoaderMemory`]) read at every sample, index for
+    /// index with `samples`; empty when no loader was used. Its `staging` and
+    /// `staging_pinned` terms are the staging pool (with `loader.pin_memory`), `scratch` the
+    /// augmentation scratch of batches being built at that instant.
+    pub loader_memory: Vec<LoaderMemory>,
+    /// The largest value each loader term reached during the run (`None` without a loader).
+    pub loader_peak: Option<LoaderMemory>,
+    /// With `loader.pin_memory`: `Some(true)` when every staging buffer was page-locked,
+    /// `Some(false)` when at least one `mlock` failed (for example under a low
+    /// `RLIMIT_MEMLOCK`): the loader then used that buffer unpinned and counted it in
+    /// `pin_failures`. `None` without `pin_memory` or without a loader.
+    pub staging_pinned: Option<bool>,
+    /// Bytes of the data set read into memory at start (`data.storage = "preload"`; 0 when
+    /// memory-mapped). They are heap bytes under `input`.
+    pub preloaded_bytes: u64,
+    /// Parameters still uninitialised (lazy) at the `model_init` sample: 0 unless
+    /// [`RunOptions::lazy_parameters`] is set and burn deferred them.
+    pub lazy_parameters_at_init: usize,
+    /// With [`RunOptions::trace_allocations`]: every traced allocation and free, of every
+    /// thread (training thread and loader workers; filter on
+    /// [`TraceEvent::thread`] with [`Self::training_thread`]), in the order they happened.
+    pub allocation_trace: Vec<TraceEvent>,
+    /// Trace events lost because the trace buffer
+    /// ([`trainmem_probe::TRACE_CAPACITY`] events) was full.
+    pub allocation_trace_dropped: u64,
+    /// The training thread's [`trainmem_probe::trace_thread_id`].
+    pub training_thread: u64,
 }
 
 /// Where a run's batches come from.
@@ -160,7 +221,7 @@ enum Data<'a> {
 /// The batches of one epoch.
 enum Feed<'e, 'a> {
     Source(&'e mut (dyn BatchSource + 'a)),
-    Epoch(trainmem_loader::Epoch<'e, trainmem_loader::MmapDataset, trainmem_loader::StackColumns>),
+    Epoch(trainmem_loader::Epoch<'e, trainmem_loader::MmapDataset, crate::data::FixtureBuilder>),
 }
 
 impl Feed<'_, '_> {
@@ -286,15 +347,16 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
     if plan.parallel.world_size != 1 || plan.parallel.pipeline_stages != 1 {
         return no("data or pipeline parallelism: a measured run trains on one device");
     }
-    if plan.data.augmentation_scratch != 0.0 || plan.data.size_variation != 0.0 {
+    if plan.data.augmentation_scratch == 0.0 && plan.data.size_variation != 0.0 {
         return no(
-            "data.augmentation_scratch / data.size_variation: the measured run's loader stacks \
-             fixture rows without augmentation",
+            "data.size_variation without data.augmentation_scratch: the batch handed to the \
+             model keeps the model's input shape, so only augmentation scratch varies in size",
         );
     }
-    if plan.loader.pin_memory {
+    if plan.data.storage == trainmem_sim::plan::DataStorage::Stream {
         return no(
-            "loader.pin_memory: burn's CPU and CUDA backends take batches from pageable memory",
+            "data.storage = \"stream\": the measured run reads a memory-mapped or preloaded \
+             fixture",
         );
     }
     match plan.precision.compute {
@@ -435,6 +497,38 @@ fn save_checkpoint<B: AutodiffBackend + MemoryBackend>(
     Ok(())
 }
 
+/// The run's allocation trace: stopped when the run ends, or when it fails midway.
+struct TraceGuard {
+    on: bool,
+}
+
+impl TraceGuard {
+    fn start(min_bytes: Option<u64>) -> Result<TraceGuard, BurnRunError> {
+        match min_bytes {
+            None => Ok(TraceGuard { on: false }),
+            Some(m) => {
+                trainmem_probe::start_trace(m)
+                    .map_err(|e| BurnRunError::Unsupported(e.to_string()))?;
+                Ok(TraceGuard { on: true })
+            }
+        }
+    }
+
+    fn stop(&mut self) -> trainmem_probe::TraceResult {
+        if std::mem::take(&mut self.on) {
+            trainmem_probe::stop_trace()
+        } else {
+            trainmem_probe::TraceResult::default()
+        }
+    }
+}
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
 /// Frees autodiff graph state that no live tensor can reach any more.
 ///
 /// burn-autodiff keeps every graph in a process-wide registry. When tracked outputs are
@@ -518,7 +612,11 @@ where
     let expected_samples =
         (total_steps * (accumulation * 4 + 4) + plan.training.epochs * 3 + 8).min(1 << 20) as usize;
     let mut probe = Probe::<B>::with_capacity(&device, expected_samples);
+    if let Data::Loader(f) = &data {
+        probe.watch_loader(f.loader().memory_watch());
+    }
     B::seed(&device, plan.seed);
+    let mut trace = TraceGuard::start(opts.trace_allocations)?;
     probe.sample(Phase::Start, 0, 0, None)?;
 
     let mut model = {
@@ -527,10 +625,13 @@ where
         if let Some(dt) = half {
             model = model.map(&mut CastParams(dt));
         }
-        materialize(&model);
+        if !opts.lazy_parameters {
+            materialize(&model);
+        }
         model
     };
-    let param_bytes = parameter_bytes(&model);
+    // Counted without touching lazy parameters (reading one would create it).
+    let (param_bytes, lazy_at_init) = lazy_parameter_bytes(&model);
     let mut optim = {
         let _tag = CategoryScope::enter(Category::OptimizerState);
         AnyOptimizer::<B>::new(plan)
@@ -685,6 +786,13 @@ where
     }
     let last_epoch = probe.samples().last().map_or(0, |s| s.epoch);
     probe.sample(Phase::End, step.saturating_sub(1), last_epoch, None)?;
+    let traced = trace.stop();
+    // Every parameter exists by now (the forward pass read them all).
+    let param_bytes = if lazy_at_init > 0 {
+        parameter_bytes(&model)
+    } else {
+        param_bytes
+    };
     // Everything the run kept is released only now, after the last sample; graphs orphaned
     // by the release are freed before returning, so the next run starts clean.
     drop((
@@ -697,13 +805,20 @@ where
     ));
     flush_orphaned_graphs::<B>(&device);
 
-    let loader_threads_spawned = match &data {
-        Data::Loader(f) => Some(f.loader().threads_spawned()),
-        Data::Source(_) => None,
+    let (loader_threads_spawned, loader_peak, preloaded_bytes) = match &data {
+        Data::Loader(f) => (
+            Some(f.loader().threads_spawned()),
+            Some(f.loader().memory_peak()),
+            f.preloaded_bytes(),
+        ),
+        Data::Source(_) => (None, None, 0),
     };
+    let staging_pinned = loader_peak
+        .filter(|_| plan.loader.pin_memory)
+        .map(|p| p.pin_failures == 0);
     drop(data);
     let host_counted = probe.counts_host();
-    let samples = probe.into_samples();
+    let (samples, loader_memory) = probe.into_parts();
     let timeline = to_timeline(plan, producer, param_bytes, &samples);
     Ok(MeasuredRun {
         timeline,
@@ -712,6 +827,14 @@ where
         host_counted,
         checkpoints,
         loader_threads_spawned,
+        loader_memory,
+        loader_peak,
+        staging_pinned,
+        preloaded_bytes,
+        lazy_parameters_at_init: lazy_at_init,
+        allocation_trace: traced.events,
+        allocation_trace_dropped: traced.dropped,
+        training_thread: trainmem_probe::trace_thread_id(),
     })
 }
 
@@ -747,8 +870,20 @@ mod tests {
         p.training.grads_to_none = false;
         assert!(check_supported(&p).is_err());
         let mut p = base();
+        p.data.size_variation = 0.2;
+        assert!(
+            matches!(check_supported(&p), Err(BurnRunError::Unsupported(m)) if m.contains("size_variation"))
+        );
         p.data.augmentation_scratch = 1.0;
-        assert!(check_supported(&p).is_err());
+        assert!(check_supported(&p).is_ok());
+        let mut p = base();
+        p.data.storage = trainmem_sim::plan::DataStorage::Stream;
+        assert!(
+            matches!(check_supported(&p), Err(BurnRunError::Unsupported(m)) if m.contains("stream"))
+        );
+        p.data.storage = trainmem_sim::plan::DataStorage::Preload;
+        p.loader.pin_memory = true;
+        assert!(check_supported(&p).is_ok());
         assert!(check_supported(&base()).is_ok());
     }
 

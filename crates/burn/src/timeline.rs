@@ -135,6 +135,7 @@ mod tests {
                 driver_free: Some(1),
                 driver_total: Some(2),
             }),
+            trace_events: None,
         };
         let t = to_sample(&s);
         assert_eq!(t.host.categories.get(Category::Parameter), 100);

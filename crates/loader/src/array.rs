@@ -68,12 +68,24 @@ pub fn sidecar_path(data: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// A validated, memory-mapped array whose first axis is the sample axis.
+/// Where an array's bytes live.
+#[derive(Debug)]
+enum Storage {
+    /// The file mapped read-only (`None` for an empty file): pages come from the page cache
+    /// as they are touched (RssFile).
+    Map(Option<Mmap>),
+    /// The data bytes read into anonymous heap memory (RssAnon), held as `u64`s so every
+    /// typed view up to 8-byte elements is aligned.
+    Owned(Vec<u64>),
+}
+
+/// A validated array whose first axis is the sample axis: memory-mapped, or read into memory
+/// with [`MappedArray::preload`].
 #[derive(Debug)]
 pub struct MappedArray {
     path: PathBuf,
     file: File,
-    map: Option<Mmap>,
+    map: Storage,
     format: FileFormat,
     dtype: DType,
     shape: Vec<usize>,
@@ -289,7 +301,7 @@ impl MappedArray {
         Ok(MappedArray {
             path: path.to_path_buf(),
             file,
-            map,
+            map: Storage::Map(map),
             format,
             dtype,
             shape,
@@ -340,9 +352,37 @@ impl MappedArray {
     /// All data bytes.
     pub fn data(&self) -> &[u8] {
         match &self.map {
-            Some(m) => &m[self.data_offset..self.data_offset + self.data_len],
-            None => &[],
+            Storage::Map(Some(m)) => &m[self.data_offset..self.data_offset + self.data_len],
+            Storage::Map(None) => &[],
+            Storage::Owned(words) => &bytemuck::cast_slice(words)[..self.data_len],
         }
+    }
+
+    /// Reads the data bytes into anonymous memory allocated by the calling thread (so a
+    /// counting allocator attributes them to its tag) and drops the mapping: every later read
+    /// comes from that copy. Costs the data size in RssAnon at once, instead of RssFile as
+    /// pages are touched.
+    pub fn preload(mut self) -> Result<MappedArray, DataError> {
+        use std::io::{Seek, SeekFrom};
+        if matches!(self.map, Storage::Owned(_)) {
+            return Ok(self);
+        }
+        let mut words = vec![0u64; self.data_len.div_ceil(8)];
+        {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+            let mut f = &self.file;
+            f.seek(SeekFrom::Start(self.data_offset as u64))
+                .map_err(|e| io(&self.path, e))?;
+            f.read_exact(&mut bytes[..self.data_len])
+                .map_err(|e| io(&self.path, e))?;
+        }
+        self.map = Storage::Owned(words);
+        Ok(self)
+    }
+
+    /// Whether the data was read into memory ([`Self::preload`]) rather than mapped.
+    pub fn is_preloaded(&self) -> bool {
+        matches!(self.map, Storage::Owned(_))
     }
 
     /// The bytes of sample `index`, or `None` past the end.
@@ -395,6 +435,10 @@ impl MappedArray {
     /// Re-checks that the file is still at least as long as when it was opened (see the module
     /// docs on files that change while mapped).
     pub fn check_unchanged(&self) -> Result<(), DataError> {
+        if self.is_preloaded() {
+            // Reads come from the in-memory copy; the file no longer matters.
+            return Ok(());
+        }
         let now = self.file.metadata().map_err(|e| io(&self.path, e))?.len();
         if now < self.file_len {
             return Err(DataError::file(
@@ -413,7 +457,7 @@ impl MappedArray {
     /// hint; failures are ignored.
     pub fn advise(&self, sequential: bool) {
         #[cfg(unix)]
-        if let Some(m) = &self.map {
+        if let Storage::Map(Some(m)) = &self.map {
             let advice = if sequential {
                 memmap2::Advice::Sequential
             } else {

@@ -101,6 +101,34 @@ impl MmapDataset {
         MmapDataset::new(columns)
     }
 
+    /// Reads every column into anonymous memory ([`MappedArray::preload`]); the data set
+    /// then serves samples from memory and no longer maps its files.
+    pub fn preload(self) -> Result<MmapDataset, DataError> {
+        let columns = self
+            .columns
+            .into_iter()
+            .map(|c| {
+                Ok(Column {
+                    name: c.name,
+                    array: c.array.preload()?,
+                })
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
+        Ok(MmapDataset {
+            columns,
+            len: self.len,
+        })
+    }
+
+    /// Bytes held in memory by preloaded columns (0 when every column is mapped).
+    pub fn preloaded_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .filter(|c| c.array.is_preloaded())
+            .map(|c| c.array.data().len())
+            .sum()
+    }
+
     /// The columns.
     pub fn columns(&self) -> &[Column] {
         &self.columns

@@ -34,7 +34,7 @@ mod staging;
 pub mod burn_adapter;
 
 pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
-pub use augment::{RandomResize, ResizeColumns};
+pub use augment::{RandomResize, ResizeColumns, ScratchResize};
 pub use builder::{BatchBuilder, BoxError, ByteSize, ColumnBatch, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard};
 pub use context::WorkerContext;
@@ -42,7 +42,7 @@ pub use dataset::{Column, Dataset, MmapDataset, SampleView};
 pub use dtype::{DType, DTypeError, Element};
 pub use error::{DataError, FileProblem};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
-pub use memory::LoaderMemory;
+pub use memory::{LoaderMemory, MemoryWatch};
 pub use rng::{Rng, mix};
 pub use sampler::{EpochPlan, epoch_order};
 pub use staging::BatchBuffer;

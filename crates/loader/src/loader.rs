@@ -21,6 +21,16 @@
 //! otherwise a fresh set is spawned at every epoch start and joined at its end, as PyTorch does
 //! by default, which is one cause of the epoch-start memory spike.
 //!
+//! Persistent workers also keep the pipeline full across the epoch boundary: once every task
+//! of epoch `e` has been handed out, each batch the caller takes frees a slot that goes to the
+//! next epoch's first batches (epoch `e + 1`, the one [`Loader::epoch`] starts next; its order
+//! is already determined by the seed). The bound on batches in flight holds across both epochs,
+//! so the next epoch starts with its first `P·W` batches built one at a time at the training
+//! pace, instead of all workers building `P·W` batches at once after the queue ran dry: no
+//! refill burst at the epoch start, and no stall. The price: after the last epoch the loader
+//! holds up to `P·W` batches of an epoch that is never run, until it is dropped (or
+//! [`Loader::epoch_at`] starts a different epoch, which discards them).
+//!
 //! # Failure and shutdown
 //!
 //! * A transform or collate that returns an error or panics becomes
@@ -52,7 +62,7 @@ use crate::config::{ConfigError, LoaderConfig, Order};
 use crate::context::WorkerContext;
 use crate::dataset::Dataset;
 use crate::error::DataError;
-use crate::memory::{LoaderMemory, MemoryCounters, Term};
+use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
 use crate::rng::mix;
 use crate::sampler::EpochPlan;
 use crate::staging::StagingPool;
@@ -343,8 +353,33 @@ pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
     shared: Arc<Shared<D, Bd>>,
     config: LoaderConfig,
     next_epoch: u64,
+    /// Batches of the next epoch already handed to persistent workers. Declared before `pool`
+    /// so that dropping the loader cancels them before the workers are joined.
+    ahead: Option<Ahead<Bd::Batch>>,
     pool: Option<WorkerPool<Bd::Batch>>,
     spawned: u64,
+}
+
+/// The next epoch's tasks handed out ahead of time (persistent workers only).
+struct Ahead<B: ByteSize> {
+    job: Arc<Job<B>>,
+    results: Receiver<Msg<B>>,
+    plan: Arc<EpochPlan>,
+    sent: usize,
+    sampler_bytes: usize,
+    memory: Arc<MemoryCounters>,
+    /// Cleared when an epoch takes the tasks over.
+    armed: bool,
+}
+
+impl<B: ByteSize> Drop for Ahead<B> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.job.cancel.store(true, Ordering::Relaxed);
+            while self.results.try_recv().is_ok() {}
+            self.memory.sub(Term::Sampler, self.sampler_bytes);
+        }
+    }
 }
 
 impl<D: Dataset, Bd: BatchBuilder<D>> std::fmt::Debug for Loader<D, Bd> {
@@ -404,6 +439,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             }),
             config,
             next_epoch: 0,
+            ahead: None,
             pool: None,
             spawned: 0,
         })
@@ -415,6 +451,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     pub fn with_worker_init(mut self, hook: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
         // Joining the persistent pool drops the workers' handles on `shared`; no epoch can be
         // alive (it would borrow `self`), so this loader is then the only holder.
+        self.ahead = None;
         self.pool = None;
         match Arc::get_mut(&mut self.shared) {
             Some(shared) => shared.init = Some(Box::new(hook)),
@@ -458,6 +495,11 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         self.shared.memory.reset_peaks();
     }
 
+    /// A handle that reads this loader's memory counters without borrowing the loader.
+    pub fn memory_watch(&self) -> MemoryWatch {
+        MemoryWatch(Arc::clone(&self.shared.memory))
+    }
+
     fn spawn_pool(&mut self) -> Result<WorkerPool<Bd::Batch>, LoaderError> {
         let n = self.config.workers;
         let generation = self.spawned / n.max(1) as u64;
@@ -498,13 +540,20 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             .dataset
             .advise(matches!(self.config.order, Order::Sequential));
         self.next_epoch = epoch + 1;
-        let plan = Arc::new(EpochPlan::new(
-            self.shared.dataset.len(),
-            &self.config,
-            epoch,
-        ));
+        let mut ahead = self.ahead.take().filter(|a| a.job.epoch == epoch);
+        let plan = match &ahead {
+            Some(a) => Arc::clone(&a.plan),
+            None => Arc::new(EpochPlan::new(
+                self.shared.dataset.len(),
+                &self.config,
+                epoch,
+            )),
+        };
         let sampler_bytes = plan.bytes();
-        self.shared.memory.add(Term::Sampler, sampler_bytes);
+        if ahead.is_none() {
+            self.shared.memory.add(Term::Sampler, sampler_bytes);
+        }
+        let mut sent = 0;
         let state = if self.config.workers == 0 {
             State::Inline(WorkerContext::new(
                 None,
@@ -515,37 +564,58 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         } else {
             let own = if self.config.persistent_workers {
                 if self.pool.as_ref().is_none_or(WorkerPool::all_exited) {
+                    if let Some(mut a) = ahead.take() {
+                        // Its tasks went to workers that are gone: start the epoch afresh
+                        // (the sampler bytes stay counted, now for this epoch).
+                        a.job.cancel.store(true, Ordering::Relaxed);
+                        a.armed = false;
+                    }
                     self.pool = Some(self.spawn_pool()?);
                 }
                 None
             } else {
                 Some(self.spawn_pool()?)
             };
-            let (tx, rx) = crossbeam_channel::unbounded();
-            State::Workers {
-                job: Arc::new(Job {
-                    epoch,
-                    plan: Arc::clone(&plan),
-                    results: tx,
-                    cancel: Arc::new(AtomicBool::new(false)),
-                }),
-                results: rx,
-                reorder: BTreeMap::new(),
-                own_pool: own,
+            match ahead.as_mut() {
+                Some(a) => {
+                    a.armed = false;
+                    sent = a.sent;
+                    State::Workers {
+                        job: Arc::clone(&a.job),
+                        results: a.results.clone(),
+                        reorder: BTreeMap::new(),
+                        own_pool: own,
+                    }
+                }
+                None => {
+                    let (tx, rx) = crossbeam_channel::unbounded();
+                    State::Workers {
+                        job: Arc::new(Job {
+                            epoch,
+                            plan: Arc::clone(&plan),
+                            results: tx,
+                            cancel: Arc::new(AtomicBool::new(false)),
+                        }),
+                        results: rx,
+                        reorder: BTreeMap::new(),
+                        own_pool: own,
+                    }
+                }
             }
         };
+        drop(ahead);
         let mut it = Epoch {
             loader: self,
             plan,
             epoch,
             next: 0,
-            sent: 0,
+            sent,
             done: false,
             sampler_bytes,
             state,
         };
         let prime = it.loader.config.max_batches_in_flight().min(it.plan.len());
-        for _ in 0..prime {
+        while it.sent < prime {
             it.send_next();
         }
         Ok(it)
@@ -602,6 +672,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
 
     fn send_next(&mut self) {
         if self.sent >= self.plan.len() {
+            self.send_ahead();
             return;
         }
         if let State::Workers { job, own_pool, .. } = &self.state {
@@ -614,6 +685,54 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
             }
         }
         self.sent += 1;
+    }
+
+    /// Hands the next epoch's next task to the persistent workers (see "Worker lifetime").
+    fn send_ahead(&mut self) {
+        let loader = &mut *self.loader;
+        if !loader.config.persistent_workers
+            || loader.next_epoch != self.epoch + 1
+            || !matches!(self.state, State::Workers { .. })
+        {
+            return;
+        }
+        let Some(pool) = loader.pool.as_ref() else {
+            return;
+        };
+        if loader.ahead.is_none() {
+            let epoch = self.epoch + 1;
+            let plan = Arc::new(EpochPlan::new(
+                loader.shared.dataset.len(),
+                &loader.config,
+                epoch,
+            ));
+            let sampler_bytes = plan.bytes();
+            loader.shared.memory.add(Term::Sampler, sampler_bytes);
+            let (tx, rx) = crossbeam_channel::unbounded();
+            loader.ahead = Some(Ahead {
+                job: Arc::new(Job {
+                    epoch,
+                    plan: Arc::clone(&plan),
+                    results: tx,
+                    cancel: Arc::new(AtomicBool::new(false)),
+                }),
+                results: rx,
+                plan,
+                sent: 0,
+                sampler_bytes,
+                memory: Arc::clone(&loader.shared.memory),
+                armed: true,
+            });
+        }
+        if let Some(a) = loader.ahead.as_mut()
+            && a.sent < a.plan.len()
+        {
+            pool.send(Task {
+                batch: a.sent,
+                job: Arc::clone(&a.job),
+            });
+            a.sent += 1;
+        }
     }
 
     fn workers_exited(&self) -> bool {

@@ -86,6 +86,28 @@ impl Term {
     }
 }
 
+/// A cloneable handle on a loader's memory counters, readable from anywhere (another thread,
+/// or while an [`crate::Epoch`] borrows the loader).
+#[derive(Debug, Clone)]
+pub struct MemoryWatch(pub(crate) std::sync::Arc<MemoryCounters>);
+
+impl MemoryWatch {
+    /// The loader's bytes right now.
+    pub fn current(&self) -> LoaderMemory {
+        self.0.current()
+    }
+
+    /// The largest value each term reached since creation or the last peak reset.
+    pub fn peaks(&self) -> LoaderMemory {
+        self.0.peaks()
+    }
+
+    /// Lowers every peak to the current value.
+    pub fn reset_peaks(&self) {
+        self.0.reset_peaks();
+    }
+}
+
 /// Shared atomic counters behind [`LoaderMemory`].
 #[derive(Debug, Default)]
 pub(crate) struct MemoryCounters {

@@ -11,7 +11,7 @@ use common::TempDir;
 use trainmem_loader::fixtures::{FixtureSpec, feature_value, write_fixture};
 use trainmem_loader::{
     BoxError, ByteSize, ColumnBatch, Loader, LoaderConfig, LoaderError, MmapDataset, Order,
-    RandomResize, ResizeColumns, StackColumns, WorkerContext,
+    RandomResize, ResizeColumns, ScratchResize, StackColumns, WorkerContext,
 };
 
 fn identity(x: &u64, _: &mut WorkerContext) -> Result<u64, BoxError> {
@@ -459,4 +459,158 @@ fn augmentation_is_reproducible_whatever_the_worker_count() {
         .map(|k| feature_value(0, k / 128, k % 128))
         .collect();
     assert_ne!(a[0], plain, "some samples were resized");
+}
+
+#[test]
+fn scratch_resize_keeps_the_shape_and_its_scratch_follows_the_factor_per_batch() {
+    let dir = TempDir::new("scratch-resize");
+    let dim = 64;
+    let spec = FixtureSpec {
+        samples: 64,
+        dim,
+        classes: 3,
+        ..FixtureSpec::default()
+    };
+    let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
+    let ds = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels]).expect("open"));
+    let aug = ScratchResize {
+        column: 0,
+        channels: 1,
+        height: 1,
+        width: dim,
+        scratch_factor: 2.0,
+        size_variation: 0.5,
+    };
+    let batch = 8;
+    let sample_bytes = dim * 4;
+    let mut scratch_peaks = Vec::new();
+    let mut loader = Loader::new(Arc::clone(&ds), cfg(batch, 0), aug).expect("loader");
+    let watch = loader.memory_watch();
+    let mut epoch = loader.epoch().expect("epoch");
+    while let Some(b) = epoch.next() {
+        let b = b.expect("batch");
+        // The model's shape is kept: [batch, dim] f32 and the labels unchanged.
+        assert_eq!(b.shapes[0], vec![batch, dim]);
+        assert_eq!(b.column::<f32>(0).expect("f32").len(), batch * dim);
+        assert_eq!(b.column::<i64>(1).expect("labels").len(), batch);
+        let peak = epoch.memory();
+        assert_eq!(peak.scratch, 0, "scratch is freed at the end of each batch");
+        // Built in this thread by `next`: the peak since the last reset is this batch's.
+        scratch_peaks.push(watch.peaks().scratch);
+        watch.reset_peaks();
+    }
+    // Each batch's scratch is factor × (1 ± variation) × batch bytes (rounded per sample).
+    let batch_bytes = (batch * sample_bytes) as f64;
+    for &p in &scratch_peaks {
+        let ratio = p as f64 / batch_bytes;
+        assert!((1.0..=3.0 + 0.05).contains(&ratio), "{ratio}");
+    }
+    let distinct: std::collections::BTreeSet<usize> = scratch_peaks.iter().copied().collect();
+    assert!(
+        distinct.len() > 1,
+        "the scratch varies per batch: {scratch_peaks:?}"
+    );
+}
+
+#[test]
+fn a_preloaded_data_set_serves_the_same_batches_without_its_files() {
+    let dir = TempDir::new("preload");
+    let spec = FixtureSpec {
+        samples: 30,
+        dim: 7,
+        classes: 4,
+        ..FixtureSpec::default()
+    };
+    let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
+    let mapped = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels]).expect("open"));
+    let pre = MmapDataset::open(&[&paths.features, &paths.labels])
+        .expect("open")
+        .preload()
+        .expect("preload");
+    assert_eq!(pre.preloaded_bytes(), 30 * 7 * 4 + 30 * 8);
+    assert_eq!(mapped.preloaded_bytes(), 0);
+    // The files can go: reads come from memory, and the epoch-start check does not fail.
+    std::fs::remove_file(&paths.features).expect("rm");
+    std::fs::write(&paths.labels, b"").expect("truncate");
+    let pre = Arc::new(pre);
+    let batches = |ds: &Arc<MmapDataset>| -> Vec<(Vec<f32>, Vec<i64>)> {
+        let mut l = Loader::new(Arc::clone(ds), cfg(4, 2), StackColumns).expect("loader");
+        l.epoch()
+            .expect("epoch")
+            .map(|b| {
+                let b = b.expect("batch");
+                (
+                    b.column::<f32>(0).expect("f32").to_vec(),
+                    b.column::<i64>(1).expect("i64").to_vec(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(batches(&pre).len(), 8);
+    assert_eq!(
+        batches(&pre)[0].0[..7],
+        (0..7).map(|k| feature_value(0, 0, k)).collect::<Vec<_>>()[..]
+    );
+}
+
+#[test]
+fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
+    let data = numbers(40);
+    let config = LoaderConfig {
+        workers: 2,
+        prefetch_factor: 2,
+        persistent_workers: true,
+        order: Order::Shuffled { seed: 9 },
+        ..cfg(4, 2)
+    };
+    let in_flight = config.max_batches_in_flight();
+    let orders = |persistent: bool, epochs: &[u64]| -> Vec<Vec<Vec<u64>>> {
+        let c = LoaderConfig {
+            persistent_workers: persistent,
+            ..config.clone()
+        };
+        let mut loader =
+            Loader::with_transform(Arc::clone(&data), c, identity, collect).expect("loader");
+        epochs
+            .iter()
+            .map(|&e| {
+                let epoch = loader.epoch_at(e).expect("epoch");
+                epoch.map(|b| b.expect("batch")).collect()
+            })
+            .collect()
+    };
+    // Same batches, same order, whether or not the next epoch was started ahead of time, and
+    // also when the caller jumps to another epoch (the work done ahead is discarded).
+    for epochs in [&[0u64, 1, 2][..], &[0, 5, 6]] {
+        assert_eq!(orders(true, epochs), orders(false, epochs), "{epochs:?}");
+    }
+
+    let mut loader =
+        Loader::with_transform(Arc::clone(&data), config.clone(), identity, collect)
+            .expect("loader");
+    let mut epoch = loader.epoch().expect("epoch 0");
+    let batches = epoch.plan().len();
+    for _ in 0..batches {
+        epoch.next().expect("a batch").expect("ok");
+        let m = epoch.memory();
+        assert!(m.ready_batches <= in_flight, "{m:?}");
+    }
+    assert!(epoch.next().is_none());
+    // Wait for the workers to finish what they were handed: the next epoch's first batches.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while epoch.memory().ready_batches < in_flight && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        epoch.memory().ready_batches,
+        in_flight,
+        "the next epoch's first P·W batches are ready before it starts"
+    );
+    drop(epoch);
+    let epoch = loader.epoch().expect("epoch 1");
+    assert_eq!(epoch.number(), 1);
+    assert_eq!(epoch.count(), batches);
+    assert_eq!(loader.threads_spawned(), 2);
+    // After the last epoch run, the batches built ahead are released with the loader state.
+    drop(loader);
 }

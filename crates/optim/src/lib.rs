@@ -377,6 +377,62 @@ pub fn model_state_bytes(
     m
 }
 
+/// Host bytes of burn-optim 0.21's per-parameter bookkeeping on `Autodiff<Flex>`, for a
+/// model of `tensors` parameter tensors, allocated at the first optimizer step (besides
+/// any moment or velocity buffers) and kept for the optimizer's life.
+///
+/// burn-optim's `OptimizerAdaptor` keeps its per-parameter state in a
+/// `HashMap<ParamId, AdaptorRecord<O, B>>` (`optim/simple/adaptor.rs`): the step removes
+/// each parameter's record and inserts the new one, so after the first step the map holds
+/// one entry per parameter tensor, in a hashbrown table of `buckets × (entry + 1) + 16`
+/// bytes (entries, one control byte per bucket, one 16-byte control group), with the
+/// bucket count hashbrown grows to for that many insertions ([`hashbrown_buckets`]). Beside
+/// the table, each parameter tensor costs a fixed number of bytes allocated inside the step
+/// (the re-wrapped parameter's tensor handles and autodiff leaf).
+///
+/// The two sizes are properties of burn's Rust types on Flex and are *measured*, not
+/// derived (with trainmem-burn's `twin_check` on MLPs of 4, 6, 8, 12 and 16 parameter
+/// tensors; the table's bucket doublings separate them exactly):
+///
+/// | optimizer | map entry `(ParamId, AdaptorRecord)` | per parameter tensor |
+/// |---|---|---|
+/// | SGD | 192 B | 964 B |
+/// | momentum | 192 B | 1,040 B |
+/// | Adam | 552 B | 1,116 B |
+/// | AdamW | 552 B | 1,180 B |
+///
+/// E.g. plain SGD over 4 tensors: 8 buckets × 193 + 16 + 4 × 964 = 5,416 bytes.
+pub fn burn_step_bookkeeping_bytes(kind: OptimizerKind, tensors: u64) -> u64 {
+    if tensors == 0 {
+        return 0;
+    }
+    let (entry, per_tensor) = match kind {
+        OptimizerKind::Sgd => (192, 964),
+        OptimizerKind::Momentum => (192, 1_040),
+        OptimizerKind::Adam => (552, 1_116),
+        OptimizerKind::AdamW => (552, 1_180),
+    };
+    hashbrown_buckets(tensors) * (entry + 1) + 16 + tensors * per_tensor
+}
+
+/// Buckets of a hashbrown table (Rust's `HashMap`) after `items` insertions into an empty
+/// map: a power of two, at least 4, whose capacity (`buckets − 1` below 8 buckets, 7/8 of
+/// them from 8 on) holds `items`.
+pub fn hashbrown_buckets(items: u64) -> u64 {
+    let mut buckets = 4u64;
+    loop {
+        let capacity = if buckets < 8 {
+            buckets - 1
+        } else {
+            buckets / 8 * 7
+        };
+        if capacity >= items {
+            return buckets;
+        }
+        buckets *= 2;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +494,25 @@ mod tests {
             OptimizerConfig::new(OptimizerKind::Sgd).step_temporary_peak(&params),
             0
         );
+    }
+
+    #[test]
+    fn burn_bookkeeping_follows_the_hash_table_growth() {
+        // hashbrown: 3 items fit 4 buckets, 4–7 take 8, 8–14 take 16, 15–28 take 32
+        assert_eq!(hashbrown_buckets(3), 4);
+        assert_eq!(hashbrown_buckets(4), 8);
+        assert_eq!(hashbrown_buckets(8), 16);
+        assert_eq!(hashbrown_buckets(14), 16);
+        assert_eq!(hashbrown_buckets(15), 32);
+        assert_eq!(hashbrown_buckets(36), 64);
+        // the measured SGD figures (MLPs of 4 and 8 parameter tensors)
+        assert_eq!(burn_step_bookkeeping_bytes(OptimizerKind::Sgd, 4), 5_416);
+        assert_eq!(burn_step_bookkeeping_bytes(OptimizerKind::Sgd, 8), 10_816);
+        // 8 → 12 tensors stay in 16 buckets: only the per-tensor part grows
+        let grow = burn_step_bookkeeping_bytes(OptimizerKind::Adam, 12)
+            - burn_step_bookkeeping_bytes(OptimizerKind::Adam, 8);
+        assert_eq!(grow, 4 * 1_116);
+        assert_eq!(burn_step_bookkeeping_bytes(OptimizerKind::AdamW, 0), 0);
     }
 
     proptest! {

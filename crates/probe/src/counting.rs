@@ -108,6 +108,7 @@ unsafe fn tag_block(base: *mut u8, offset: usize, layout: Layout) -> *mut u8 {
         let user = base.add(offset);
         user.sub(1).write(tag);
         record_alloc(tag, layout.size());
+        crate::trace::record(user, layout.size(), false, tag);
         user
     }
 }
@@ -148,6 +149,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe {
             let tag = ptr.sub(1).read();
             record_dealloc(tag, layout.size());
+            crate::trace::record(ptr, layout.size(), true, tag);
             System.dealloc(ptr.sub(offset), outer);
         }
     }
@@ -176,8 +178,10 @@ unsafe impl GlobalAlloc for CountingAlloc {
             let user = base.add(offset);
             let old_tag = user.sub(1).read();
             record_dealloc(old_tag, layout.size());
+            crate::trace::record(ptr, layout.size(), true, old_tag);
             user.sub(1).write(tag);
             record_alloc(tag, new_size);
+            crate::trace::record(user, new_size, false, tag);
             user
         }
     }
@@ -309,6 +313,10 @@ mod tests {
     fn allocator_counts_when_called_directly() {
         // Not installed in this unit-test binary: call it directly, under a category no other
         // unit test uses.
+        // A trace test running beside this one would see these blocks.
+        let _turn = crate::trace::tests::TRACE_TEST
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let a = CountingAlloc::new();
         let _scope = crate::CategoryScope::enter(Category::Cache);
         let before = live_bytes(Category::Cache);

@@ -7,6 +7,9 @@
 //! * [`CountingAlloc`]: a `#[global_allocator]` wrapper over the system allocator that keeps
 //!   live and peak bytes per category ([`live_bytes`], [`peak_bytes`], [`snapshot`],
 //!   [`reset_peaks`]).
+//! * [`start_trace`] / [`stop_trace`]: an optional, bounded, allocation-free record of
+//!   allocations and frees above a size threshold (address, size, category, thread), for
+//!   replaying a real run's allocation sizes through a caching-allocator model.
 //! * [`rss`]: the resident-set breakdown the OS reports (`/proc/self/status`: VmRSS, RssAnon,
 //!   RssFile, RssShmem, VmHWM, VmPeak) and the VmHWM reset.
 //!
@@ -23,6 +26,7 @@ mod category;
 mod counting;
 pub mod rss;
 mod tag;
+mod trace;
 
 pub use category::Category;
 pub use counting::{
@@ -31,3 +35,8 @@ pub use counting::{
 };
 pub use rss::{ProcStatus, RssError};
 pub use tag::{CategoryScope, current_category, set_thread_category};
+pub use trace::{
+    trace_position,
+    TRACE_CAPACITY, TraceBusy, TraceEvent, TraceKind, TraceResult, start_trace, stop_trace,
+    trace_enabled, trace_thread_id,
+};

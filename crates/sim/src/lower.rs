@@ -1,7 +1,7 @@
 //! Lowering: a [`ModelSpec`] becomes an autograd [`Program`] (values per sample, ops, layers,
 //! parameters). Built once per plan; the simulator runs it every step.
 
-use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
+use trainmem_autograd::{Dtype, Framework, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
 
 use crate::model::*;
 
@@ -23,14 +23,34 @@ fn act_op(a: Activation) -> OpKind {
 /// Bytes of one sample's model input as the device receives it (features as f32, token ids
 /// as i64), plus its target.
 pub fn input_bytes_per_sample(model: &ModelSpec) -> u64 {
+    input_bytes_per_sample_for(model, Framework::Pytorch)
+}
+
+/// The element type of integer tensors (token ids, class targets) under `framework`.
+///
+/// PyTorch indexes with `int64`. burn's integer tensors take the backend's `IntElem`, which
+/// is `i32` on Flex (burn-flex 0.21 `backend.rs`: `type IntElem = i32`), and a burn run
+/// builds its token and class tensors as `i32` data (trainmem-burn `Batch::from_host`).
+pub fn int_dtype(framework: Framework) -> Dtype {
+    match framework {
+        Framework::Pytorch => Dtype::I64,
+        Framework::Burn => Dtype::I32,
+    }
+}
+
+/// [`input_bytes_per_sample`] under `framework`: token ids take [`int_dtype`] (under burn
+/// the synthetic token source's host values are `f32` and its tensors `i32`: 4 bytes
+/// either way).
+pub fn input_bytes_per_sample_for(model: &ModelSpec, framework: Framework) -> u64 {
+    let id = int_dtype(framework).size();
     match model {
         ModelSpec::Mlp(m) => m.input * 4 + target_bytes(m.loss, m.output),
         ModelSpec::Cnn(c) => c.image.iter().product::<u64>() * 4 + target_bytes(c.loss, c.classes),
         ModelSpec::Transformer(t) => {
-            t.seq_len * 8
+            t.seq_len * id
                 + match t.kind {
-                    TransformerKind::Decoder => t.seq_len * 8,
-                    TransformerKind::Encoder => 8,
+                    TransformerKind::Decoder => t.seq_len * id,
+                    TransformerKind::Encoder => id,
                 }
         }
         ModelSpec::Layers(l) => l.input.iter().product::<u64>() * 4,
@@ -44,10 +64,22 @@ fn target_bytes(loss: Loss, outputs: u64) -> u64 {
     }
 }
 
-fn add_loss(b: &mut ProgramBuilder, loss: Loss, logits: ValueId, outputs: u64) {
+/// Adds the loss. Regression targets are f32 under PyTorch; a burn run casts the whole batch
+/// (features and value targets) to the compute dtype, so under burn they take it.
+fn add_loss(
+    b: &mut ProgramBuilder,
+    loss: Loss,
+    logits: ValueId,
+    outputs: u64,
+    framework: Framework,
+) {
+    let value_dtype = match framework {
+        Framework::Burn => ValueDtype::Compute,
+        Framework::Pytorch => ValueDtype::Fixed(Dtype::F32),
+    };
     let target = match loss {
-        Loss::Mse => b.input(outputs, ValueDtype::Fixed(Dtype::F32)),
-        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(Dtype::I64)),
+        Loss::Mse => b.input(outputs, value_dtype),
+        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(int_dtype(framework))),
     };
     let kind = match loss {
         Loss::Mse => OpKind::MseLoss,
@@ -56,18 +88,30 @@ fn add_loss(b: &mut ProgramBuilder, loss: Loss, logits: ValueId, outputs: u64) {
     b.loss(kind, &[logits, target]);
 }
 
-/// Lowers a model to a program.
+/// Lowers a model to a program (PyTorch's module layout).
 pub fn lower(model: &ModelSpec) -> Result<Program, LowerError> {
+    lower_for(model, Framework::Pytorch)
+}
+
+/// Lowers a model to a program with the module layout of `framework`.
+///
+/// They differ for transformers: burn-nn's `TransformerEncoder` (pre-norm) has no final
+/// LayerNorm after its last block, and its head is a `Linear` with a bias (the PyTorch
+/// layout ends with a final norm and a bias-free language-model head).
+pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, LowerError> {
     let p = match model {
-        ModelSpec::Mlp(m) => lower_mlp(m),
-        ModelSpec::Cnn(c) => lower_cnn(c)?,
-        ModelSpec::Transformer(t) => lower_transformer(t),
-        ModelSpec::Layers(l) => lower_layers(l)?,
+        ModelSpec::Mlp(m) => lower_mlp(m, framework),
+        ModelSpec::Cnn(c) => lower_cnn(c, framework)?,
+        ModelSpec::Transformer(t) => lower_transformer(t, framework),
+        ModelSpec::Layers(l) => lower_layers(l, framework)?,
     };
     p.map_err(|e| LowerError(e.to_string()))
 }
 
-fn lower_mlp(m: &MlpSpec) -> Result<Program, trainmem_autograd::ProgramError> {
+fn lower_mlp(
+    m: &MlpSpec,
+    framework: Framework,
+) -> Result<Program, trainmem_autograd::ProgramError> {
     let mut b = ProgramBuilder::new();
     let mut x = b.input(m.input, ValueDtype::Compute);
     let mut width = m.input;
@@ -92,7 +136,7 @@ fn lower_mlp(m: &MlpSpec) -> Result<Program, trainmem_autograd::ProgramError> {
         ps.push(b.param(m.output, "head.bias"));
     }
     let out = b.op(OpKind::Linear, &[x], m.output, &ps);
-    add_loss(&mut b, m.loss, out, m.output);
+    add_loss(&mut b, m.loss, out, m.output, framework);
     b.finish()
 }
 
@@ -204,7 +248,10 @@ pub fn check_cnn(c: &CnnSpec) -> Result<(), String> {
     cnn_shapes(c).map(|_| ())
 }
 
-fn lower_cnn(c: &CnnSpec) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
+fn lower_cnn(
+    c: &CnnSpec,
+    framework: Framework,
+) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     let shapes = cnn_shapes(c).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
     let mut x = b.input(c.image.iter().product(), ValueDtype::Compute);
@@ -273,11 +320,15 @@ fn lower_cnn(c: &CnnSpec) -> Result<Result<Program, trainmem_autograd::ProgramEr
     let w = b.param(fin * c.classes, "head.weight");
     let bias = b.param(c.classes, "head.bias");
     let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
-    add_loss(&mut b, c.loss, logits, c.classes);
+    add_loss(&mut b, c.loss, logits, c.classes, framework);
     Ok(b.finish())
 }
 
-fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::ProgramError> {
+fn lower_transformer(
+    t: &TransformerSpec,
+    framework: Framework,
+) -> Result<Program, trainmem_autograd::ProgramError> {
+    let burn = framework == Framework::Burn;
     let (s, h) = (t.seq_len, t.hidden);
     let head_dim = h / t.heads;
     let kv = head_dim * t.kv_head_count();
@@ -288,7 +339,8 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
         NormKind::RmsNorm => OpKind::RmsNorm,
     };
     let mut b = ProgramBuilder::new();
-    let tokens = b.input(s, ValueDtype::Fixed(Dtype::I64));
+    let ids = ValueDtype::Fixed(int_dtype(framework));
+    let tokens = b.input(s, ids);
     b.begin_layer("embed");
     let tok = b.param(t.vocab * h, "embed.tokens");
     let mut ps = vec![tok];
@@ -357,7 +409,11 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
         x = b.op(OpKind::Add, &[x, d], s * h, &[]);
     }
     b.begin_layer("head");
-    let n = norm(&mut b, x, "final_norm".into());
+    let n = if burn {
+        x
+    } else {
+        norm(&mut b, x, "final_norm".into())
+    };
     match t.kind {
         TransformerKind::Decoder => {
             let w = if t.tied_embeddings {
@@ -365,8 +421,12 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
             } else {
                 b.param(t.vocab * h, "lm_head.weight")
             };
-            let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &[w]);
-            let targets = b.input(s, ValueDtype::Fixed(Dtype::I64));
+            let mut ps = vec![w];
+            if burn {
+                ps.push(b.param(t.vocab, "lm_head.bias"));
+            }
+            let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &ps);
+            let targets = b.input(s, ids);
             b.loss(OpKind::CrossEntropy, &[logits, targets]);
         }
         TransformerKind::Encoder => {
@@ -375,7 +435,7 @@ fn lower_transformer(t: &TransformerSpec) -> Result<Program, trainmem_autograd::
             let w = b.param(h * classes, "classifier.weight");
             let bb = b.param(classes, "classifier.bias");
             let logits = b.op(OpKind::Linear, &[first], classes, &[w, bb]);
-            let targets = b.input(1, ValueDtype::Fixed(Dtype::I64));
+            let targets = b.input(1, ids);
             b.loss(OpKind::CrossEntropy, &[logits, targets]);
         }
     }
@@ -452,6 +512,7 @@ fn layer_out(l: &LayersSpec, i: usize) -> u64 {
 
 fn lower_layers(
     l: &LayersSpec,
+    framework: Framework,
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     check_layers(l).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
@@ -481,7 +542,7 @@ fn lower_layers(
     }
     b.begin_layer("loss");
     let out = layer_out(l, l.layers.len() - 1);
-    add_loss(&mut b, l.loss, x, out);
+    add_loss(&mut b, l.loss, x, out, framework);
     Ok(b.finish())
 }
 
@@ -594,6 +655,18 @@ mod tests {
         let p = lower(&ModelSpec::Transformer(gpt(12, 768, 12, 1024, 50257))).unwrap();
         let n = p.param_elems();
         assert!((124_000_000..124_600_000).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn burn_transformers_have_no_final_norm_and_a_biased_head() {
+        let mut t = gpt(2, 128, 4, 64, 1000);
+        t.tied_embeddings = false;
+        t.learned_positions = false;
+        let spec = ModelSpec::Transformer(t);
+        let torch = lower(&spec).unwrap().param_elems();
+        let burn = lower_for(&spec, Framework::Burn).unwrap().param_elems();
+        // − final norm (weight and bias, 2 × 128) + head bias (vocab 1000)
+        assert_eq!(burn, torch - 2 * 128 + 1000);
     }
 
     #[test]

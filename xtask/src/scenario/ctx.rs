@@ -81,6 +81,9 @@ pub struct RunRecord {
     pub simulated: Option<SimResult>,
     /// Why a measured run was not made although the mode asks for one.
     pub not_measured: Option<String>,
+    /// Why the twin's accuracy targets do not apply to this run (its measured side is not a
+    /// full count of the run's bytes), when they do not.
+    pub no_targets: Option<String>,
 }
 
 impl RunRecord {
@@ -208,6 +211,7 @@ impl Ctx {
             measured,
             simulated,
             not_measured: None,
+            no_targets: None,
         });
         Ok(self.runs.len() - 1)
     }
@@ -231,6 +235,7 @@ impl Ctx {
             measured: None,
             simulated,
             not_measured,
+            no_targets: None,
         });
         Ok(self.runs.len() - 1)
     }
@@ -249,7 +254,9 @@ impl Ctx {
         bar
     }
 
-    fn simulate(&self, label: &str, plan: &Plan) -> anyhow::Result<SimResult> {
+    /// Runs the twin on `plan` without recording a run (for a scenario that assembles its own
+    /// runs with [`Ctx::add_run`]).
+    pub fn simulate(&self, label: &str, plan: &Plan) -> anyhow::Result<SimResult> {
         let bar = self.bar(label, "twin", plan.total_steps());
         let mut on_step = |done: u64, total: u64| {
             bar.set_length(total.max(1));
@@ -283,8 +290,8 @@ impl Ctx {
             ..RunOptions::default()
         };
         configure(&mut opts);
-        let result = run_measured_detailed(plan, opts)
-            .with_context(|| format!("measured run `{label}`"));
+        let result =
+            run_measured_detailed(plan, opts).with_context(|| format!("measured run `{label}`"));
         bar.finish_and_clear();
         let run = result?;
         if !run.host_counted && self.backend == Backend::Flex {
@@ -296,14 +303,36 @@ impl Ctx {
         Ok(run)
     }
 
+    /// Records a run the scenario assembled itself (for instance a measured run's allocations
+    /// replayed through the caching allocator, beside the twin of the same plan on a GPU);
+    /// returns its index.
+    pub fn add_run(
+        &mut self,
+        label: &str,
+        plan: &Plan,
+        measured: Option<MeasuredRun>,
+        simulated: Option<SimResult>,
+    ) -> usize {
+        self.runs.push(RunRecord {
+            label: label.to_string(),
+            plan: plan.clone(),
+            measured,
+            simulated,
+            not_measured: None,
+            no_targets: None,
+        });
+        self.runs.len() - 1
+    }
+
+    /// Marks a run whose measured side is not a full count of its bytes (so the twin's
+    /// accuracy targets do not apply to it), saying why.
+    pub fn without_twin_targets(&mut self, run: usize, reason: &str) {
+        self.runs[run].no_targets = Some(reason.to_string());
+    }
+
     /// A recorded run.
     pub fn record(&self, run: usize) -> &RunRecord {
         &self.runs[run]
-    }
-
-    /// Every recorded run.
-    pub fn runs(&self) -> &[RunRecord] {
-        &self.runs
     }
 
     /// Judges one run: `rule` is applied to each timeline the run has (measured and/or

@@ -33,7 +33,11 @@ fn jump_ratio(t: &Timeline) -> Option<(i64, u64, f64)> {
 
 fn expect_jump(t: &Timeline, kind: &str, expected: f64) -> Judgement {
     let Some((jump, params, ratio)) = jump_ratio(t) else {
-        return Judgement::new(false, "no model_init or first optimizer_step sample", vec![]);
+        return Judgement::new(
+            false,
+            "no model_init or first optimizer_step sample",
+            vec![],
+        );
     };
     let after = series_at(t, Phase::OptimizerStep, None);
     let later = after.get(1..).unwrap_or(&[]);

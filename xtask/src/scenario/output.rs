@@ -20,11 +20,7 @@ use super::report::{self, RunReport, ScenarioReport, twin_errors};
 pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
     let (mode, backend) = (ctx.mode, ctx.backend);
     let (runs, verdicts, notes) = ctx.finish();
-    let mut explanation: Vec<String> = scenario
-        .explanation
-        .iter()
-        .map(|p| p.to_string())
-        .collect();
+    let mut explanation: Vec<String> = scenario.explanation.iter().map(|p| p.to_string()).collect();
     if let Some(first) = runs.iter().find(|r| r.simulated.is_some())
         && let Some(sim) = &first.simulated
     {
@@ -54,10 +50,15 @@ pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
 
 fn run_report(r: &RunRecord) -> RunReport {
     let domain = r.domain();
-    let twin = match (&r.measured, &r.simulated) {
+    let mut twin = match (&r.measured, &r.simulated) {
         (Some(m), Some(s)) => twin_errors(&m.timeline, &s.timeline, domain),
         _ => Vec::new(),
     };
+    if r.no_targets.is_some() {
+        for e in &mut twin {
+            e.tolerance = None;
+        }
+    }
     RunReport {
         label: r.label.clone(),
         plan: r.plan.clone(),
@@ -65,6 +66,7 @@ fn run_report(r: &RunRecord) -> RunReport {
         measured: r.measured.as_ref().map(|m| m.timeline.clone()),
         simulated: r.simulated.as_ref().map(|s| s.timeline.clone()),
         not_measured: r.not_measured.clone(),
+        no_targets: r.no_targets.clone(),
         twin,
     }
 }
@@ -133,7 +135,10 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
         }
     }
     let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
-    files.push(write("trace.json", serde_json::to_string(&trace)?.as_bytes())?);
+    files.push(write(
+        "trace.json",
+        serde_json::to_string(&trace)?.as_bytes(),
+    )?);
 
     // memory_viz pickle: the twin's caching-allocator snapshot of the first run's plan.
     if let Some((pickle, note)) = memory_viz(report)? {
@@ -194,7 +199,10 @@ pub fn summary_table(reports: &[ScenarioReport]) -> String {
         Category::Input,
     ];
     let mut out = String::new();
-    let _ = writeln!(out, "\n== summary: verdicts, and the twin's error at the peak");
+    let _ = writeln!(
+        out,
+        "\n== summary: verdicts, and the twin's error at the peak"
+    );
     let _ = write!(out, "| scenario | run | verdicts |");
     for c in cats {
         let _ = write!(out, " {} |", c.name());

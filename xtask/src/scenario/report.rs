@@ -183,6 +183,8 @@ pub struct RunReport {
     pub simulated: Option<Timeline>,
     /// Why no measured run was made, when the mode asked for one.
     pub not_measured: Option<String>,
+    /// Why the twin's accuracy targets do not apply to this run, when they do not.
+    pub no_targets: Option<String>,
     /// The twin's error per category (both sources present).
     pub twin: Vec<TwinError>,
 }
@@ -327,14 +329,13 @@ pub fn chart(run: &RunReport) -> String {
         .iter()
         .map(|&i| {
             let s = &t.samples[i];
-            t.categories(i, domain)
-                .total()
-                .max(twin_at(s).unwrap_or(0))
+            t.categories(i, domain).total().max(twin_at(s).unwrap_or(0))
         })
         .max()
         .unwrap_or(0)
         .max(1);
-    let cells = |bytes: u64| ((bytes as u128 * BAR as u128).div_ceil(scale as u128) as usize).min(BAR);
+    let cells =
+        |bytes: u64| ((bytes as u128 * BAR as u128).div_ceil(scale as u128) as usize).min(BAR);
     let show_rss = domain == Domain::Host && t.source == Source::Measured;
     let mut out = String::new();
     let legend: Vec<String> = Category::ALL
@@ -350,7 +351,13 @@ pub fn chart(run: &RunReport) -> String {
         if twin.is_some() { ", | = twin" } else { "" },
         mib(scale)
     );
-    let _ = write!(out, "{:<22} {:BAR$} {:>10}", "point", "", t.source.to_string());
+    let _ = write!(
+        out,
+        "{:<22} {:BAR$} {:>10}",
+        "point",
+        "",
+        t.source.to_string()
+    );
     if twin.is_some() {
         let _ = write!(out, " {:>10} {:>7}", "twin", "error");
     }
@@ -494,6 +501,9 @@ pub fn render_text(report: &ScenarioReport) -> String {
         if !table.is_empty() {
             let _ = writeln!(out, "\ntwin error per category at the peak:");
             out.push_str(&table);
+            if let Some(why) = &run.no_targets {
+                let _ = writeln!(out, "(no accuracy targets for this run: {why})");
+            }
         }
         out.push('\n');
     }
@@ -654,13 +664,16 @@ mod tests {
         );
         let run = RunReport {
             label: "x".into(),
-            plan: trainmem_sim::Plan::from_toml_str("[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n")
-                .expect("plan"),
+            plan: trainmem_sim::Plan::from_toml_str(
+                "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
+            )
+            .expect("plan"),
             domain: Domain::Host,
             twin: twin_errors(&m, &s, Domain::Host),
             measured: Some(m),
             simulated: Some(s),
             not_measured: None,
+            no_targets: None,
         };
         let text = chart(&run);
         let lines: Vec<&str> = text.lines().collect();

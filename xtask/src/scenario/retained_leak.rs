@@ -43,7 +43,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             let diffs: Vec<i64> = s.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
             let min = diffs.iter().copied().min().unwrap_or(0);
             let max = diffs.iter().copied().max().unwrap_or(0);
-            let total = s.last().copied().unwrap_or(0) as i64 - s.first().copied().unwrap_or(0) as i64;
+            let total =
+                s.last().copied().unwrap_or(0) as i64 - s.first().copied().unwrap_or(0) as i64;
             let ok = diffs.len() >= 3 && min > 0 && min as f64 >= 0.5 * max as f64;
             Judgement::new(
                 ok,

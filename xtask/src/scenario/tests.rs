@@ -1,6 +1,7 @@
 //! The scenario runner's tests: every scenario's simulated mode, and the measured subset CI
 //! runs (epoch-spike, optimizer-jump, retained-leak) on burn's Flex backend.
 
+use super::report::VerdictKind;
 use super::*;
 
 fn run_one(name: &str, mode: Mode) -> ScenarioReport {

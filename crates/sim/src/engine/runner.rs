@@ -4,10 +4,10 @@ use std::collections::VecDeque;
 
 use trainmem_autograd::checkpoint::{self, CheckpointPolicy};
 use trainmem_autograd::{
-    Dtype, GradMode, Graph, LayerHooks, ParamId, Pass, Program, SavedTable, Tape, TensorId,
-    TensorStore, ValueDtype,
+    Dtype, Framework, GradMode, Graph, LayerHooks, OpKind, ParamId, Pass, Program, SavedTable,
+    Tape, TensorId, TensorStore, ValueDtype,
 };
-use trainmem_optim::{OptimizerConfig, Sharding, model_state_bytes};
+use trainmem_optim::{OptimizerConfig, OptimizerKind, Sharding, model_state_bytes};
 use trainmem_probe::Category;
 
 use super::host::{HostModel, HostMoment};
@@ -104,6 +104,44 @@ struct Runner<'p> {
     peak_breakdown: CategoryBytes,
     rng: u64,
     resolved: Option<(u32, u32)>,
+    /// The plan trains under burn (see [`BurnRules`]).
+    burn: Option<BurnRules>,
+    /// Old parameter buffers still referenced by kept graphs (burn).
+    pinned: Vec<TensorId>,
+    /// burn-optim's per-parameter bookkeeping, from the first step on (burn).
+    burn_records: Option<TensorId>,
+}
+
+/// What burn 0.21 does differently from PyTorch around a step, as far as memory goes
+/// (measured with trainmem-burn; see its `burn_facts` docs).
+///
+/// * The batch is moved into the model (`model.forward(batch)`): an input tensor is freed
+///   at its last use unless an op saved it (the MSE target goes during forward, the first
+///   layer keeps the features until backward).
+/// * The training loop holds the logits (returned beside the loss) until the step's metrics
+///   are recorded, after backward.
+/// * There is no `zero_grad`: the optimizer step consumes `GradientsParams`, so gradients
+///   are freed inside the step.
+/// * Optimizer state takes the parameters' dtype (burn-optim builds the moments from the
+///   gradient tensors).
+/// * Momentum's first velocity is the gradient tensor itself (`grad.clone()`, a reference):
+///   with allocation-time tags its bytes stay under `gradient` until the second step makes a
+///   new velocity under `optimizer_state`.
+/// * The optimizer updates a parameter in place only when its buffer is uniquely owned.
+///   AdamW's decoupled decay starts from `tensor.clone()`, so every step writes the
+///   parameter into a new buffer, allocated inside the step (`optimizer_state`), and frees
+///   the old one. A graph kept without backward still references the weights its matmuls
+///   saved (the right operand of every linear layer whose input is tracked), so those
+///   weights are copied too and the old buffers stay with the kept graph.
+/// * Outputs kept with their graph come from a forward pass of their own (the loss forward
+///   is backwarded as usual); that graph saves no loss tensors.
+#[derive(Debug, Clone)]
+struct BurnRules {
+    /// Tensors are host memory (Flex CPU backend): the loaded batch is the one host copy.
+    cpu: bool,
+    /// Per parameter: a kept graph references it (the weight of a linear layer whose input
+    /// requires grad).
+    saved_by_graph: Vec<bool>,
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -125,6 +163,22 @@ impl<'p> Runner<'p> {
         let compute = plan.precision.compute;
         let table = SavedTable::for_framework(plan.framework);
         let mut graph = Graph::new(program, &table, compute);
+        let burn = (plan.framework == Framework::Burn).then(|| {
+            let mut saved_by_graph = vec![false; program.params.len()];
+            for op in &program.ops {
+                if op.kind == OpKind::Linear
+                    && program.values[op.inputs[0] as usize].requires_grad
+                    && let Some(&w) = program.params_of(op).first()
+                {
+                    saved_by_graph[w as usize] = true;
+                }
+            }
+            BurnRules {
+                cpu: plan.device.kind == DeviceKind::Cpu,
+                saved_by_graph,
+            }
+        });
+        graph.owns_inputs = burn.is_some();
         let micro = plan.micro_batch_size();
         let policy = match plan.checkpointing.policy {
             CheckpointPolicyKind::None => CheckpointPolicy::None,
@@ -137,7 +191,12 @@ impl<'p> Runner<'p> {
             }
         };
         let mut resolved = None;
-        if policy != CheckpointPolicy::None {
+        if policy != CheckpointPolicy::None && burn.is_some() {
+            // burn has one checkpointing strategy, `BalancedCheckpointing` (a measured run maps
+            // every policy but `none` to it): per op, not per segment — compute-bound outputs
+            // are kept, memory-bound (element-wise) ones recomputed in backward.
+            graph.set_op_tables(checkpoint::burn_balanced_tables(program, &table));
+        } else if policy != CheckpointPolicy::None {
             let r = checkpoint::resolve(program, policy, &table, compute, micro);
             resolved = Some((r.k, r.recomputed));
             graph.set_segments(r.segments);
@@ -192,16 +251,44 @@ impl<'p> Runner<'p> {
             kind: plan.optimizer.kind,
             allocation: plan.optimizer.state,
             implementation: plan.optimizer.implementation,
-            state_dtype: plan.optimizer.state_dtype,
+            // burn-optim's state is built from the gradients: the parameters' dtype
+            state_dtype: if burn.is_some() {
+                grad_dtype
+            } else {
+                plan.optimizer.state_dtype
+            },
             amsgrad: plan.optimizer.amsgrad,
             param_dtype: compute,
             master_weights: plan.precision.master_weights,
         };
         let sample_bytes = plan.data.sample_bytes.map_or_else(
-            || crate::lower::input_bytes_per_sample(&plan.model),
+            || crate::lower::input_bytes_per_sample_for(&plan.model, plan.framework),
             |b| b.0,
         );
-        let host = HostModel::new(plan, sample_bytes);
+        let mut host = HostModel::new(plan, sample_bytes);
+        if plan.framework == Framework::Burn
+            && plan.device.kind == DeviceKind::Cpu
+            && !matches!(plan.model, crate::model::ModelSpec::Transformer(_))
+        {
+            // a burn run reads vector and image models through trainmem-loader (token models
+            // from a synthetic source without a sampler)
+            host = host.with_epoch_order(plan.data.samples);
+            // trainmem-loader's batches are two columns: f32 features and i64 labels
+            // (trainmem-burn `data.rs`), pooled in page-rounded blocks when pinned
+            let features = match &plan.model {
+                crate::model::ModelSpec::Mlp(m) => m.input * 4,
+                crate::model::ModelSpec::Cnn(c) => c.image.iter().product::<u64>() * 4,
+                crate::model::ModelSpec::Layers(l) => l.input.iter().product::<u64>() * 4,
+                crate::model::ModelSpec::Transformer(_) => 0,
+            };
+            host = host.with_staging_pool(&[features, 8], micro);
+            let per_epoch = if plan.loader.drop_last {
+                plan.data.samples / micro.max(1)
+            } else {
+                plan.data.samples.div_ceil(micro.max(1))
+            };
+            host = host.with_trainmem_loader(per_epoch);
+        }
         let mut notes = std::collections::BTreeMap::new();
         notes.insert("batch_size".into(), plan.training.batch_size.to_string());
         notes.insert("micro_batch_size".into(), micro.to_string());
@@ -234,7 +321,7 @@ impl<'p> Runner<'p> {
         let hold = program
             .ops
             .last()
-            .filter(|_| plan.leak.retain_outputs || plan.metrics.keep_outputs)
+            .filter(|_| plan.leak.retain_outputs || plan.metrics.keep_outputs || burn.is_some())
             .map(|op| vec![op.inputs[0]])
             .unwrap_or_default();
         Ok(Runner {
@@ -254,6 +341,9 @@ impl<'p> Runner<'p> {
                 batch_on_host: false,
                 checkpoint_bytes: 0,
                 scalars: 0,
+                epoch_open: false,
+                batches_loaded: 0,
+                epoch_batches_taken: 0,
             },
             timeline,
             opt,
@@ -276,6 +366,9 @@ impl<'p> Runner<'p> {
             peak_breakdown: CategoryBytes::ZERO,
             rng: plan.seed ^ 0x5EED_0000_0000_0000 ^ stage,
             resolved,
+            burn,
+            pinned: Vec::new(),
+            burn_records: None,
         })
     }
 
@@ -349,6 +442,19 @@ impl<'p> Runner<'p> {
     }
 
     fn alloc_state(&mut self) -> Result<(), SimOom> {
+        if self.burn.is_some()
+            && self.opt.kind == OptimizerKind::Momentum
+            && self.optimizer_state.is_empty()
+        {
+            // burn: the first velocity is the gradient tensor itself (a reference, tagged
+            // `gradient`); the next step replaces it with a new tensor (below).
+            for g in self.graph.param_grads.iter().flatten() {
+                self.store.retain(*g);
+                self.optimizer_state.push(*g);
+            }
+            return Ok(());
+        }
+        let aliased: Vec<TensorId> = self.optimizer_state.drain(..).collect();
         for p in &self.program.params {
             for st in self.opt.state_roles() {
                 let _ = st;
@@ -357,7 +463,43 @@ impl<'p> Runner<'p> {
                 self.optimizer_state.push(t);
             }
         }
+        for t in aliased {
+            self.store.release(t);
+        }
         self.state_ready = true;
+        Ok(())
+    }
+
+    /// burn: parameters the step writes into new buffers (see [`BurnRules`]): every
+    /// parameter under AdamW, and the weights a kept graph references. The new buffer is
+    /// allocated inside the step (`optimizer_state`); the old one is freed, or stays with the
+    /// kept graphs until they are released.
+    fn burn_rewrite_params(&mut self) -> Result<(), SimOom> {
+        let Some(rules) = &self.burn else {
+            return Ok(());
+        };
+        let adamw = self.opt.kind == OptimizerKind::AdamW;
+        let kept_graphs = self.plan.leak.retain_outputs && self.plan.leak.retain_graph;
+        let pinned_now: Vec<bool> = rules
+            .saved_by_graph
+            .iter()
+            .map(|&saved| kept_graphs && saved)
+            .collect();
+        for (i, pinned) in pinned_now.into_iter().enumerate() {
+            if !(adamw || pinned) {
+                continue;
+            }
+            let old = self.params[i];
+            let new = self
+                .store
+                .alloc(self.store.size(old), Category::OptimizerState)?;
+            self.params[i] = new;
+            if pinned {
+                self.pinned.push(old);
+            } else {
+                self.store.release(old);
+            }
+        }
         Ok(())
     }
 
@@ -402,6 +544,20 @@ impl<'p> Runner<'p> {
         )
     }
 
+    /// burn: the forward of an output kept with its graph (no loss; the caller's
+    /// references to `inputs` are taken over).
+    fn forward_kept(&mut self, inputs: &[TensorId], scale: f64) -> Result<Tape, SimOom> {
+        let micro = self.plan.micro_batch_size();
+        self.graph.forward_without_loss(
+            &mut self.store,
+            inputs,
+            micro,
+            scale,
+            &self.hold,
+            &mut self.hooks,
+        )
+    }
+
     fn backward(&mut self, tape: &mut Tape) -> Result<(), SimOom> {
         let retain = self.plan.leak.retain_graph;
         match self
@@ -436,13 +592,28 @@ impl<'p> Runner<'p> {
                 self.begin(Phase::BatchLoaded);
                 let scale = self.next_scale();
                 self.moment.scale = scale;
-                self.moment.batch_on_host = true;
+                // burn on a CPU backend: the batch tensors are the loader's host batch (one
+                // copy, counted by the store), not a host copy beside a device copy
+                self.moment.batch_on_host = !self.burn.as_ref().is_some_and(|b| b.cpu);
                 self.moment.samples_read += samples_per_micro;
+                self.moment.batches_loaded += 1;
+                self.moment.epoch_batches_taken += 1;
                 let inputs = self.load_batch(scale)?;
                 self.sample(Phase::BatchLoaded);
                 self.moment.batch_on_host = false;
                 self.moment.batches_since_start += 1;
                 self.begin(Phase::Forward);
+                if self.burn.is_some()
+                    && self.plan.leak.retain_outputs
+                    && self.plan.leak.retain_graph
+                {
+                    // burn: the kept output comes from a forward of its own, never backwarded
+                    for &t in &inputs {
+                        self.store.retain(t);
+                    }
+                    let kept = self.forward_kept(&inputs, scale)?;
+                    self.kept_tapes.push(kept);
+                }
                 let tape = self.forward(&inputs, scale)?;
                 self.sample(Phase::Forward);
                 pending.push_back((tape, inputs, mi));
@@ -473,11 +644,15 @@ impl<'p> Runner<'p> {
                     left -= b;
                 }
             }
-            for t in inputs {
-                self.store.release(t);
+            if self.burn.is_none() {
+                // (under burn the forward pass took the batch over)
+                for t in inputs {
+                    self.store.release(t);
+                }
             }
             self.sample(Phase::Backward);
-            if self.plan.leak.retain_outputs {
+            let burn_kept_graph = self.burn.is_some() && self.plan.leak.retain_graph;
+            if self.plan.leak.retain_outputs && !burn_kept_graph {
                 self.kept_tapes.push(tape);
             } else if self.plan.metrics.retention == MetricRetention::Tensors {
                 self.metric_tapes.push(tape);
@@ -491,6 +666,16 @@ impl<'p> Runner<'p> {
         if !self.state_ready {
             self.alloc_state()?;
         }
+        if self.burn.is_some() && self.burn_records.is_none() {
+            // burn-optim's per-parameter records map and step bookkeeping, made at the
+            // first step and kept for the optimizer's life (see the function's docs)
+            let b = trainmem_optim::burn_step_bookkeeping_bytes(
+                self.opt.kind,
+                self.program.params.len() as u64,
+            );
+            self.burn_records = Some(self.store.alloc(b, Category::OptimizerState)?);
+        }
+        self.burn_rewrite_params()?;
         let elems: Vec<u64> = self
             .program
             .params
@@ -518,8 +703,12 @@ impl<'p> Runner<'p> {
                 }
             }
         }
+        if self.burn.is_some() {
+            // burn: the step consumed the gradients (there is no zero_grad)
+            self.graph.drop_param_grads(&mut self.store);
+        }
         self.sample(Phase::OptimizerStep);
-        if self.plan.training.grads_to_none {
+        if self.plan.training.grads_to_none && self.burn.is_none() {
             self.begin(Phase::ZeroGrad);
             self.graph.drop_param_grads(&mut self.store);
             for s in self.hooks.grad_is_shard.iter_mut() {
@@ -540,6 +729,9 @@ impl<'p> Runner<'p> {
             for t in self.kept_tapes.drain(..) {
                 t.release(&mut self.store);
             }
+            for t in self.pinned.drain(..) {
+                self.store.release(t);
+            }
         }
         let every = self.plan.training.checkpoint_every;
         if every > 0 && (self.step + 1).is_multiple_of(every) {
@@ -557,9 +749,20 @@ impl<'p> Runner<'p> {
                     .collect::<Vec<_>>(),
             );
             let _ = compute;
-            self.moment.checkpoint_bytes = ms.parameters + ms.optimizer_state;
-            self.sample(Phase::CheckpointSave);
-            self.moment.checkpoint_bytes = 0;
+            if self.burn.as_ref().is_some_and(|b| b.cpu) {
+                // burn: `into_record().into_item::<FullPrecisionSettings>()` holds a host copy
+                // of every parameter in f32 (no optimizer state) while the recorder writes it
+                let elems: u64 = self.program.params.iter().map(|p| p.elems).sum();
+                let t = self
+                    .store
+                    .alloc(elems * Dtype::F32.size(), Category::Temporary)?;
+                self.sample(Phase::CheckpointSave);
+                self.store.release(t);
+            } else {
+                self.moment.checkpoint_bytes = ms.parameters + ms.optimizer_state;
+                self.sample(Phase::CheckpointSave);
+                self.moment.checkpoint_bytes = 0;
+            }
         }
         if self.plan.training.empty_cache == EmptyCachePolicy::EveryStep {
             self.begin(Phase::EmptyCache);
@@ -580,6 +783,8 @@ impl<'p> Runner<'p> {
         'epochs: for epoch in 0..self.plan.training.epochs {
             self.epoch = epoch;
             self.begin(Phase::EpochStart);
+            self.moment.epoch_open = true;
+            self.moment.epoch_batches_taken = 0;
             if !(persistent && self.moment.workers_alive) {
                 self.moment.workers_alive = true;
                 self.moment.batches_since_start = 0;
@@ -597,6 +802,7 @@ impl<'p> Runner<'p> {
             }
             self.step = self.step.saturating_sub(1);
             self.begin(Phase::EpochEnd);
+            self.moment.epoch_open = false;
             if !persistent {
                 self.moment.workers_alive = false;
             }
@@ -617,6 +823,9 @@ impl<'p> Runner<'p> {
     fn teardown(&mut self) -> bool {
         for t in self.kept_tapes.drain(..).chain(self.metric_tapes.drain(..)) {
             t.release(&mut self.store);
+        }
+        for t in self.pinned.drain(..).chain(self.burn_records.take()) {
+            self.store.release(t);
         }
         self.graph.drop_param_grads(&mut self.store);
         for t in self
@@ -745,7 +954,8 @@ pub fn simulate_stage(
 
 /// Simulates a plan.
 pub fn simulate(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError> {
-    let program = crate::lower::lower(&plan.model).map_err(|e| SimError::Model(e.0))?;
+    let program =
+        crate::lower::lower_for(&plan.model, plan.framework).map_err(|e| SimError::Model(e.0))?;
     let stages = plan.parallel.pipeline_stages.max(1);
     if stages == 1 {
         let (timeline, summary, snapshot) = simulate_stage(plan, &program, 0, 1, &mut opts)?;

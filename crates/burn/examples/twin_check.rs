@@ -1,0 +1,183 @@
+//! Lays a real burn training run beside its simulated twin, category by category.
+//!
+//! For every plan given on the command line this trains the plan for real on burn's Flex CPU
+//! backend (host bytes per category from trainmem-probe's counting allocator, tagged at
+//! allocation time; see `trainmem_burn::run`) and simulates it with `trainmem_sim::simulate`,
+//! then prints the peak bytes per category over each timeline (host domain: on a CPU backend
+//! every tensor is host memory) and the simulator's error relative to the measurement.
+//!
+//! ```text
+//! cargo build -p trainmem-burn --example twin_check
+//! ./target/debug/examples/twin_check fixtures/scenarios/*.toml
+//! ./target/debug/examples/twin_check --series fixtures/scenarios/optimizer-jump.toml
+//! ```
+//!
+//! `--series` also prints both timelines sample by sample (phase, step, micro-batch and the
+//! bytes of each tensor category, then anonymous and file-backed RSS; measured above
+//! simulated), to see at which phase boundary
+//! the two part. Samples are paired in order of (step, micro-batch, phase), so a phase only
+//! one side samples shows up on its own line.
+//!
+//! Plans a burn run cannot honour are reported as refused and skipped.
+
+use std::process::ExitCode;
+
+use trainmem_burn::{RunOptions, run_measured_detailed};
+use trainmem_probe::{Category, CountingAlloc};
+use trainmem_sim::plan::Plan;
+use trainmem_sim::timeline::{Domain, Sample, Timeline};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::new();
+
+/// Categories shown in the `--series` view (the ones a training step moves).
+const SERIES: [Category; 6] = [
+    Category::Parameter,
+    Category::Gradient,
+    Category::OptimizerState,
+    Category::Activation,
+    Category::Input,
+    Category::Temporary,
+];
+
+fn error_percent(measured: u64, simulated: u64) -> f64 {
+    if measured == 0 {
+        if simulated == 0 { 0.0 } else { f64::INFINITY }
+    } else {
+        (simulated as f64 - measured as f64) / measured as f64 * 100.0
+    }
+}
+
+fn sample_row(tag: &str, s: &Sample) -> String {
+    let mut row = format!(
+        "{tag} {:<15} step {:>3} mb {:>2}",
+        s.phase.name(),
+        s.step,
+        s.micro_batch.map_or("-".to_string(), |m| m.to_string())
+    );
+    for c in SERIES {
+        row.push_str(&format!(" {:>11}", s.host.categories.get(c)));
+    }
+    row.push_str(&format!(" {:>11} {:>11}", s.host.anon_rss, s.host.file_rss));
+    row
+}
+
+/// Prints both timelines in step order, measured rows marked `m`, simulated rows `s`.
+fn print_series(measured: &Timeline, simulated: &Timeline) {
+    let mut header = format!("  {:<15} {:>8} {:>5}", "phase", "step", "mb");
+    for c in SERIES {
+        header.push_str(&format!(" {:>11}", c.name()));
+    }
+    header.push_str(&format!(" {:>11} {:>11}", "anon_rss", "file_rss"));
+    println!("{header}");
+    let key = |s: &Sample| (s.epoch, s.step, s.micro_batch.map_or(0, |m| m + 1));
+    let (mut i, mut j) = (0, 0);
+    let (m, s) = (&measured.samples, &simulated.samples);
+    while i < m.len() || j < s.len() {
+        let same = i < m.len() && j < s.len() && m[i].phase == s[j].phase;
+        if same {
+            println!("{}", sample_row("m", &m[i]));
+            println!("{}", sample_row("s", &s[j]));
+            i += 1;
+            j += 1;
+        } else if j >= s.len() || (i < m.len() && key(&m[i]) <= key(&s[j])) {
+            // A phase the simulator does not sample here: advance the measured side until
+            // the phases line up again.
+            let sim_has_it = s[j..]
+                .iter()
+                .take_while(|x| key(x) == key(&m[i]))
+                .any(|x| x.phase == m[i].phase);
+            if sim_has_it {
+                println!("{}", sample_row("s", &s[j]));
+                j += 1;
+            } else {
+                println!("{}", sample_row("m", &m[i]));
+                i += 1;
+            }
+        } else {
+            println!("{}", sample_row("s", &s[j]));
+            j += 1;
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let mut series = false;
+    let mut paths = Vec::new();
+    for arg in std::env::args().skip(1) {
+        if arg == "--series" {
+            series = true;
+        } else {
+            paths.push(arg);
+        }
+    }
+    if paths.is_empty() {
+        eprintln!("usage: twin_check [--series] PLAN.toml...");
+        return ExitCode::FAILURE;
+    }
+    let mut failed = false;
+    for path in paths {
+        let plan = match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Plan::from_toml_str(&text).map_err(|e| e.to_string()))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                println!("{path}: cannot read the plan: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let started = std::time::Instant::now();
+        let measured = match run_measured_detailed(&plan, RunOptions::default()) {
+            Ok(m) => m,
+            Err(e) => {
+                println!("{path}: refused by the measured run: {e}");
+                continue;
+            }
+        };
+        let elapsed = started.elapsed();
+        let simulated = match trainmem_sim::simulate(&plan, Default::default()) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("{path}: simulation failed: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        let mp = measured.timeline.peak_per_category(Domain::Host);
+        let sp = simulated.timeline.peak_per_category(Domain::Host);
+        println!(
+            "== {path} (measured in {:.1}s; samples measured {} simulated {})",
+            elapsed.as_secs_f64(),
+            measured.timeline.samples.len(),
+            simulated.timeline.samples.len()
+        );
+        let sim_params = trainmem_sim::lower::lower_for(&plan.model, plan.framework)
+            .map(|p| p.param_elems() * plan.precision.compute.size())
+            .unwrap_or(0);
+        println!(
+            "  parameter tensor bytes: measured run {} sim program {} (the rest of the \
+             measured `parameter` category is burn-nn's module bookkeeping)",
+            measured.parameter_bytes, sim_params
+        );
+        for c in Category::ALL {
+            let (a, b) = (mp.get(c), sp.get(c));
+            println!(
+                "{:>16} measured {:>12} sim {:>12} err {:>7.1}%",
+                c.name(),
+                a,
+                b,
+                error_percent(a, b)
+            );
+        }
+        if series {
+            print_series(&measured.timeline, &simulated.timeline);
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
