@@ -242,3 +242,27 @@ proptest! {
         prop_assert_eq!(grads, p.param_elems() * 4);
     }
 }
+
+#[test]
+fn burn_balanced_checkpointing_recomputes_element_wise_outputs() {
+    // x → linear → relu → linear → mse(t): the relu is memory bound, so the second linear's
+    // saved input (the relu output) is recomputed and the relu backs up its input instead
+    let p = mlp();
+    let burn = SavedTable::burn();
+    let tables = checkpoint::burn_balanced_tables(&p, &burn);
+    assert_eq!(tables[0], burn.get(OpKind::Linear)); // x: a batch input, kept
+    assert_eq!(tables[1], vec![Saved::Input(0)]); // relu: backup of the linear output
+    assert!(tables[2].is_empty()); // linear 2: its input is recomputed
+    assert_eq!(tables[3], burn.get(OpKind::MseLoss)); // untracked target: compute bound
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &burn, Dtype::F32);
+    g.set_op_tables(tables);
+    let ins = inputs(&mut s, &p, 2);
+    let mut tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
+    // h (64, kept), the mse difference (16) and the loss (4); not the relu output
+    assert_eq!(s.live_of(Category::Activation), 84);
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    tape.release(&mut s);
+}

@@ -670,6 +670,22 @@ mod tests {
     }
 
     #[test]
+    fn burn_token_ids_and_class_targets_are_i32() {
+        let spec = ModelSpec::Transformer(gpt(1, 64, 4, 16, 100));
+        // tokens and targets, 16 ids each: i64 under PyTorch, i32 under burn (Flex IntElem)
+        assert_eq!(input_bytes_per_sample(&spec), 2 * 16 * 8);
+        assert_eq!(input_bytes_per_sample_for(&spec, Framework::Burn), 2 * 16 * 4);
+        let p = lower_for(&spec, Framework::Burn).unwrap();
+        for &v in &p.inputs {
+            assert_eq!(p.values[v as usize].dtype, ValueDtype::Fixed(Dtype::I32));
+        }
+        let p = lower(&spec).unwrap();
+        for &v in &p.inputs {
+            assert_eq!(p.values[v as usize].dtype, ValueDtype::Fixed(Dtype::I64));
+        }
+    }
+
+    #[test]
     fn llama_7b_shape_has_about_6_7b_parameters() {
         let mut t = gpt(32, 4096, 32, 2048, 32000);
         t.ffn = Some(11008);

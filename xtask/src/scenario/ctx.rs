@@ -216,6 +216,31 @@ impl Ctx {
         Ok(self.runs.len() - 1)
     }
 
+    /// Runs `plan` measured only (when the mode measures; `None` otherwise), for a run option
+    /// the twin has no counterpart for; `reason` says why there is no twin, in the report.
+    pub fn run_measured_only(
+        &mut self,
+        label: &str,
+        plan: &Plan,
+        reason: &str,
+        configure: impl FnOnce(&mut RunOptions<'_>),
+    ) -> anyhow::Result<Option<usize>> {
+        if !self.mode.measured() {
+            return Ok(None);
+        }
+        let measured = self.measure(label, plan, configure)?;
+        self.note(format!("`{label}` is measured only: {reason}"));
+        self.runs.push(RunRecord {
+            label: label.to_string(),
+            plan: plan.clone(),
+            measured: Some(measured),
+            simulated: None,
+            not_measured: None,
+            no_targets: None,
+        });
+        Ok(Some(self.runs.len() - 1))
+    }
+
     /// Runs `plan` through the twin only, whatever the mode, and says why in the report
     /// (`reason`: what a measured run cannot do here).
     pub fn run_simulated_only(

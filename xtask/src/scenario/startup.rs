@@ -11,7 +11,7 @@ use trainmem_sim::plan::StateAllocation;
 use trainmem_sim::timeline::{Phase, Source, Timeline};
 
 use super::checks::{bytes_at, index_of};
-use super::ctx::{Ctx, Judgement, Mode};
+use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -205,16 +205,13 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         |t| state_at_first_step(t, params),
     );
 
-    if ctx.mode.measured() {
-        // A burn run option, not a plan knob: the twin has no lazy parameters, so this run is
-        // measured only.
-        let mode = ctx.mode;
-        ctx.mode = Mode::Measured;
-        let lazy = ctx.run_with("lazy parameters (burn)", &plan, |o| {
-            o.lazy_parameters = true
-        });
-        ctx.mode = mode;
-        let lazy = lazy?;
+    // A burn run option, not a plan knob: the twin has no lazy parameters.
+    if let Some(lazy) = ctx.run_measured_only(
+        "lazy parameters (burn)",
+        &plan,
+        "lazy parameter materialisation is a burn run option the twin does not model",
+        |o| o.lazy_parameters = true,
+    )? {
         let judgement = match (
             ctx.record(base).timeline(Source::Measured),
             ctx.record(lazy).measured.as_ref(),
@@ -231,9 +228,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
             judgement,
         );
         ctx.note(
-            "`lazy parameters (burn)` is measured only: it is a burn run option \
-             (RunOptions::lazy_parameters); the twin's plan has no lazy parameters, and a \
-             lazily created parameter is tagged `activation` (allocated in the forward pass)",
+            "a lazily created parameter is tagged `activation`: it is allocated in the forward \
+             pass (RunOptions::lazy_parameters)",
         );
     }
 
