@@ -336,6 +336,17 @@ pub fn burn_balanced_tables(program: &Program, table: &SavedTable) -> Vec<Vec<Sa
                     k => (0..k.arity() as u8).map(Saved::Input).collect(),
                 }
             };
+            // the recorded ops' graph bookkeeping exists with or without checkpointing
+            let nodes = table
+                .get(op.kind)
+                .iter()
+                .filter(|s| matches!(s, Saved::Nodes(_)));
+            let mut own = own;
+            for n in nodes {
+                if !own.contains(n) {
+                    own.push(*n);
+                }
+            }
             own.into_iter()
                 .filter(|s| match *s {
                     Saved::Input(j) => !recomputed[op.inputs[j as usize] as usize],

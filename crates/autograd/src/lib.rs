@@ -30,7 +30,7 @@ pub use checkpoint::{CheckpointPolicy, ResolvedCheckpointing, Segment};
 pub use dtype::Dtype;
 pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape};
 pub use memory::AllocatorMemory;
-pub use op::{Framework, OpKind, Saved, SavedTable};
+pub use op::{BURN_NODE_BYTES, Framework, OpKind, Saved, SavedTable, burn_recorded_ops};
 pub use program::{
     Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo,
 };

@@ -3,7 +3,8 @@
 //! * [`config`]: the loader's knobs ([`LoaderConfig`]), serde-serialisable for plans.
 //! * Data sets: [`MappedArray`] (one `.npy` file, versions 1–3, or a raw record file with a JSON
 //!   sidecar, validated at open), [`MmapDataset`] (several arrays side by side), the [`Dataset`]
-//!   trait the loader reads, and [`fixtures`] (deterministic data sets written on demand).
+//!   trait the loader reads, [`fixtures`] (deterministic data sets written on demand), and
+//!   [`evict_page_cache`] (drop a file's cached pages before a cold or cgroup-limited run).
 //! * The loader: [`Loader`] with sequential / shuffled / sharded sampling ([`EpochPlan`]),
 //!   `workers` threads each building whole batches, at most `prefetch_factor × workers` batches
 //!   in flight, delivery in sampler order, persistent or per-epoch workers, optional pinned
@@ -26,6 +27,7 @@ pub mod fixtures;
 mod loader;
 mod memory;
 pub mod npy;
+mod pagecache;
 mod rng;
 mod sampler;
 mod staging;
@@ -43,6 +45,7 @@ pub use dtype::{DType, DTypeError, Element};
 pub use error::{DataError, FileProblem};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use memory::{LoaderMemory, MemoryWatch};
+pub use pagecache::evict_page_cache;
 pub use rng::{Rng, mix};
 pub use sampler::{EpochPlan, epoch_order};
 pub use staging::BatchBuffer;

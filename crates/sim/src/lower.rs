@@ -674,7 +674,10 @@ mod tests {
         let spec = ModelSpec::Transformer(gpt(1, 64, 4, 16, 100));
         // tokens and targets, 16 ids each: i64 under PyTorch, i32 under burn (Flex IntElem)
         assert_eq!(input_bytes_per_sample(&spec), 2 * 16 * 8);
-        assert_eq!(input_bytes_per_sample_for(&spec, Framework::Burn), 2 * 16 * 4);
+        assert_eq!(
+            input_bytes_per_sample_for(&spec, Framework::Burn),
+            2 * 16 * 4
+        );
         let p = lower_for(&spec, Framework::Burn).unwrap();
         for &v in &p.inputs {
             assert_eq!(p.values[v as usize].dtype, ValueDtype::Fixed(Dtype::I32));

@@ -18,12 +18,14 @@ pub fn tensor_domain(t: &Timeline) -> Domain {
     }
 }
 
-/// Bytes of `category` at sample `i` (tensor domain), or of all live categories when `None`.
+/// Bytes of `category` at sample `i` (tensor domain), or, when `None`, the run's own bytes:
+/// every category except `cache` (not live) and `other` (untagged bookkeeping and whatever
+/// other threads of the process allocate, which a rule about the run must not see).
 pub fn bytes_at(t: &Timeline, i: usize, category: Option<Category>) -> u64 {
     let cats = t.categories(i, tensor_domain(t));
     match category {
         Some(c) => cats.get(c),
-        None => cats.live(),
+        None => cats.live() - cats.get(Category::Other),
     }
 }
 

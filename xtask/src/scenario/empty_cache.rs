@@ -110,9 +110,10 @@ fn device_sample(
     for (_, c, size) in live.values() {
         device.categories.add(*c, *size);
     }
-    device
-        .categories
-        .set(Category::Cache, device.reserved.saturating_sub(device.allocated));
+    device.categories.set(
+        Category::Cache,
+        device.reserved.saturating_sub(device.allocated),
+    );
     device.peak_allocated = device.allocated;
     device.peak_reserved = device.reserved;
     Sample {
@@ -328,7 +329,11 @@ fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> anyho
                 figs,
             )
         }
-        None => Judgement::new(false, "the second large request succeeded", sizes_fig.clone()),
+        None => Judgement::new(
+            false,
+            "the second large request succeeded",
+            sizes_fig.clone(),
+        ),
     };
     ctx.push_verdict(
         VerdictKind::Pattern,
@@ -543,9 +548,11 @@ mod tests {
     #[test]
     fn fragmentation_fails_only_without_a_knob() {
         let (big, small) = (32 * MIB, 8 * MIB);
-        let base = fragmentation(big, small, AllocatorConfig::default(), false, false)
-            .expect("run");
-        let oom = base.oom.expect("the split cached block cannot serve the large request");
+        let base =
+            fragmentation(big, small, AllocatorConfig::default(), false, false).expect("run");
+        let oom = base
+            .oom
+            .expect("the split cached block cannot serve the large request");
         assert!(oom.device_free + oom.reserved_unallocated() >= big);
         assert!(
             fragmentation(big, small, AllocatorConfig::default(), false, true)
@@ -554,7 +561,12 @@ mod tests {
                 .is_some()
         );
         let cfg = split_config(big).expect("config");
-        assert!(fragmentation(big, small, cfg, false, false).expect("run").oom.is_none());
+        assert!(
+            fragmentation(big, small, cfg, false, false)
+                .expect("run")
+                .oom
+                .is_none()
+        );
         assert!(
             fragmentation(big, small, AllocatorConfig::default(), true, false)
                 .expect("run")
@@ -567,7 +579,11 @@ mod tests {
     fn fragmentation_sizes_come_from_the_run() {
         let sizes = [4096, 3 * MIB, 8 * MIB, 9 * MIB, 32 * MIB];
         assert_eq!(frag_sizes(&sizes), Some((32 * MIB, 8 * MIB)));
-        assert_eq!(frag_sizes(&[16 * MIB, 4 * MIB]), None, "largest below 24 MiB");
+        assert_eq!(
+            frag_sizes(&[16 * MIB, 4 * MIB]),
+            None,
+            "largest below 24 MiB"
+        );
         assert_eq!(frag_sizes(&[]), None);
     }
 }

@@ -237,16 +237,11 @@ pub fn summary_table(reports: &[ScenarioReport]) -> String {
                         ),
                         None => "-".into(),
                     })
-                    .unwrap_or_else(|| {
-                        if run.measured.is_none() {
-                            if run.simulated.is_some() {
-                                "sim only".into()
-                            } else {
-                                "-".into()
-                            }
-                        } else {
-                            "0".into()
-                        }
+                    .unwrap_or_else(|| match (&run.measured, &run.simulated) {
+                        (None, Some(_)) => "sim only".into(),
+                        (Some(_), None) => "measured only".into(),
+                        (Some(_), Some(_)) => "0".into(),
+                        (None, None) => "-".into(),
                     });
                 let _ = write!(out, " {cell} |");
             }

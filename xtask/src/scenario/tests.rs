@@ -4,7 +4,11 @@
 use super::report::VerdictKind;
 use super::*;
 
+/// Scenarios run one at a time: measured runs count the whole process's allocations.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_one(name: &str, mode: Mode) -> ScenarioReport {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
     let dir = std::env::temp_dir().join(format!(
         "trainmem-scenario-test-{}-{name}-{mode:?}",
@@ -95,4 +99,12 @@ fn measured_retained_leak() {
 fn measured_epoch_spike() {
     let report = run_one("epoch-spike", Mode::Both);
     assert_reproduced(&report, Mode::Measured);
+}
+
+#[test]
+fn measured_grad_accumulation_checkpoint_save_and_empty_cache() {
+    for name in ["grad-accumulation", "checkpoint-save", "empty-cache"] {
+        let report = run_one(name, Mode::Both);
+        assert_reproduced(&report, Mode::Measured);
+    }
 }

@@ -338,3 +338,13 @@ fn burn_balanced_checkpointing_keeps_pre_activations_only() {
     // two gelu outputs of 2 × 8 f32 no longer kept
     assert_eq!(plain - balanced, 2 * 2 * 8 * 4);
 }
+
+#[test]
+fn burn_parameters_carry_per_tensor_bookkeeping() {
+    let (peaks, params) = burn_peaks("sgd", "");
+    // 4 parameter tensors, each with burn's measured per-tensor bookkeeping
+    assert_eq!(
+        peaks.get(Category::Parameter),
+        params + 4 * super::runner::BURN_PARAM_BOOKKEEPING
+    );
+}
