@@ -7,8 +7,8 @@
 //! CPU device), with a host-memory model of the loader ([`engine::host`]). The result is the
 //! shared [`Timeline`] ([`timeline`]: bytes per category at every phase boundary, host and
 //! device) plus a [`Summary`] (peaks and when, the breakdown at the peak, fragmentation, a
-//! predicted OOM with the allocator's message). [`explain`] names the patterns in words,
-//! [`fit`] searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
+//! predicted OOM with the allocator's message). [`explain`](mod@explain) names the patterns in words,
+//! [`fit`](mod@fit) searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
 //! counters (Perfetto), a memory_viz snapshot pickle and an SVG chart.
 //!
 //! ```

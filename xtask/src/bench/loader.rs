@@ -244,6 +244,10 @@ pub fn run(args: LoaderBenchArgs) -> anyhow::Result<ExitCode> {
         return stream_child(&args, dir);
     }
     std::fs::create_dir_all(&args.dir)?;
+    if args.stream_under_limit.is_some() && args.stream_gib > 0.0 {
+        // Fail before minutes of throughput runs rather than after them.
+        cgroup::preflight()?;
+    }
     if !args.stream_only {
         throughput(&args)?;
     }
@@ -609,7 +613,7 @@ fn stream_child(args: &LoaderBenchArgs, dir: &Path) -> anyhow::Result<ExitCode> 
 /// Returns whether the checks passed; the cgroup is removed in every case.
 fn stream_limited(args: &LoaderBenchArgs, limit: u64) -> anyhow::Result<bool> {
     // Written (if needed) before the cgroup exists, by this process.
-    let (paths, samples) = stream_fixture(args)?;
+    let (paths, _) = stream_fixture(args)?;
     let on_disk: u64 = [&paths.features, &paths.labels]
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()))

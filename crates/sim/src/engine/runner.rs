@@ -112,6 +112,19 @@ struct Runner<'p> {
     burn_records: Option<TensorId>,
 }
 
+/// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
+/// (burn-nn's `Param` wrapper with its id and lazy-init state, the tensor handle and its
+/// layout, the autodiff leaf node of a parameter that requires grad), tagged `parameter`
+/// from model construction on.
+///
+/// This is a *measured* per-structure constant, not derived from burn's types: trainmem-burn's
+/// `twin_check` reports the measured `parameter` category minus the parameter tensors'
+/// bytes as 1,475–1,542 bytes per parameter tensor on MLPs of 4 to 16 tensors and 1,496 on
+/// a 36-tensor transformer (burn-nn `TransformerEncoder`); some larger MLPs and the CNN
+/// plan measure up to ≈ 2.2 KB per tensor (a few KB per model more, not per tensor, and not
+/// modelled).
+pub const BURN_PARAM_BOOKKEEPING: u64 = 1_500;
+
 /// What burn 0.21 does differently from PyTorch around a step, as far as memory goes
 /// (measured with trainmem-burn; see its `burn_facts` docs).
 ///
@@ -135,19 +148,6 @@ struct Runner<'p> {
 ///   weights are copied too and the old buffers stay with the kept graph.
 /// * Outputs kept with their graph come from a forward pass of their own (the loss forward
 ///   is backwarded as usual); that graph saves no loss tensors.
-/// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
-/// (burn-nn's `Param` wrapper with its id and lazy-init state, the tensor handle and its
-/// layout, the autodiff leaf node of a parameter that requires grad), tagged `parameter`
-/// from model construction on.
-///
-/// This is a *measured* per-structure constant, not derived from burn's types: trainmem-burn's
-/// `twin_check` reports the measured `parameter` category minus the parameter tensors'
-/// bytes as 1,475–1,542 bytes per parameter tensor on MLPs of 4 to 16 tensors and 1,496 on
-/// a 36-tensor transformer (burn-nn `TransformerEncoder`); some larger MLPs and the CNN
-/// plan measure up to ≈ 2.2 KB per tensor (a few KB per model more, not per tensor, and not
-/// modelled).
-pub const BURN_PARAM_BOOKKEEPING: u64 = 1_500;
-
 #[derive(Debug, Clone)]
 struct BurnRules {
     /// Tensors are host memory (Flex CPU backend): the loaded batch is the one host copy.

@@ -75,18 +75,30 @@ fn own_memory_cgroup() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Checks that a child memory cgroup can be made here (root, a mounted cgroup v1 memory
+/// controller) and returns this process's memory cgroup directory, the future parent.
+pub fn preflight() -> anyhow::Result<PathBuf> {
+    let uid = effective_uid()?;
+    if uid != 0 {
+        bail!(
+            "--stream-under-limit creates a memory cgroup and needs root (effective uid is {uid}); {WITHOUT}"
+        );
+    }
+    let dir = own_memory_cgroup()?;
+    anyhow::ensure!(
+        dir.join("memory.limit_in_bytes").exists(),
+        "{} has no memory.limit_in_bytes (not a cgroup v1 memory cgroup); {WITHOUT}",
+        dir.display()
+    );
+    Ok(dir)
+}
+
 impl MemCgroup {
     /// Creates `name` under this process's memory cgroup with `memory.limit_in_bytes = limit`.
     /// Fails with what is missing (root, a cgroup v1 memory controller, write access) and how
     /// to run without it.
     pub fn create(name: &str, limit: u64) -> anyhow::Result<MemCgroup> {
-        let uid = effective_uid()?;
-        if uid != 0 {
-            bail!(
-                "--stream-under-limit creates a memory cgroup and needs root (effective uid is {uid}); {WITHOUT}"
-            );
-        }
-        let parent = own_memory_cgroup()?;
+        let parent = preflight()?;
         let dir = parent.join(name);
         std::fs::create_dir(&dir).with_context(|| {
             format!(
@@ -173,11 +185,6 @@ pub fn join(dir: &Path) -> anyhow::Result<()> {
         now.display()
     );
     Ok(())
-}
-
-/// `memory.limit_in_bytes` of the memory cgroup at `dir`.
-pub fn limit_of(dir: &Path) -> anyhow::Result<u64> {
-    read_u64(&dir.join("memory.limit_in_bytes"))
 }
 
 /// Parses a size: a number with an optional binary unit (`B`, `K`/`KiB`, `M`/`MiB`,
