@@ -104,6 +104,27 @@ impl Tape {
             store.release(h);
         }
     }
+    /// Releases only the held tensors (the kept outputs), keeping the loss and whatever the
+    /// tape still saves: a caller that keeps the step's loss but not its outputs.
+    pub fn release_held<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
+        for h in self.held.drain(..) {
+            store.release(h);
+        }
+    }
+    /// Releases the tensors op `op` (an index into the program's ops) saved for backward,
+    /// leaving the rest of the tape as it is.
+    pub fn release_saved_of<M: TensorMemory>(&mut self, store: &mut TensorStore<M>, op: usize) {
+        let Some(&(s, e)) = self.ranges.get(op) else {
+            return;
+        };
+        for k in s..e {
+            let t = std::mem::replace(&mut self.saved[k as usize], TAPE_HOLE);
+            if t != TAPE_HOLE {
+                store.release(t);
+            }
+        }
+        self.ranges[op] = (0, 0);
+    }
     fn release_saved<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
         for t in self.saved.drain(..) {
             if t != TensorId::HOLE {

@@ -117,6 +117,61 @@ fn retain_graph_keeps_saved_tensors_until_the_tape_goes() {
     assert_eq!(s.live_total(), 48);
 }
 
+#[test]
+fn release_held_keeps_the_loss() {
+    let p = mlp();
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    let out_value = p.ops[2].output;
+    let mut tape = g
+        .forward(
+            &mut s,
+            &ins,
+            2,
+            1.0,
+            GradMode::Train,
+            &[out_value],
+            &mut NoHooks,
+        )
+        .unwrap();
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    // the held output (16) and the loss (4)
+    assert_eq!(s.live_of(Category::Activation), 20);
+    tape.release_held(&mut s);
+    assert!(tape.held().is_empty());
+    assert_eq!(s.live_of(Category::Activation), 4, "only the loss is kept");
+    tape.release(&mut s);
+    g.drop_param_grads(&mut s);
+    assert_eq!(s.live_total(), 48);
+}
+
+#[test]
+fn release_saved_of_frees_one_op_at_a_time() {
+    let p = mlp();
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    let mut tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
+    // relu saves its output a (64), which linear 2 saves too: still live after relu's go
+    tape.release_saved_of(&mut s, 1);
+    assert_eq!(s.live_of(Category::Activation), 84);
+    // linear 2's references go: a is freed (the mse still saves out and the loss remains)
+    tape.release_saved_of(&mut s, 2);
+    assert_eq!(s.live_of(Category::Activation), 20);
+    // releasing an op twice, or one out of range, is a no-op
+    tape.release_saved_of(&mut s, 2);
+    tape.release_saved_of(&mut s, 99);
+    assert_eq!(s.live_of(Category::Activation), 20);
+    tape.release(&mut s);
+    for t in ins {
+        s.release(t);
+    }
+    assert_eq!(s.live_total(), 0);
+}
+
 /// `n` residual blocks of width `w`: h = h + linear(relu(linear(h))).
 fn deep(n: usize, w: u64) -> Program {
     let mut b = ProgramBuilder::new();

@@ -39,6 +39,10 @@ pub struct LoaderBenchArgs {
     /// Batch size.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// trainmem's prefetch factor in the throughput rows (batches in flight per worker; 2 is
+    /// PyTorch's default, used for the comparison).
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: usize,
     /// Timed epochs per pipeline (the best is kept).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -275,10 +279,11 @@ fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
     let bps = ds.bytes_per_sample();
     let total_bytes = (n * bps) as f64;
     println!(
-        "loader bench: {n} samples x {bps} B ({:.2} GiB; f32[{}] + i64 label), batch {}, shuffled, page cache warm, best of {}, {} CPUs",
+        "loader bench: {n} samples x {bps} B ({:.2} GiB; f32[{}] + i64 label), batch {}, trainmem prefetch {}, shuffled, page cache warm, best of {}, {} CPUs",
         total_bytes / f64::from(1u32 << 30),
         args.dim,
         args.batch,
+        args.prefetch,
         args.repeats,
         std::thread::available_parallelism().map_or(0, usize::from)
     );
@@ -321,7 +326,7 @@ fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
         let config = LoaderConfig {
             batch_size: args.batch,
             workers: w,
-            prefetch_factor: 2,
+            prefetch_factor: args.prefetch,
             persistent_workers: true,
             order: Order::Shuffled { seed: 7 },
             ..LoaderConfig::default()

@@ -23,7 +23,7 @@ use trainmem_sim::timeline::{
 };
 use trainmem_sim::{Plan, SimResult};
 
-use super::ctx::{Ctx, Judgement};
+use super::ctx::{Backend, Ctx, Judgement};
 use super::report::{Figure, VerdictKind, mib};
 
 /// Smallest allocation traced and replayed (smaller host allocations are bookkeeping; on a GPU
@@ -441,6 +441,34 @@ fn empty_cache_effect(t: &Timeline) -> Judgement {
     )
 }
 
+/// On CUDA the measured run's device memory is cubecl's own (bytes in use and reserved by its
+/// pools, `memory_cleanup` as empty_cache at every epoch end), beside the twin on a GPU; the
+/// fragmentation experiment uses the twin's tensor sizes (host traces are not device tensors).
+fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> anyhow::Result<()> {
+    let idx = ctx.run("on the GPU (cubecl's pools)", gpu)?;
+    ctx.note(
+        "on CUDA the measured figures are cubecl's memory_usage (bytes in use / reserved) and \
+         empty_cache is burn's memory_cleanup, sampled at every epoch end",
+    );
+    ctx.check(
+        idx,
+        VerdictKind::Pattern,
+        "reserved >> allocated after an epoch",
+        cache_ratio,
+    );
+    ctx.check(
+        idx,
+        VerdictKind::Pattern,
+        "empty_cache returns the cache, not live tensors",
+        empty_cache_effect,
+    );
+    let sizes = ctx.record(idx).simulated.as_ref().map(sizes_simulated);
+    if let Some(sizes) = sizes {
+        fragmentation_verdicts(ctx, Source::Simulated, &sizes)?;
+    }
+    Ok(())
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let plan = ctx.plan("empty-cache")?;
@@ -448,6 +476,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     gpu.device.kind = DeviceKind::Cuda;
     gpu.training.empty_cache = EmptyCachePolicy::EveryEpoch;
 
+    if ctx.backend == Backend::Cuda {
+        return run_on_cuda(ctx, &gpu);
+    }
     let mut traced = None;
     if ctx.mode.measured() {
         let host = ctx.run_with("training run (host view)", &plan, |o| {

@@ -106,8 +106,12 @@ struct Runner<'p> {
     resolved: Option<(u32, u32)>,
     /// The plan trains under burn (see [`BurnRules`]).
     burn: Option<BurnRules>,
-    /// Old parameter buffers still referenced by kept graphs (burn).
-    pinned: Vec<TensorId>,
+    /// Old parameter buffers still referenced by kept graphs (burn), with the layer of the
+    /// parameter (the layer whose graph node references them).
+    pinned: Vec<(u32, TensorId)>,
+    /// Kept graphs dropped by the loop but not yet freed by burn-autodiff (see
+    /// [`OrphanedGraphs`]).
+    orphans: Vec<OrphanedGraphs>,
     /// burn-optim's per-parameter bookkeeping, from the first step on (burn).
     burn_records: Option<TensorId>,
 }
@@ -132,7 +136,10 @@ pub const BURN_PARAM_BOOKKEEPING: u64 = 1_500;
 ///   at its last use unless an op saved it (the MSE target goes during forward, the first
 ///   layer keeps the features until backward).
 /// * The training loop holds the logits (returned beside the loss) until the step's metrics
-///   are recorded, after backward.
+///   are recorded, after backward. Metrics are recorded (and sampled) per micro-batch right
+///   after its backward pass, before the optimizer step; metric tensors keep the loss
+///   (`loss.clone().detach()` shares its buffer) and, with `metrics.keep_outputs` only, the
+///   logits.
 /// * There is no `zero_grad`: the optimizer step consumes `GradientsParams`, so gradients
 ///   are freed inside the step.
 /// * Optimizer state takes the parameters' dtype (burn-optim builds the moments from the
@@ -155,6 +162,37 @@ struct BurnRules {
     /// Per parameter: a kept graph references it (the weight of a linear layer whose input
     /// requires grad).
     saved_by_graph: Vec<bool>,
+}
+
+/// Kept graphs the training loop dropped (`leak.clear_every`) that burn has not freed yet.
+///
+/// burn-autodiff keeps every graph in a process-wide registry. Dropping a kept output frees
+/// the output's own buffer at once, but its graph's saved tensors (and the old weight buffers
+/// the graph references) are freed only by the cleanup after a later backward pass, which
+/// frees one layer of an orphaned graph per pass, from the input side: on the 2-layer MLP
+/// (trainmem-burn `burn_facts`, "Dropping kept graphs frees them late", and the
+/// retained-leak plan with `clear_every = 2`) the first backward after the drop frees the
+/// first layer's saved batch and ReLU state, the second frees the second linear layer's saved
+/// input and the pinned old weights.
+#[derive(Debug)]
+struct OrphanedGraphs {
+    /// The dropped graphs (their held outputs already released).
+    tapes: Vec<Tape>,
+    /// Old parameter buffers they reference, with the parameter's layer.
+    pinned: Vec<(u32, TensorId)>,
+    /// The next layer a backward pass frees.
+    next_layer: u32,
+}
+
+impl OrphanedGraphs {
+    fn release(self, store: &mut TensorStore<SimMemory>) {
+        for t in self.tapes {
+            t.release(store);
+        }
+        for (_, t) in self.pinned {
+            store.release(t);
+        }
+    }
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -381,6 +419,7 @@ impl<'p> Runner<'p> {
             resolved,
             burn,
             pinned: Vec::new(),
+            orphans: Vec::new(),
             burn_records: None,
         })
     }
@@ -513,7 +552,7 @@ impl<'p> Runner<'p> {
                 .alloc(self.store.size(old), Category::OptimizerState)?;
             self.params[i] = new;
             if pinned {
-                self.pinned.push(old);
+                self.pinned.push((self.program.params[i].layer, old));
             } else {
                 self.store.release(old);
             }
@@ -577,7 +616,9 @@ impl<'p> Runner<'p> {
     }
 
     fn backward(&mut self, tape: &mut Tape) -> Result<(), SimOom> {
-        let retain = self.plan.leak.retain_graph;
+        // burn has no retain_graph: the kept graph is a forward of its own, and the loss
+        // graph is backwarded (and freed) as usual
+        let retain = self.plan.leak.retain_graph && self.burn.is_none();
         match self
             .graph
             .backward(&mut self.store, tape, retain, &mut self.hooks)
@@ -589,6 +630,52 @@ impl<'p> Runner<'p> {
                 requested: 0,
                 category: Category::Other,
             }),
+        }
+    }
+
+    /// burn: after a backward pass burn-autodiff frees one more layer of every dropped kept
+    /// graph (see [`OrphanedGraphs`]).
+    fn free_orphaned_layer(&mut self) {
+        let layers = self.program.layers.len() as u32;
+        let mut left = Vec::with_capacity(self.orphans.len());
+        for mut o in std::mem::take(&mut self.orphans) {
+            let layer = o.next_layer;
+            for (i, op) in self.program.ops.iter().enumerate() {
+                if op.layer == layer {
+                    for t in &mut o.tapes {
+                        t.release_saved_of(&mut self.store, i);
+                    }
+                }
+            }
+            let (now, later): (Vec<_>, Vec<_>) = o.pinned.into_iter().partition(|p| p.0 == layer);
+            for (_, t) in now {
+                self.store.release(t);
+            }
+            o.pinned = later;
+            o.next_layer += 1;
+            if o.next_layer >= layers {
+                o.release(&mut self.store);
+            } else {
+                left.push(o);
+            }
+        }
+        self.orphans = left;
+    }
+
+    /// Records the metrics the plan keeps (scalars or tensors already kept by the caller)
+    /// and samples `metrics`.
+    fn record_metrics(&mut self) {
+        match self.plan.metrics.retention {
+            MetricRetention::None => {}
+            MetricRetention::Scalars => {
+                self.begin(Phase::Metrics);
+                self.moment.scalars += self.plan.metrics.per_step;
+                self.sample(Phase::Metrics);
+            }
+            MetricRetention::Tensors => {
+                self.begin(Phase::Metrics);
+                self.sample(Phase::Metrics);
+            }
         }
     }
 
@@ -642,6 +729,9 @@ impl<'p> Runner<'p> {
             self.micro = (m > 1).then_some(mi);
             self.begin(Phase::Backward);
             self.backward(&mut tape)?;
+            if self.burn.is_some() {
+                self.free_orphaned_layer();
+            }
             if self.ddp_buckets.is_empty()
                 && self.plan.parallel.world_size > 1
                 && self.plan.parallel.zero_stage == 0
@@ -673,9 +763,18 @@ impl<'p> Runner<'p> {
             if self.plan.leak.retain_outputs && !burn_kept_graph {
                 self.kept_tapes.push(tape);
             } else if self.plan.metrics.retention == MetricRetention::Tensors {
+                // the loss is kept per step; the outputs only with `keep_outputs`
+                if !self.plan.metrics.keep_outputs {
+                    tape.release_held(&mut self.store);
+                }
                 self.metric_tapes.push(tape);
             } else {
                 tape.release(&mut self.store);
+            }
+            if self.burn.is_some() {
+                // burn: metrics are recorded per micro-batch right after its backward pass,
+                // before the optimizer step (the logits are dropped then; see `BurnRules`)
+                self.record_metrics();
             }
             done_b += 1;
         }
@@ -734,21 +833,34 @@ impl<'p> Runner<'p> {
             }
             self.sample(Phase::ZeroGrad);
         }
-        match self.plan.metrics.retention {
-            MetricRetention::None => {}
-            MetricRetention::Scalars => {
-                self.moment.scalars += self.plan.metrics.per_step;
-                self.sample(Phase::Metrics);
-            }
-            MetricRetention::Tensors => self.sample(Phase::Metrics),
+        if self.burn.is_none() {
+            // PyTorch: metrics are recorded once per step, after the optimizer step
+            self.record_metrics();
         }
         let ce = self.plan.leak.clear_every;
         if ce > 0 && (self.step + 1).is_multiple_of(ce) {
-            for t in self.kept_tapes.drain(..) {
-                t.release(&mut self.store);
-            }
-            for t in self.pinned.drain(..) {
-                self.store.release(t);
+            if self.burn.is_some() {
+                // burn: dropping the outputs frees their buffers now; their graphs go later,
+                // one layer per backward pass (see `OrphanedGraphs`)
+                let mut tapes: Vec<Tape> = self.kept_tapes.drain(..).collect();
+                for t in &mut tapes {
+                    t.release_held(&mut self.store);
+                }
+                let pinned: Vec<(u32, TensorId)> = self.pinned.drain(..).collect();
+                if !tapes.is_empty() || !pinned.is_empty() {
+                    self.orphans.push(OrphanedGraphs {
+                        tapes,
+                        pinned,
+                        next_layer: 0,
+                    });
+                }
+            } else {
+                for t in self.kept_tapes.drain(..) {
+                    t.release(&mut self.store);
+                }
+                for (_, t) in self.pinned.drain(..) {
+                    self.store.release(t);
+                }
             }
         }
         let every = self.plan.training.checkpoint_every;
@@ -842,7 +954,15 @@ impl<'p> Runner<'p> {
         for t in self.kept_tapes.drain(..).chain(self.metric_tapes.drain(..)) {
             t.release(&mut self.store);
         }
-        for t in self.pinned.drain(..).chain(self.burn_records.take()) {
+        for o in std::mem::take(&mut self.orphans) {
+            o.release(&mut self.store);
+        }
+        for t in self
+            .pinned
+            .drain(..)
+            .map(|(_, t)| t)
+            .chain(self.burn_records.take())
+        {
             self.store.release(t);
         }
         self.graph.drop_param_grads(&mut self.store);

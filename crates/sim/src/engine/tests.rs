@@ -348,3 +348,95 @@ fn burn_parameters_carry_per_tensor_bookkeeping() {
         params + 4 * super::runner::BURN_PARAM_BOOKKEEPING
     );
 }
+
+fn burn_timeline(extra: &str, steps: u64) -> crate::timeline::Timeline {
+    let text = format!(
+        "framework = \"burn\"\n{}\n{extra}",
+        TINY.replace("kind = \"adam\"", "kind = \"sgd\"")
+            .replace("steps_per_epoch = 3", &format!("steps_per_epoch = {steps}"))
+    );
+    let plan = Plan::from_toml_str(&text).unwrap();
+    simulate(&plan, SimOptions::default()).unwrap().timeline
+}
+
+fn activation_at(t: &crate::timeline::Timeline, step: u64, phase: Phase) -> u64 {
+    t.find(step, phase)
+        .unwrap()
+        .device
+        .categories
+        .get(Category::Activation)
+}
+
+#[test]
+fn burn_metric_tensors_keep_the_outputs_only_when_asked() {
+    let growth = |keep: bool| {
+        let t = burn_timeline(
+            &format!("[metrics]\nretention = \"tensors\"\nkeep_outputs = {keep}\n"),
+            3,
+        );
+        activation_at(&t, 2, Phase::OptimizerStep) - activation_at(&t, 1, Phase::OptimizerStep)
+    };
+    // the loss (1 f32) per step; with the outputs also one batch of logits (2 × 2 f32)
+    assert_eq!(growth(false), 4);
+    assert_eq!(growth(true), 4 + 2 * 2 * 4);
+}
+
+#[test]
+fn burn_records_metrics_after_backward_before_the_optimizer_step() {
+    let order = |framework: &str| {
+        let text = format!(
+            "framework = \"{framework}\"\n{TINY}\n[metrics]\nretention = \"scalars\"\n"
+        );
+        let plan = Plan::from_toml_str(&text).unwrap();
+        let t = simulate(&plan, SimOptions::default()).unwrap().timeline;
+        t.samples
+            .iter()
+            .filter(|s| s.step == 0)
+            .map(|s| s.phase)
+            .filter(|p| matches!(p, Phase::Backward | Phase::Metrics | Phase::OptimizerStep))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        order("burn"),
+        [Phase::Backward, Phase::Metrics, Phase::OptimizerStep]
+    );
+    assert_eq!(
+        order("pytorch"),
+        [Phase::Backward, Phase::OptimizerStep, Phase::Metrics]
+    );
+}
+
+#[test]
+fn burn_frees_dropped_kept_graphs_one_layer_per_backward() {
+    let t = burn_timeline(
+        "[leak]\nretain_outputs = true\nretain_graph = true\nclear_every = 2\n",
+        4,
+    );
+    let at = |step, phase, c| t.find(step, phase).unwrap().device.categories.get(c);
+    // dropping the two kept outputs frees their logits (2 × 2 f32 each) at once
+    assert_eq!(
+        activation_at(&t, 1, Phase::OptimizerStep) - activation_at(&t, 2, Phase::BatchLoaded),
+        2 * 2 * 2 * 4
+    );
+    // the first backward after the drop frees the first layer of both graphs: the second
+    // layer's saved input (the relu output, 2 × 8 f32 each) and its graph nodes are still
+    // there
+    let head_nodes = u64::from(trainmem_autograd::burn_recorded_ops(
+        trainmem_autograd::OpKind::Linear,
+    )) * trainmem_autograd::BURN_NODE_BYTES;
+    assert_eq!(
+        activation_at(&t, 2, Phase::Backward) - activation_at(&t, 0, Phase::Backward),
+        2 * (2 * 8 * 4 + head_nodes)
+    );
+    // ... and so are the old head weights (8 × 2 f32) the graphs pinned
+    let pinned = |step| {
+        at(step, Phase::Backward, Category::Parameter)
+            + at(step, Phase::Backward, Category::OptimizerState)
+    };
+    assert_eq!(pinned(2) - pinned(3), 2 * 16 * 4);
+    // the second backward frees the rest: step 3 looks like step 1
+    assert_eq!(
+        activation_at(&t, 3, Phase::Backward),
+        activation_at(&t, 1, Phase::Backward)
+    );
+}
