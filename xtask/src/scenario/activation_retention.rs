@@ -226,25 +226,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::Source;
 
     fn timeline(phases: &[(Phase, u64, u64)]) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        for &(phase, step, act) in phases {
-            let mut s = Sample {
-                phase,
-                step,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Activation, act);
-            t.push(s);
-        }
-        t
+        of(
+            Source::Simulated,
+            phases
+                .iter()
+                .map(|&(phase, step, act)| sample(phase, step, 0, &[(Category::Activation, act)])),
+        )
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use trainmem_probe::Category;
 use trainmem_sim::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, close, delta, index_of, place, points, series_at, spread};
+use super::checks::{
+    bytes_at, close, delta, index_of, param_bytes, place, points, series_at, spread,
+};
 use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
@@ -24,13 +26,6 @@ pub const EXPLANATION: &[&str] = &[
 /// The largest relative difference allowed between the spike and the parameter bytes: the
 /// record also holds each parameter's name and shape, a few hundred bytes per tensor.
 const SPIKE_MARGIN: f64 = 0.05;
-
-/// Parameter bytes after model construction.
-fn param_bytes(t: &Timeline) -> u64 {
-    index_of(t, 0, Phase::ModelInit)
-        .map(|i| bytes_at(t, i, Some(Category::Parameter)))
-        .unwrap_or(0)
-}
 
 /// One save: the live bytes after the optimizer step it follows, during the save, and at the
 /// next sample, with the `temporary` bytes during the save.
@@ -225,30 +220,28 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::Source;
 
     fn timeline(spike: u64) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        let mut push = |phase, step, params: u64, temp: u64| {
-            let mut s = Sample {
+        let at = |phase, step, temp: u64| {
+            sample(
                 phase,
                 step,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Parameter, params);
-            s.host.categories.set(Category::Temporary, temp);
-            t.push(s);
+                0,
+                &[(Category::Parameter, 1000), (Category::Temporary, temp)],
+            )
         };
-        push(Phase::ModelInit, 0, 1000, 0);
-        push(Phase::OptimizerStep, 0, 1000, 0);
-        push(Phase::CheckpointSave, 0, 1000, spike);
-        push(Phase::OptimizerStep, 1, 1000, 0);
-        t
+        of(
+            Source::Simulated,
+            [
+                at(Phase::ModelInit, 0, 0),
+                at(Phase::OptimizerStep, 0, 0),
+                at(Phase::CheckpointSave, 0, spike),
+                at(Phase::OptimizerStep, 1, 0),
+            ],
+        )
     }
 
     #[test]

@@ -57,6 +57,13 @@ pub fn peak(t: &Timeline, category: Option<Category>) -> (u64, usize) {
         .unwrap_or((0, 0))
 }
 
+/// Parameter bytes after model construction (0 when the run has no `model_init` sample).
+pub fn param_bytes(t: &Timeline) -> u64 {
+    index_of(t, 0, Phase::ModelInit)
+        .map(|i| bytes_at(t, i, Some(Category::Parameter)))
+        .unwrap_or(0)
+}
+
 /// A sample's place, for sentences (`epoch 1 step 7 after forward`).
 pub fn place(s: &Sample) -> String {
     format!("epoch {} step {} after {}", s.epoch, s.step, s.phase.name())
@@ -65,6 +72,16 @@ pub fn place(s: &Sample) -> String {
 /// `b - a` as a signed number.
 pub fn delta(a: u64, b: u64) -> i64 {
     b as i64 - a as i64
+}
+
+/// Differences between consecutive values (`values[i + 1] - values[i]`), signed.
+pub fn steps_of(values: &[u64]) -> Vec<i64> {
+    values.windows(2).map(|w| delta(w[0], w[1])).collect()
+}
+
+/// Step-to-step differences of live bytes after the optimizer step.
+pub fn growth_per_step(t: &Timeline) -> Vec<i64> {
+    steps_of(&series_at(t, Phase::OptimizerStep, None))
 }
 
 /// Whether `x` is within `rel` (a fraction) of `reference`.
@@ -79,36 +96,65 @@ pub fn spread(values: &[u64]) -> u64 {
     max - min
 }
 
+/// Builders of hand-made samples and timelines for the scenario rules' unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use trainmem_sim::timeline::{Source, TimelineMeta};
+pub(crate) mod testing {
+    use trainmem_probe::Category;
+    use trainmem_sim::timeline::{Phase, Sample, Source, Timeline, TimelineMeta};
 
-    fn t(device: bool) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        for (step, phase, act) in [
-            (0, Phase::Forward, 10u64),
-            (0, Phase::Backward, 2),
-            (1, Phase::Forward, 12),
-        ] {
-            let mut s = Sample {
-                phase,
-                step,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            if device {
-                s.device.categories.set(Category::Activation, act);
-                s.device.categories.set(Category::Cache, 100);
-            } else {
-                s.host.categories.set(Category::Activation, act);
-            }
+    /// A sample after `phase` at `step` of `epoch`, with `categories` set on the host and
+    /// nothing on the device.
+    pub fn sample(phase: Phase, step: u64, epoch: u64, categories: &[(Category, u64)]) -> Sample {
+        let mut s = Sample {
+            phase,
+            step,
+            epoch,
+            micro_batch: None,
+            time_us: 0.0,
+            host: Default::default(),
+            device: Default::default(),
+        };
+        for &(c, b) in categories {
+            s.host.categories.set(c, b);
+        }
+        s
+    }
+
+    /// A timeline of `samples`, in order, from `source`.
+    pub fn timeline(source: Source, samples: impl IntoIterator<Item = Sample>) -> Timeline {
+        let mut t = Timeline::new(source, TimelineMeta::default());
+        for s in samples {
             t.push(s);
         }
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{sample, timeline};
+    use super::*;
+    use trainmem_sim::timeline::Source;
+
+    fn t(device: bool) -> Timeline {
+        let rows = [
+            (0, Phase::Forward, 10u64),
+            (0, Phase::Backward, 2),
+            (1, Phase::Forward, 12),
+        ];
+        timeline(
+            Source::Simulated,
+            rows.into_iter().map(|(step, phase, act)| {
+                if device {
+                    let mut s = sample(phase, step, 0, &[]);
+                    s.device.categories.set(Category::Activation, act);
+                    s.device.categories.set(Category::Cache, 100);
+                    s
+                } else {
+                    sample(phase, step, 0, &[(Category::Activation, act)])
+                }
+            }),
+        )
     }
 
     #[test]
@@ -126,5 +172,7 @@ mod tests {
         }
         assert!(close(105, 100, 0.05) && !close(106, 100, 0.05));
         assert_eq!(delta(5, 3), -2);
+        assert_eq!(steps_of(&[5, 3, 10]), vec![-2, 7]);
+        assert_eq!(steps_of(&[5]), Vec::<i64>::new());
     }
 }

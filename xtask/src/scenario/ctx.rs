@@ -205,15 +205,7 @@ impl Ctx {
         } else {
             None
         };
-        self.runs.push(RunRecord {
-            label: label.to_string(),
-            plan: plan.clone(),
-            measured,
-            simulated,
-            not_measured: None,
-            no_targets: None,
-        });
-        Ok(self.runs.len() - 1)
+        Ok(self.add_run(label, plan, measured, simulated))
     }
 
     /// Runs `plan` measured only (when the mode measures; `None` otherwise), for a run option
@@ -230,15 +222,7 @@ impl Ctx {
         }
         let measured = self.measure(label, plan, configure)?;
         self.note(format!("`{label}` is measured only: {reason}"));
-        self.runs.push(RunRecord {
-            label: label.to_string(),
-            plan: plan.clone(),
-            measured: Some(measured),
-            simulated: None,
-            not_measured: None,
-            no_targets: None,
-        });
-        Ok(Some(self.runs.len() - 1))
+        Ok(Some(self.add_run(label, plan, Some(measured), None)))
     }
 
     /// Runs `plan` through the twin only, whatever the mode, and says why in the report
@@ -254,15 +238,9 @@ impl Ctx {
         if let Some(reason) = &not_measured {
             self.note(format!("`{label}` is simulated only: {reason}"));
         }
-        self.runs.push(RunRecord {
-            label: label.to_string(),
-            plan: plan.clone(),
-            measured: None,
-            simulated,
-            not_measured,
-            no_targets: None,
-        });
-        Ok(self.runs.len() - 1)
+        let idx = self.add_run(label, plan, None, simulated);
+        self.runs[idx].not_measured = not_measured;
+        Ok(idx)
     }
 
     fn bar(&self, label: &str, what: &str, total: u64) -> ProgressBar {

@@ -165,34 +165,30 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Phase, Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::{Phase, Sample, Source};
 
     /// One step of `m` micro-batches: activations `fwd[i]` after each forward, gradients
     /// `grad[i]` after each backward.
     fn step(fwd: &[u64], grad: &[u64]) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        let mut push = |phase, mb: usize, a: u64, g: u64| {
-            let mut s = Sample {
+        let at = |phase, mb: usize, a: u64, g: u64| Sample {
+            micro_batch: Some(mb as u32),
+            ..sample(
                 phase,
-                step: 0,
-                epoch: 0,
-                micro_batch: Some(mb as u32),
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Activation, a);
-            s.host.categories.set(Category::Gradient, g);
-            t.push(s);
+                0,
+                0,
+                &[(Category::Activation, a), (Category::Gradient, g)],
+            )
         };
+        let mut samples = Vec::new();
         for (i, (&a, &g)) in fwd.iter().zip(grad).enumerate() {
             let before = if i == 0 { 0 } else { grad[i - 1] };
-            push(Phase::BatchLoaded, i, 0, before);
-            push(Phase::Forward, i, a, before);
-            push(Phase::Backward, i, 0, g);
+            samples.push(at(Phase::BatchLoaded, i, 0, before));
+            samples.push(at(Phase::Forward, i, a, before));
+            samples.push(at(Phase::Backward, i, 0, g));
         }
-        t
+        of(Source::Simulated, samples)
     }
 
     #[test]

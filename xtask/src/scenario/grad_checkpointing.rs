@@ -9,7 +9,7 @@ use trainmem_sim::model::ModelSpec;
 use trainmem_sim::plan::CheckpointPolicyKind;
 use trainmem_sim::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, points};
+use super::checks::{bytes_at, index_of, param_bytes, points};
 use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
@@ -52,13 +52,6 @@ fn after_step(t: &Timeline) -> u64 {
     points(t, Phase::OptimizerStep)
         .last()
         .map(|&i| bytes_at(t, i, None))
-        .unwrap_or(0)
-}
-
-/// Parameter bytes after construction.
-fn param_bytes(t: &Timeline) -> u64 {
-    index_of(t, 0, Phase::ModelInit)
-        .map(|i| bytes_at(t, i, Some(Category::Parameter)))
         .unwrap_or(0)
 }
 
@@ -145,27 +138,22 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::Source;
 
     fn timeline(activation: u64) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        for step in 0..2 {
-            let mut s = Sample {
-                phase: Phase::Forward,
-                step,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host
-                .categories
-                .set(Category::Activation, activation + step);
-            t.push(s);
-        }
-        t
+        of(
+            Source::Simulated,
+            (0..2).map(|step| {
+                sample(
+                    Phase::Forward,
+                    step,
+                    0,
+                    &[(Category::Activation, activation + step)],
+                )
+            }),
+        )
     }
 
     #[test]

@@ -6,9 +6,9 @@ use anyhow::bail;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
 use trainmem_sim::plan::MetricRetention;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_sim::timeline::Timeline;
 
-use super::checks::series_at;
+use super::checks::growth_per_step;
 use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
@@ -31,14 +31,6 @@ fn output_batch_bytes(plan: &Plan) -> anyhow::Result<u64> {
         bail!("logging-growth expects an MLP plan (its outputs size one kept batch)");
     };
     Ok(plan.micro_batch_size() * mlp.output * plan.precision.compute.size())
-}
-
-/// Step-to-step differences of live bytes after the optimizer step.
-fn growth_per_step(t: &Timeline) -> Vec<i64> {
-    series_at(t, Phase::OptimizerStep, None)
-        .windows(2)
-        .map(|w| w[1] as i64 - w[0] as i64)
-        .collect()
 }
 
 /// Whether every step grows live memory by one batch of outputs (within `margin`).
@@ -136,26 +128,23 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
     use trainmem_probe::Category;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::{Phase, Source};
 
     fn timeline(per_step: &[u64]) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        for (step, &b) in per_step.iter().enumerate() {
-            let mut s = Sample {
-                phase: Phase::OptimizerStep,
-                step: step as u64,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Activation, b);
-            t.push(s);
-        }
-        t
+        of(
+            Source::Simulated,
+            per_step.iter().enumerate().map(|(step, &b)| {
+                sample(
+                    Phase::OptimizerStep,
+                    step as u64,
+                    0,
+                    &[(Category::Activation, b)],
+                )
+            }),
+        )
     }
 
     #[test]

@@ -126,23 +126,20 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::Source;
 
     fn timeline(params: u64) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        let mut s = Sample {
-            phase: Phase::ModelInit,
-            step: 0,
-            epoch: 0,
-            micro_batch: None,
-            time_us: 0.0,
-            host: Default::default(),
-            device: Default::default(),
-        };
-        s.host.categories.set(Category::Parameter, params);
-        t.push(s);
-        t
+        of(
+            Source::Simulated,
+            [sample(
+                Phase::ModelInit,
+                0,
+                0,
+                &[(Category::Parameter, params)],
+            )],
+        )
     }
 
     #[test]

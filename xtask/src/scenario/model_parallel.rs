@@ -5,10 +5,10 @@
 
 use anyhow::{Context, anyhow, bail};
 use trainmem_probe::Category;
-use trainmem_sim::timeline::{Phase, Source, Timeline};
+use trainmem_sim::timeline::{Source, Timeline};
 use trainmem_sim::{Plan, Summary};
 
-use super::checks::{bytes_at, index_of, peak};
+use super::checks::{param_bytes, peak};
 use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
@@ -250,12 +250,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 /// The busiest stage's timeline `s` against the single device's `o`: its parameter bytes are
 /// its share of the single device's (within 3%: allocator rounding), and its peak is lower.
 fn knob_judgement(s: &Timeline, o: &Timeline, stage: u64, share: f64) -> Judgement {
-    let params = |t: &Timeline| {
-        index_of(t, 0, Phase::ModelInit)
-            .map(|i| bytes_at(t, i, Some(Category::Parameter)))
-            .unwrap_or(0)
-    };
-    let (ps, po) = (params(s), params(o));
+    let (ps, po) = (param_bytes(s), param_bytes(o));
     let ratio = ps as f64 / po.max(1) as f64;
     let ((peak_s, _), (peak_o, _)) = (peak(s, None), peak(o, None));
     let ok = po > 0 && (ratio / share - 1.0).abs() <= 0.03 && peak_s < peak_o;

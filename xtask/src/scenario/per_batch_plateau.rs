@@ -272,25 +272,17 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Sample, Source, TimelineMeta};
+    use trainmem_sim::timeline::Source;
 
     fn timeline(levels: &[(Phase, u64, u64, u64)]) -> Timeline {
-        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
-        for &(phase, step, epoch, live) in levels {
-            let mut s = Sample {
-                phase,
-                step,
-                epoch,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Other, live);
-            t.push(s);
-        }
-        t
+        of(
+            Source::Simulated,
+            levels.iter().map(|&(phase, step, epoch, live)| {
+                sample(phase, step, epoch, &[(Category::Other, live)])
+            }),
+        )
     }
 
     fn steps(creep: u64) -> Timeline {

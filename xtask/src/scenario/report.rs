@@ -596,26 +596,22 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Phase, TimelineMeta};
+    use trainmem_sim::timeline::Phase;
 
     fn timeline(source: Source, values: &[(Phase, u64, u64)]) -> Timeline {
-        let mut t = Timeline::new(source, TimelineMeta::default());
-        for &(phase, step, act) in values {
-            let mut s = Sample {
-                phase,
-                step,
-                epoch: 0,
-                micro_batch: None,
-                time_us: 0.0,
-                host: Default::default(),
-                device: Default::default(),
-            };
-            s.host.categories.set(Category::Parameter, 1 << 20);
-            s.host.categories.set(Category::Activation, act);
-            t.push(s);
-        }
-        t
+        of(
+            source,
+            values.iter().map(|&(phase, step, act)| {
+                sample(
+                    phase,
+                    step,
+                    0,
+                    &[(Category::Parameter, 1 << 20), (Category::Activation, act)],
+                )
+            }),
+        )
     }
 
     #[test]

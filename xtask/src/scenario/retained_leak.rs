@@ -1,10 +1,9 @@
 //! `retained-leak`: keeping each step's graph-holding output grows memory linearly; dropping
 //! the kept outputs (or clearing them periodically) stops it.
 
-use trainmem_probe::Category;
 use trainmem_sim::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, series_at};
+use super::checks::{param_bytes, series_at, steps_of};
 use super::ctx::{Ctx, Judgement};
 use super::report::{Figure, VerdictKind};
 
@@ -24,12 +23,6 @@ fn per_step(t: &Timeline) -> Vec<u64> {
     series_at(t, Phase::OptimizerStep, None)
 }
 
-fn param_bytes(t: &Timeline) -> u64 {
-    index_of(t, 0, Phase::ModelInit)
-        .map(|i| bytes_at(t, i, Some(Category::Parameter)))
-        .unwrap_or(0)
-}
-
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     let plan = ctx.plan("retained-leak")?;
@@ -40,7 +33,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         "memory grows linearly with the kept graphs",
         |t| {
             let s = per_step(t);
-            let diffs: Vec<i64> = s.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
+            let diffs = steps_of(&s);
             let min = diffs.iter().copied().min().unwrap_or(0);
             let max = diffs.iter().copied().max().unwrap_or(0);
             let total =

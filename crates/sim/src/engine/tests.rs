@@ -384,9 +384,8 @@ fn burn_metric_tensors_keep_the_outputs_only_when_asked() {
 #[test]
 fn burn_records_metrics_after_backward_before_the_optimizer_step() {
     let order = |framework: &str| {
-        let text = format!(
-            "framework = \"{framework}\"\n{TINY}\n[metrics]\nretention = \"scalars\"\n"
-        );
+        let text =
+            format!("framework = \"{framework}\"\n{TINY}\n[metrics]\nretention = \"scalars\"\n");
         let plan = Plan::from_toml_str(&text).unwrap();
         let t = simulate(&plan, SimOptions::default()).unwrap().timeline;
         t.samples
@@ -428,12 +427,16 @@ fn burn_frees_dropped_kept_graphs_one_layer_per_backward() {
         activation_at(&t, 2, Phase::Backward) - activation_at(&t, 0, Phase::Backward),
         2 * (2 * 8 * 4 + head_nodes)
     );
-    // ... and so are the old head weights (8 × 2 f32) the graphs pinned
-    let pinned = |step| {
-        at(step, Phase::Backward, Category::Parameter)
-            + at(step, Phase::Backward, Category::OptimizerState)
+    // ... and so are the old head weights the graphs pinned
+    let weights = |step, phase| {
+        at(step, phase, Category::Parameter) + at(step, phase, Category::OptimizerState)
     };
-    assert_eq!(pinned(2) - pinned(3), 2 * 16 * 4);
+    assert_eq!(weights(2, Phase::Forward), weights(2, Phase::Backward));
+    // the second backward frees them (the head's weight, 8 × 2 f32, pinned by each graph)
+    assert_eq!(
+        weights(3, Phase::Forward) - weights(3, Phase::Backward),
+        2 * 16 * 4
+    );
     // the second backward frees the rest: step 3 looks like step 1
     assert_eq!(
         activation_at(&t, 3, Phase::Backward),
