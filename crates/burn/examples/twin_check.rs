@@ -30,14 +30,16 @@ use trainmem_sim::timeline::{Domain, Sample, Timeline};
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
 
-/// Categories shown in the `--series` view (the ones a training step moves).
-const SERIES: [Category; 6] = [
+/// Categories shown in the `--series` view (the ones a training step moves, and `other`:
+/// kernel scratch and runtime bookkeeping).
+const SERIES: [Category; 7] = [
     Category::Parameter,
     Category::Gradient,
     Category::OptimizerState,
     Category::Activation,
     Category::Input,
     Category::Temporary,
+    Category::Other,
 ];
 
 fn error_percent(measured: u64, simulated: u64) -> f64 {
