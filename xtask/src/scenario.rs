@@ -23,6 +23,7 @@ use anyhow::{Context, bail};
 pub mod checks;
 pub mod ctx;
 pub mod output;
+pub mod replay;
 pub mod report;
 
 mod activation_retention;

@@ -42,6 +42,11 @@ const SERIES: [Category; 7] = [
     Category::Other,
 ];
 
+/// Heap bytes a vector reserved (capacity × element size).
+fn reserved_bytes<T>(v: &Vec<T>) -> u64 {
+    (v.capacity() * std::mem::size_of::<T>()) as u64
+}
+
 fn error_percent(measured: u64, simulated: u64) -> f64 {
     if measured == 0 {
         if simulated == 0 { 0.0 } else { f64::INFINITY }
@@ -173,6 +178,24 @@ fn main() -> ExitCode {
                 error_percent(a, b)
             );
         }
+        // `other` in detail: the twin's kernel scratch, and what the measured run holds there
+        // that the twin does not model (the probe's own sample buffers, reserved before
+        // `start`: the returned vectors are those very allocations).
+        let probe_own = reserved_bytes(&measured.samples) + reserved_bytes(&measured.loader_memory);
+        let other_at = |t: &Timeline, phase: &str| {
+            t.samples
+                .iter()
+                .find(|s| s.phase.name() == phase)
+                .map_or(0, |s| s.host.categories.get(Category::Other))
+        };
+        let m_start = other_at(&measured.timeline, "start");
+        let rest = m_start as i64 - plan.kernel_scratch_bytes() as i64 - probe_own as i64;
+        println!(
+            "  other at start: measured {m_start} = kernel scratch {} (twin: {}) + probe's own \
+             buffers {probe_own} (not modelled) + rest {rest}",
+            plan.kernel_scratch_bytes(),
+            other_at(&simulated.timeline, "start"),
+        );
         if series {
             print_series(&measured.timeline, &simulated.timeline);
         }

@@ -32,6 +32,11 @@
 //! allocator = "max_split_size_mb:128"
 //! ```
 //!
+//! `[host]` has `capacity` (reported against, not enforced), `baseline` (resident bytes before
+//! training, under `other`) and `kernel_scratch` (bytes a compute library keeps for the
+//! training thread's life, under `other` from `start` to `end`; by default gemm's L2-sized
+//! packing buffer for framework `burn` on a CPU device, 0 otherwise: [`Plan::kernel_scratch_bytes`]).
+//!
 //! The loader section is trainmem-sim's own [`LoaderPlan`] (worker count, prefetch factor,
 //! persistence, pinning); it mirrors the knobs of trainmem-loader's configuration.
 
@@ -403,6 +408,13 @@ pub struct HostPlan {
     pub capacity: Option<ByteSize>,
     /// Resident memory of the process before training (interpreter, libraries).
     pub baseline: ByteSize,
+    /// Kernel scratch the compute library keeps for the training thread's whole life,
+    /// counted under `other` from `start` to `end` (e.g. `"1MiB"`). Absent: for framework
+    /// `burn` on a CPU device, the `gemm` crate's thread-local packing buffer as gemm sizes
+    /// it on the machine running the simulation (its L2 cache bytes per CPU, see
+    /// [`crate::engine::kernel_scratch`]); otherwise 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_scratch: Option<ByteSize>,
 }
 
 /// `[parallel]`.
@@ -761,6 +773,19 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// Bytes of kernel scratch kept from `start` to `end` under `other`: `host.kernel_scratch`
+    /// when given; otherwise gemm's packing buffer on this machine for framework `burn` on a
+    /// CPU device ([`crate::engine::kernel_scratch::gemm_l2_slab_bytes`]), else 0.
+    pub fn kernel_scratch_bytes(&self) -> u64 {
+        match self.host.kernel_scratch {
+            Some(b) => b.0,
+            None if self.framework == Framework::Burn && self.device.kind == DeviceKind::Cpu => {
+                crate::engine::kernel_scratch::gemm_l2_slab_bytes()
+            }
+            None => 0,
+        }
     }
 
     /// Samples per forward/backward.

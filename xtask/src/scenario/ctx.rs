@@ -290,6 +290,9 @@ impl Ctx {
             backend: self.backend.choice()?,
             work_dir: Some(self.work_dir.join("work")),
             progress: Some(&mut on_step),
+            // Traced so the tensors can be replayed through the caching allocator (the
+            // scenario's memory_viz snapshot).
+            trace_allocations: Some(super::replay::MIN_TRACE),
             ..RunOptions::default()
         };
         configure(&mut opts);

@@ -8,30 +8,20 @@
 //! trace is replayed. The twin simulates the same plan on a GPU. On CUDA, burn's device memory
 //! comes from cubecl's own pools and the measured timeline shows its figures directly.
 
-use std::collections::HashMap;
-
-use anyhow::{Context, bail};
+use anyhow::Context;
 use trainmem_alloc::{
-    AllocError, AllocatorConfig, BlockId, CachingAllocator, HostDevice, LARGE_BUFFER, OutOfMemory,
-    StreamId, TraceAction, allocation_size,
+    AllocError, AllocatorConfig, CachingAllocator, HostDevice, LARGE_BUFFER, OutOfMemory, StreamId,
+    TraceAction, allocation_size,
 };
 use trainmem_burn::MeasuredRun;
-use trainmem_probe::{Category, TraceKind};
+use trainmem_probe::TraceKind;
 use trainmem_sim::plan::{DeviceKind, EmptyCachePolicy};
-use trainmem_sim::timeline::{
-    DeviceBytes, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,
-};
+use trainmem_sim::timeline::{Phase, Source, Timeline};
 use trainmem_sim::{Plan, SimResult};
 
 use super::ctx::{Backend, Ctx, Judgement};
+use super::replay::{MIN_TRACE, replay};
 use super::report::{Figure, VerdictKind, mib};
-
-/// Smallest allocation traced and replayed (smaller host allocations are bookkeeping; on a GPU
-/// they would share the small pool's 2 MiB segments).
-pub const MIN_TRACE: u64 = 4096;
-
-/// Capacity of the replay's host device (reserved memory is real memory, touched lazily).
-const REPLAY_CAPACITY: u64 = 8 << 30;
 
 const MIB: u64 = 1 << 20;
 
@@ -51,151 +41,6 @@ pub const EXPLANATION: &[&str] = &[
      empty_cache; max_split_size_mb below the large size keeps large blocks from being split \
      for smaller requests, so they stay whole for the next large request.",
 ];
-
-/// What `empty_cache` did, checked against the allocator snapshot taken just before it.
-#[derive(Debug, Clone, Default)]
-struct EmptyCacheCheck {
-    reserved_before: u64,
-    allocated: u64,
-    released: u64,
-    fully_free_before: u64,
-    reserved_after: u64,
-    segments_with_live_blocks: u64,
-    non_releasable_after: u64,
-}
-
-/// The run's allocations replayed through the caching allocator.
-struct Replay {
-    timeline: Timeline,
-    check: Option<EmptyCacheCheck>,
-    unmatched_frees: u64,
-}
-
-fn empty_cache_checked(
-    alloc: &mut CachingAllocator<HostDevice>,
-) -> anyhow::Result<EmptyCacheCheck> {
-    let snap = alloc.snapshot();
-    let fully_free_before = snap
-        .segments
-        .iter()
-        .filter(|s| s.is_free())
-        .map(|s| s.total_size)
-        .sum();
-    let segments_with_live_blocks = snap.segments.iter().filter(|s| !s.is_free()).count() as u64;
-    let reserved_before = alloc.memory_reserved();
-    let allocated = alloc.memory_allocated();
-    let released = alloc.empty_cache().context("empty_cache")?.bytes;
-    Ok(EmptyCacheCheck {
-        reserved_before,
-        allocated,
-        released,
-        fully_free_before,
-        reserved_after: alloc.memory_reserved(),
-        segments_with_live_blocks,
-        non_releasable_after: alloc.snapshot().non_releasable(),
-    })
-}
-
-fn device_sample(
-    alloc: &CachingAllocator<HostDevice>,
-    live: &HashMap<u64, (BlockId, Category, u64)>,
-    template: &trainmem_burn::ProbeSample,
-    phase: Phase,
-) -> Sample {
-    let mut device = DeviceBytes {
-        allocated: alloc.memory_allocated(),
-        reserved: alloc.memory_reserved(),
-        ..Default::default()
-    };
-    for (_, c, size) in live.values() {
-        device.categories.add(*c, *size);
-    }
-    device.categories.set(
-        Category::Cache,
-        device.reserved.saturating_sub(device.allocated),
-    );
-    device.peak_allocated = device.allocated;
-    device.peak_reserved = device.reserved;
-    Sample {
-        phase,
-        step: template.step,
-        epoch: template.epoch,
-        micro_batch: template.micro_batch,
-        time_us: template.time_us,
-        host: HostBytes::default(),
-        device,
-    }
-}
-
-/// Replays the training thread's traced allocations through a caching allocator over host
-/// memory, sampling at the run's phase boundaries; with `empty_cache_after_epoch0`, calls
-/// `empty_cache` after the first epoch's end (checked against the snapshot).
-fn replay(
-    plan: &Plan,
-    run: &MeasuredRun,
-    config: AllocatorConfig,
-    empty_cache_after_epoch0: bool,
-) -> anyhow::Result<Replay> {
-    if run.allocation_trace_dropped > 0 {
-        bail!(
-            "the allocation trace dropped {} events (buffer full): shorten the plan",
-            run.allocation_trace_dropped
-        );
-    }
-    let config_text = format!("{config:?}");
-    let mut alloc = CachingAllocator::with_config(HostDevice::new(REPLAY_CAPACITY), config);
-    let mut live: HashMap<u64, (BlockId, Category, u64)> = HashMap::new();
-    let mut meta = TimelineMeta {
-        name: plan.name.clone(),
-        producer: format!(
-            "trainmem-alloc caching allocator over host memory, replaying the burn run's \
-             allocations of at least {MIN_TRACE} bytes (training thread)"
-        ),
-        device: "host memory through the caching allocator (as a GPU would hold it)".into(),
-        device_capacity: Some(REPLAY_CAPACITY),
-        ..Default::default()
-    };
-    meta.notes.insert("allocator".into(), config_text);
-    let mut t = Timeline::new(Source::Measured, meta);
-    let mut check = None;
-    let mut unmatched_frees = 0u64;
-    let mut cursor = 0usize;
-    let events = &run.allocation_trace;
-    for s in &run.samples {
-        let Some(mark) = s.trace_events else {
-            bail!("the measured run has no trace marks (run it with trace_allocations)");
-        };
-        let mark = mark.min(events.len());
-        for e in &events[cursor..mark] {
-            if e.thread != run.training_thread {
-                continue;
-            }
-            match e.kind {
-                TraceKind::Alloc => {
-                    let block = alloc
-                        .malloc(e.size, StreamId::DEFAULT)
-                        .map_err(|err| anyhow::anyhow!("replaying an allocation: {err}"))?;
-                    live.insert(e.addr, (block.id, e.category, block.size));
-                }
-                TraceKind::Free => match live.remove(&e.addr) {
-                    Some((id, _, _)) => alloc.free(id).context("replaying a free")?,
-                    None => unmatched_frees += 1,
-                },
-            }
-        }
-        cursor = cursor.max(mark);
-        t.push(device_sample(&alloc, &live, s, s.phase));
-        if empty_cache_after_epoch0 && s.phase == Phase::EpochEnd && s.epoch == 0 {
-            check = Some(empty_cache_checked(&mut alloc)?);
-            t.push(device_sample(&alloc, &live, s, Phase::EmptyCache));
-        }
-    }
-    Ok(Replay {
-        timeline: t,
-        check,
-        unmatched_frees,
-    })
-}
 
 /// Allocation sizes of a source: the measured trace (training thread) or the twin's allocator
 /// trace.

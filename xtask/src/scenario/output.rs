@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use serde_json::Value;
+use trainmem_alloc::AllocatorConfig;
 use trainmem_probe::Category;
 use trainmem_sim::export::{chrome::chrome_trace, pickle::snapshot_pickle, svg::render_svg};
 use trainmem_sim::plan::DeviceKind;
@@ -14,6 +15,7 @@ use trainmem_sim::{SimOptions, simulate};
 
 use super::Scenario;
 use super::ctx::{Ctx, RunRecord};
+use super::replay::{MIN_TRACE, replay};
 use super::report::{self, RunReport, ScenarioReport, twin_errors};
 
 /// The report of a finished scenario.
@@ -34,7 +36,9 @@ pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
             ));
         }
     }
+    let memory_viz = measured_memory_viz(&runs);
     ScenarioReport {
+        memory_viz,
         name: scenario.name.to_string(),
         title: scenario.description.to_string(),
         sources: scenario.sources.to_string(),
@@ -46,6 +50,34 @@ pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
         notes,
         files: Vec::new(),
     }
+}
+
+/// The memory_viz snapshot of the first measured run with an allocation trace: its tensors
+/// replayed through the caching allocator. `None` when no run has a usable trace (then the
+/// twin's snapshot is written instead).
+fn measured_memory_viz(runs: &[RunRecord]) -> Option<(Vec<u8>, String)> {
+    let (run, m) = runs.iter().find_map(|r| {
+        r.measured
+            .as_ref()
+            .filter(|m| {
+                !m.allocation_trace.is_empty()
+                    && m.allocation_trace_dropped == 0
+                    && m.samples.iter().all(|s| s.trace_events.is_some())
+            })
+            .map(|m| (r, m))
+    })?;
+    let replayed = replay(&run.plan, m, AllocatorConfig::default(), false).ok()?;
+    let pickle = snapshot_pickle(&replayed.snapshot).ok()?;
+    Some((
+        pickle,
+        format!(
+            "memory_viz.pickle: the measured run `{}`: its tensor allocations (at least {MIN_TRACE} \
+             bytes, training thread, frames named by category) replayed through trainmem-alloc's \
+             caching allocator, i.e. how a GPU caching allocator would hold them; open it at \
+             pytorch.org/memory_viz",
+            run.label
+        ),
+    ))
 }
 
 fn run_report(r: &RunRecord) -> RunReport {
@@ -140,8 +172,13 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
         serde_json::to_string(&trace)?.as_bytes(),
     )?);
 
-    // memory_viz pickle: the twin's caching-allocator snapshot of the first run's plan.
-    if let Some((pickle, note)) = memory_viz(report)? {
+    // memory_viz pickle: the measured run's tensors through the caching allocator, or else
+    // the twin's caching-allocator snapshot of the first run's plan.
+    let viz = match report.memory_viz.take() {
+        Some(v) => Some(v),
+        None => memory_viz(report)?,
+    };
+    if let Some((pickle, note)) = viz {
         files.push(write("memory_viz.pickle", &pickle)?);
         report.notes.push(note);
     }

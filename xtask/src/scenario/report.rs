@@ -219,6 +219,10 @@ pub struct ScenarioReport {
     pub notes: Vec<String>,
     /// Files written.
     pub files: Vec<String>,
+    /// The memory_viz pickle built from a measured run, and the note saying what it is
+    /// (written as a file, not part of the JSON).
+    #[serde(skip)]
+    pub memory_viz: Option<(Vec<u8>, String)>,
 }
 
 impl ScenarioReport {
@@ -701,6 +705,7 @@ mod tests {
             explanation: vec!["e".into()],
             notes: vec![],
             files: vec![],
+            memory_viz: None,
         };
         assert!(!report.all_reproduced());
         let md = render_markdown(&report);

@@ -9,6 +9,12 @@
 //!   refills at a time. Non-persistent workers are respawned every epoch, so every epoch
 //!   starts with the burst: the epoch spike. Persistent workers keep their queues full
 //!   across the epoch boundary, so only the first epoch bursts.
+//! * Kernel scratch ([`Plan::kernel_scratch_bytes`]: by default gemm's thread-local packing
+//!   buffer for burn on a CPU device, [`super::kernel_scratch`]) is `other` at every sample,
+//!   `start` to `end`: the training thread makes it before the `start` sample and keeps it.
+//!   Not modelled under `other`: the measuring probe's own sample buffers (reserved before
+//!   `start`, about 0.3 KiB per expected sample; `twin_check` prints them) and a few hundred
+//!   bytes of runtime bookkeeping freed between `start` and the first forward.
 //! * Each live worker costs `worker_overhead` (its own interpreter, copied pages, ...).
 //! * A memory-mapped data set costs page cache (file RSS) up to the bytes touched; a
 //!   preloaded one costs anonymous RSS equal to its size from the start.
@@ -79,6 +85,7 @@ pub struct HostModel {
     scratch: f64,
     overhead: u64,
     baseline: u64,
+    kernel_scratch: u64,
     epoch_order: u64,
     staging_block: Option<u64>,
     loader_epoch_batches: Option<u64>,
@@ -114,6 +121,7 @@ impl HostModel {
             scratch: plan.data.augmentation_scratch,
             overhead: plan.loader.worker_overhead.0,
             baseline: plan.host.baseline.0,
+            kernel_scratch: plan.kernel_scratch_bytes(),
             epoch_order: 0,
             staging_block: None,
             loader_epoch_batches: None,
@@ -214,7 +222,7 @@ impl HostModel {
     /// (CPU backends).
     pub fn at(&self, m: &HostMoment, device_tensors: Option<&CategoryBytes>) -> HostBytes {
         let mut c = CategoryBytes::ZERO;
-        c.add(Category::Other, self.baseline);
+        c.add(Category::Other, self.baseline + self.kernel_scratch);
         let batch = (self.batch_bytes as f64 * m.scale).round() as u64;
         let pooled = self.pin && self.staging_block.is_some();
         c.add(Category::Input, self.staging_pool_bytes(m));

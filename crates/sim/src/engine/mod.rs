@@ -1,6 +1,7 @@
 //! The simulation engine: runs a plan step by step through the allocator.
 
 pub mod host;
+pub mod kernel_scratch;
 pub mod memory;
 mod runner;
 

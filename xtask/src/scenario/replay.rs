@@ -1,0 +1,182 @@
+//! A measured run's tensor allocations replayed through trainmem-alloc's caching allocator over
+//! host memory: what a GPU caching allocator (PyTorch's rules) would hold for the same tensors.
+//!
+//! A measured run records every allocation and free of at least [`MIN_TRACE`] bytes
+//! (trainmem-probe's allocation trace) and marks where each phase-boundary sample falls in it.
+//! [`replay`] feeds the training thread's events to a [`CachingAllocator`] over a
+//! [`HostDevice`] (real memory), samples it at the same boundaries, and hands back the
+//! timeline (device domain: allocated, reserved, bytes per category, cache) and the allocator's
+//! snapshot with its trace, which becomes the scenario's memory_viz pickle.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, bail};
+use trainmem_alloc::{AllocatorConfig, BlockId, CachingAllocator, HostDevice, Snapshot, StreamId};
+use trainmem_burn::MeasuredRun;
+use trainmem_probe::{Category, TraceKind};
+use trainmem_sim::Plan;
+use trainmem_sim::timeline::{
+    DeviceBytes, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,
+};
+
+/// Smallest allocation traced and replayed (smaller host allocations are bookkeeping; on a GPU
+/// they would share the small pool's 2 MiB segments).
+pub const MIN_TRACE: u64 = 4096;
+
+/// Capacity of the replay's host device (reserved memory is real memory, touched lazily).
+const REPLAY_CAPACITY: u64 = 8 << 30;
+
+/// Most allocator trace entries kept for the snapshot (the most recent).
+const TRACE_ENTRIES: usize = 50_000;
+
+/// What `empty_cache` did, checked against the allocator snapshot taken just before it.
+#[derive(Debug, Clone, Default)]
+pub struct EmptyCacheCheck {
+    pub reserved_before: u64,
+    pub allocated: u64,
+    pub released: u64,
+    pub fully_free_before: u64,
+    pub reserved_after: u64,
+    pub segments_with_live_blocks: u64,
+    pub non_releasable_after: u64,
+}
+
+/// The run's allocations replayed through the caching allocator.
+pub struct Replay {
+    /// Device bytes (allocated, reserved, per category, cache) at the run's phase boundaries.
+    pub timeline: Timeline,
+    /// What `empty_cache` after the first epoch did, when asked for.
+    pub check: Option<EmptyCacheCheck>,
+    /// Frees of blocks the trace never saw allocated (made before it started), skipped.
+    pub unmatched_frees: u64,
+    /// The allocator at the end of the run, with its event trace (memory_viz's input).
+    pub snapshot: Snapshot,
+}
+
+fn empty_cache_checked(
+    alloc: &mut CachingAllocator<HostDevice>,
+) -> anyhow::Result<EmptyCacheCheck> {
+    let snap = alloc.snapshot();
+    let fully_free_before = snap
+        .segments
+        .iter()
+        .filter(|s| s.is_free())
+        .map(|s| s.total_size)
+        .sum();
+    let segments_with_live_blocks = snap.segments.iter().filter(|s| !s.is_free()).count() as u64;
+    let reserved_before = alloc.memory_reserved();
+    let allocated = alloc.memory_allocated();
+    let released = alloc.empty_cache().context("empty_cache")?.bytes;
+    Ok(EmptyCacheCheck {
+        reserved_before,
+        allocated,
+        released,
+        fully_free_before,
+        reserved_after: alloc.memory_reserved(),
+        segments_with_live_blocks,
+        non_releasable_after: alloc.snapshot().non_releasable(),
+    })
+}
+
+fn device_sample(
+    alloc: &CachingAllocator<HostDevice>,
+    live: &HashMap<u64, (BlockId, Category, u64)>,
+    template: &trainmem_burn::ProbeSample,
+    phase: Phase,
+) -> Sample {
+    let mut device = DeviceBytes {
+        allocated: alloc.memory_allocated(),
+        reserved: alloc.memory_reserved(),
+        ..Default::default()
+    };
+    for (_, c, size) in live.values() {
+        device.categories.add(*c, *size);
+    }
+    device.categories.set(
+        Category::Cache,
+        device.reserved.saturating_sub(device.allocated),
+    );
+    device.peak_allocated = device.allocated;
+    device.peak_reserved = device.reserved;
+    Sample {
+        phase,
+        step: template.step,
+        epoch: template.epoch,
+        micro_batch: template.micro_batch,
+        time_us: template.time_us,
+        host: HostBytes::default(),
+        device,
+    }
+}
+
+/// Replays the training thread's traced allocations through a caching allocator over host
+/// memory, sampling at the run's phase boundaries; with `empty_cache_after_epoch0`, calls
+/// `empty_cache` after the first epoch's end (checked against the snapshot).
+pub fn replay(
+    plan: &Plan,
+    run: &MeasuredRun,
+    config: AllocatorConfig,
+    empty_cache_after_epoch0: bool,
+) -> anyhow::Result<Replay> {
+    if run.allocation_trace_dropped > 0 {
+        bail!(
+            "the allocation trace dropped {} events (buffer full): shorten the plan",
+            run.allocation_trace_dropped
+        );
+    }
+    let config_text = format!("{config:?}");
+    let mut alloc = CachingAllocator::with_config(HostDevice::new(REPLAY_CAPACITY), config);
+    alloc.enable_trace(Some(TRACE_ENTRIES));
+    let mut live: HashMap<u64, (BlockId, Category, u64)> = HashMap::new();
+    let mut meta = TimelineMeta {
+        name: plan.name.clone(),
+        producer: format!(
+            "trainmem-alloc caching allocator over host memory, replaying the burn run's \
+             allocations of at least {MIN_TRACE} bytes (training thread)"
+        ),
+        device: "host memory through the caching allocator (as a GPU would hold it)".into(),
+        device_capacity: Some(REPLAY_CAPACITY),
+        ..Default::default()
+    };
+    meta.notes.insert("allocator".into(), config_text);
+    let mut t = Timeline::new(Source::Measured, meta);
+    let mut check = None;
+    let mut unmatched_frees = 0u64;
+    let mut cursor = 0usize;
+    let events = &run.allocation_trace;
+    for s in &run.samples {
+        let Some(mark) = s.trace_events else {
+            bail!("the measured run has no trace marks (run it with trace_allocations)");
+        };
+        let mark = mark.min(events.len());
+        for e in &events[cursor..mark] {
+            if e.thread != run.training_thread {
+                continue;
+            }
+            match e.kind {
+                TraceKind::Alloc => {
+                    let block = alloc
+                        .malloc_labeled(e.size, StreamId::DEFAULT, e.category.name())
+                        .map_err(|err| anyhow::anyhow!("replaying an allocation: {err}"))?;
+                    live.insert(e.addr, (block.id, e.category, block.size));
+                }
+                TraceKind::Free => match live.remove(&e.addr) {
+                    Some((id, _, _)) => alloc.free(id).context("replaying a free")?,
+                    None => unmatched_frees += 1,
+                },
+            }
+        }
+        cursor = cursor.max(mark);
+        t.push(device_sample(&alloc, &live, s, s.phase));
+        if empty_cache_after_epoch0 && s.phase == Phase::EpochEnd && s.epoch == 0 {
+            check = Some(empty_cache_checked(&mut alloc)?);
+            t.push(device_sample(&alloc, &live, s, Phase::EmptyCache));
+        }
+    }
+    Ok(Replay {
+        timeline: t,
+        check,
+        unmatched_frees,
+        snapshot: alloc.snapshot(),
+    })
+}
