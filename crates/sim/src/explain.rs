@@ -48,6 +48,65 @@ pub struct Finding {
     pub text: String,
 }
 
+/// What the `optimizer_state` bytes of a burn run's first optimizer step are (see the
+/// simulator's burn rules): the optimizer's state proper, burn-optim's per-parameter records,
+/// and parameters the step writes into new buffers (allocated inside the step, so tagged
+/// `optimizer_state`): every parameter under AdamW (its decoupled decay clones the tensor),
+/// and the weights that graphs kept without backward still reference, whose old buffers stay
+/// with those graphs.
+fn burn_first_step_text(plan: &Plan, s: &Summary, b: u64, step: u64) -> String {
+    use trainmem_optim::OptimizerKind;
+    let kind = plan.optimizer.kind;
+    let tensors = crate::lower::lower_for(&plan.model, plan.framework)
+        .map(|p| p.params.len() as u64)
+        .unwrap_or(0);
+    let records = trainmem_optim::burn_step_bookkeeping_bytes(kind, tensors).min(b);
+    // burn's momentum: the first velocity is the gradient itself (tagged `gradient`)
+    let first_velocity_aliased = kind == OptimizerKind::Momentum && step == 0;
+    let state = if first_velocity_aliased {
+        0
+    } else {
+        s.model_state.optimizer_state.min(b - records)
+    };
+    let rewritten = b - records - state;
+    let buffers = match kind {
+        OptimizerKind::Sgd => 0,
+        OptimizerKind::Momentum => 1,
+        _ => 2 + plan.optimizer.amsgrad as u64,
+    };
+    let mut text = format!(
+        "+{} under optimizer_state at the first optimizer step (step {step}): {} of {} state ({buffers} buffer(s) per parameter, in the parameters' dtype), {} of burn-optim's per-parameter records",
+        human(b),
+        human(state),
+        kind.name(),
+        human(records),
+    );
+    if rewritten > 0 {
+        let adamw = kind == OptimizerKind::AdamW;
+        let kept = plan.leak.retain_outputs && plan.leak.retain_graph;
+        let why = match (adamw, kept) {
+            (true, true) => {
+                "AdamW's decoupled decay clones every parameter, and the graphs kept without backward still reference the weights their matmuls saved, whose old buffers stay with those graphs"
+            }
+            (true, false) => {
+                "AdamW's decoupled decay clones every parameter, so the step cannot update in place; the old buffers are freed"
+            }
+            (false, _) => {
+                "re-allocated weights, not optimizer state: graphs kept without backward still reference the weights their matmuls saved, so the step cannot update those in place and the old buffers stay pinned by the kept graphs"
+            }
+        };
+        text.push_str(&format!(
+            ", and {} of parameters the step writes into new buffers: {why}",
+            human(rewritten)
+        ));
+    }
+    if first_velocity_aliased {
+        text.push_str("; momentum's first velocity is the gradient tensor itself (still `gradient`), a velocity of its own appears at the second step");
+    }
+    text.push('.');
+    text
+}
+
 fn at(t: &Timeline, step: u64, phase: Phase) -> Option<&crate::timeline::Sample> {
     t.find(step, phase)
 }
@@ -103,7 +162,16 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                 / plan.precision.compute.size().max(1);
             let per = shard_elems * plan.optimizer.state_dtype.size();
             let ratio = if per > 0 { b as f64 / per as f64 } else { 0.0 };
-            out.push(Finding {
+            if plan.framework == crate::plan::Framework::Burn {
+                out.push(Finding {
+                    kind: PatternKind::Jump,
+                    domain: dev,
+                    bytes: b as i128,
+                    step: Some(x.step),
+                    text: burn_first_step_text(plan, s, b, x.step),
+                });
+            } else {
+                out.push(Finding {
                 kind: PatternKind::Jump,
                 domain: dev,
                 bytes: b as i128,
@@ -122,6 +190,7 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                     ratio
                 ),
             });
+            }
         }
     } else if plan.optimizer.kind == trainmem_optim::OptimizerKind::Sgd {
         out.push(Finding {
@@ -374,4 +443,75 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{SimOptions, simulate};
+
+    const LEAK: &str = "name = \"leak\"\nframework = \"burn\"\n\
+        [model.mlp]\ninput = 64\nhidden = [128]\noutput = 32\n\
+        [training]\nbatch_size = 8\nepochs = 1\nsteps_per_epoch = 3\n\
+        [optimizer]\nkind = \"sgd\"\n\
+        [leak]\nretain_outputs = true\nretain_graph = true\n\
+        [device]\nkind = \"cpu\"\ncapacity = \"1GiB\"\n";
+
+    fn jump(text: &str) -> Finding {
+        let plan = Plan::from_toml_str(text).expect("plan");
+        let r = simulate(&plan, SimOptions::default()).expect("simulate");
+        explain(&plan, &r.timeline, &r.summary)
+            .into_iter()
+            .find(|f| f.kind == PatternKind::Jump)
+            .expect("a jump finding")
+    }
+
+    #[test]
+    fn burn_kept_graphs_show_rewritten_weights_not_optimizer_state() {
+        let f = jump(LEAK);
+        // SGD keeps no state: the jump is the records plus the weights the kept graphs pin
+        // (the second linear layer's weight, 128 × 32 f32, saved by its matmul)
+        assert!(f.text.contains("0 B of sgd state"), "{}", f.text);
+        assert!(
+            f.text.contains("re-allocated weights, not optimizer state"),
+            "{}",
+            f.text
+        );
+        assert!(f.text.contains("pinned by the kept graphs"), "{}", f.text);
+        assert!(!f.text.contains("× the parameter count"), "{}", f.text);
+        let records =
+            trainmem_optim::burn_step_bookkeeping_bytes(trainmem_optim::OptimizerKind::Sgd, 4);
+        assert!(f.bytes as u64 > records, "{}", f.bytes);
+        // without the leak nothing is rewritten under SGD
+        let plain = LEAK.replace("retain_outputs = true\nretain_graph = true\n", "");
+        let f = jump(&plain);
+        assert_eq!(f.bytes as u64, records);
+        assert!(!f.text.contains("new buffers"), "{}", f.text);
+    }
+
+    #[test]
+    fn burn_adamw_names_the_clones_and_pytorch_keeps_the_state_ratio() {
+        let adamw = LEAK
+            .replace("kind = \"sgd\"", "kind = \"adamw\"")
+            .replace("retain_outputs = true\nretain_graph = true\n", "");
+        let f = jump(&adamw);
+        assert!(f.text.contains("2 buffer(s) per parameter"), "{}", f.text);
+        assert!(
+            f.text
+                .contains("AdamW's decoupled decay clones every parameter"),
+            "{}",
+            f.text
+        );
+        // PyTorch: the optimizer state proper, 2× the parameters under Adam
+        let torch = "[model.mlp]\ninput = 64\nhidden = [128]\noutput = 32\n\
+            [training]\nbatch_size = 8\nepochs = 1\nsteps_per_epoch = 2\n\
+            [optimizer]\nkind = \"adam\"\n";
+        let f = jump(torch);
+        assert!(
+            f.text
+                .contains("adam keeps 2 buffer(s) per parameter in f32 (2.0"),
+            "{}",
+            f.text
+        );
+    }
 }

@@ -297,6 +297,45 @@ mod tests {
     }
 
     #[test]
+    fn kernel_scratch_is_other_from_start_to_end_for_burn_on_a_cpu() {
+        let base = "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n";
+        let m = HostMoment {
+            workers_alive: false,
+            batches_since_start: 0,
+            samples_read: 0,
+            scale: 1.0,
+            batch_on_host: false,
+            checkpoint_bytes: 0,
+            scalars: 0,
+            epoch_open: false,
+            batches_loaded: 0,
+            epoch_batches_taken: 0,
+        };
+        let other = |text: &str| {
+            let plan = Plan::from_toml_str(text).expect("plan");
+            HostModel::new(&plan, 24)
+                .at(&m, None)
+                .categories
+                .get(Category::Other)
+        };
+        // PyTorch plans (and burn on a GPU) carry none by default
+        assert_eq!(other(base), 0);
+        let burn_cuda = format!("framework = \"burn\"\n{base}");
+        assert_eq!(other(&burn_cuda), 0);
+        // burn on a CPU: gemm's packing buffer as sized on this machine
+        let burn_cpu = format!("{burn_cuda}[device]\nkind = \"cpu\"\n");
+        assert_eq!(
+            other(&burn_cpu),
+            crate::engine::kernel_scratch::gemm_l2_slab_bytes()
+        );
+        // an explicit size wins, for any framework, beside the baseline
+        let explicit = format!("{burn_cpu}[host]\nkernel_scratch = \"2MiB\"\nbaseline = 1000\n");
+        assert_eq!(other(&explicit), (2 << 20) + 1000);
+        let torch = format!("{base}[host]\nkernel_scratch = \"1KiB\"\n");
+        assert_eq!(other(&torch), 1024);
+    }
+
+    #[test]
     fn the_epoch_order_is_input_while_an_epoch_is_open() {
         let plan = Plan::from_toml_str("[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n")
             .expect("plan");
