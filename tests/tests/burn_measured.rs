@@ -551,10 +551,17 @@ fn allocation_trace_records_the_runs_tensor_sizes() {
     }
     // Every sample marks where it falls in the trace, in order, within the trace.
     let marks: Vec<usize> = r.samples.iter().filter_map(|s| s.trace_events).collect();
-    assert_eq!(marks.len(), r.samples.len(), "every sample has a trace mark");
+    assert_eq!(
+        marks.len(),
+        r.samples.len(),
+        "every sample has a trace mark"
+    );
     assert!(marks.windows(2).all(|w| w[0] <= w[1]), "{marks:?}");
     assert!(marks.last().is_some_and(|&m| m <= r.allocation_trace.len()));
-    assert!(marks.first() < marks.last(), "the run's events fall between samples");
+    assert!(
+        marks.first() < marks.last(),
+        "the run's events fall between samples"
+    );
     let untraced = run(&p);
     assert!(untraced.allocation_trace.is_empty());
     assert!(untraced.samples.iter().all(|s| s.trace_events.is_none()));

@@ -585,9 +585,8 @@ fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
         assert_eq!(orders(true, epochs), orders(false, epochs), "{epochs:?}");
     }
 
-    let mut loader =
-        Loader::with_transform(Arc::clone(&data), config.clone(), identity, collect)
-            .expect("loader");
+    let mut loader = Loader::with_transform(Arc::clone(&data), config.clone(), identity, collect)
+        .expect("loader");
     let mut epoch = loader.epoch().expect("epoch 0");
     let batches = epoch.plan().len();
     for _ in 0..batches {

@@ -36,7 +36,6 @@ pub use counting::{
 pub use rss::{ProcStatus, RssError};
 pub use tag::{CategoryScope, current_category, set_thread_category};
 pub use trace::{
-    trace_position,
     TRACE_CAPACITY, TraceBusy, TraceEvent, TraceKind, TraceResult, start_trace, stop_trace,
-    trace_enabled, trace_thread_id,
+    trace_enabled, trace_position, trace_thread_id,
 };

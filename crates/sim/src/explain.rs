@@ -6,7 +6,7 @@ use trainmem_probe::Category;
 
 use crate::bytes::{human, human_signed};
 use crate::engine::Summary;
-use crate::plan::{DataStorage, DeviceKind, MetricRetention, Plan};
+use crate::plan::{DataStorage, DeviceKind, Framework, MetricRetention, Plan};
 use crate::timeline::{Domain, Phase, Timeline};
 
 /// The kind of a pattern.
@@ -162,7 +162,7 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                 / plan.precision.compute.size().max(1);
             let per = shard_elems * plan.optimizer.state_dtype.size();
             let ratio = if per > 0 { b as f64 / per as f64 } else { 0.0 };
-            if plan.framework == crate::plan::Framework::Burn {
+            if plan.framework == Framework::Burn {
                 out.push(Finding {
                     kind: PatternKind::Jump,
                     domain: dev,
@@ -267,7 +267,9 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
         );
         if growing {
             let cause = if plan.leak.retain_outputs {
-                if plan.leak.retain_graph {
+                if plan.leak.retain_graph && plan.framework == Framework::Burn {
+                    "each step's output is kept with its graph, which is never backwarded, so every step's saved activations (and the weights they reference) stay alive with it".to_string()
+                } else if plan.leak.retain_graph {
                     "each step's output is kept and backward ran with retain_graph, so every step's saved activations stay alive with it".to_string()
                 } else {
                     "each step's output tensor is kept across steps".to_string()
@@ -286,6 +288,11 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                     " Clearing them every {} steps drops it back (a sawtooth).",
                     plan.leak.clear_every
                 ));
+            } else if plan.framework == Framework::Burn {
+                text.push_str(
+                    " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \
+                     the list to stop it.",
+                );
             } else {
                 text.push_str(
                     " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",
@@ -487,6 +494,27 @@ mod tests {
         let f = jump(&plain);
         assert_eq!(f.bytes as u64, records);
         assert!(!f.text.contains("new buffers"), "{}", f.text);
+    }
+
+    #[test]
+    fn leak_growth_advice_speaks_the_frameworks_language() {
+        let growth = |text: &str| {
+            let plan = Plan::from_toml_str(text).expect("plan");
+            let r = simulate(&plan, SimOptions::default()).expect("simulate");
+            explain(&plan, &r.timeline, &r.summary)
+                .into_iter()
+                .find(|f| f.kind == PatternKind::GrowthPerStep)
+                .expect("a growth finding")
+                .text
+        };
+        let leak = LEAK.replace("steps_per_epoch = 3", "steps_per_epoch = 8");
+        let burn = growth(&leak);
+        assert!(burn.contains("never backwarded"), "{burn}");
+        assert!(burn.contains("into_scalar"), "{burn}");
+        assert!(!burn.contains("retain_graph"), "{burn}");
+        let pytorch = growth(&leak.replace("framework = \"burn\"\n", ""));
+        assert!(pytorch.contains("retain_graph"), "{pytorch}");
+        assert!(pytorch.contains("loss.item()"), "{pytorch}");
     }
 
     #[test]
