@@ -91,7 +91,9 @@
 //!   = 6 threads) or once with `persistent_workers` (2); at an epoch's first batch up to
 //!   `prefetch_factor × workers` batches are in flight and the input bytes fall as the epoch's
 //!   last batches are taken (176 KB at the first batch, 76 KB at the fourth, with 4 batches
-//!   per epoch), then return to the baseline at every epoch end.
+//!   per epoch). Respawned workers return to the baseline at every epoch end; persistent
+//!   workers already hold the next epoch's first batches there (up to `prefetch_factor ×
+//!   workers`, the same bound), because trainmem-loader keeps them busy across the boundary.
 //! * **Parameters are lazy in burn 0.21, and stay lazy on Flex until first read.** The
 //!   startup plan (MLP 784 → 1024 → 1024 → 10, 7,454,760 parameter bytes, AdamW) with
 //!   `RunOptions::lazy_parameters`: at `model_init` the `parameter` category holds 3,432
@@ -103,9 +105,14 @@
 //!   `augmentation_scratch = 2`, `size_variation = 0.25`): the input peak between samples is
 //!   4.1–7.4 MB over the first three batches of every epoch and 1.59 MB at the last batch; the
 //!   loader's scratch peaks at 3.5 MB (two busy workers, ≈ 2 × 1.1 × 786 KB each). With
-//!   persistent workers the burst recurs every epoch just the same (peaks 5.5, 6.5, 6.5 MB):
-//!   trainmem-loader, like PyTorch's DataLoader, primes its prefetch queues at each epoch
-//!   start; what persistence saves is the respawn (2 threads instead of 6).
+//!   persistent workers the loader keeps building the next epoch's batches while the current
+//!   epoch's last ones are consumed, so an epoch ends holding 4 built batches (3,161,590
+//!   `input` bytes at `epoch_end` instead of 1,330) and the next epoch starts from there: the
+//!   swing from the epoch end to the first step's peak falls from about 5.2 MB to about
+//!   1.9 MB, while the peak itself stays at 5.1–5.5 MB (respawned: 5.2–5.8 MB), since the
+//!   queue holds the same `prefetch_factor × workers` batches in both cases (measured with
+//!   `cargo xtask scenario epoch-spike`). Persistence also saves the respawn (2 threads
+//!   instead of 6).
 //! * **Preload vs mmap** (4,096 samples × 12,296 bytes): `preload` holds 50,364,416 bytes
 //!   under `input` from the `start` sample (RssAnon 62.0 MB at start vs 0.4 MB for `mmap`);
 //!   `mmap` instead grows RssFile from 5.5 MB to 57.4 MB as the epoch reads the file.
