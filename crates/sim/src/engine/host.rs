@@ -71,6 +71,24 @@ pub struct HostMoment {
     pub epoch_batches_taken: u64,
 }
 
+impl HostMoment {
+    /// The moment before anything ran: no workers, nothing read, no epoch open, batch scale 1.
+    pub fn at_start() -> HostMoment {
+        HostMoment {
+            workers_alive: false,
+            batches_since_start: 0,
+            samples_read: 0,
+            scale: 1.0,
+            batch_on_host: false,
+            checkpoint_bytes: 0,
+            scalars: 0,
+            epoch_open: false,
+            batches_loaded: 0,
+            epoch_batches_taken: 0,
+        }
+    }
+}
+
 /// Host-memory model of one plan.
 #[derive(Debug, Clone)]
 pub struct HostModel {
@@ -299,18 +317,7 @@ mod tests {
     #[test]
     fn kernel_scratch_is_other_from_start_to_end_for_burn_on_a_cpu() {
         let base = "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n";
-        let m = HostMoment {
-            workers_alive: false,
-            batches_since_start: 0,
-            samples_read: 0,
-            scale: 1.0,
-            batch_on_host: false,
-            checkpoint_bytes: 0,
-            scalars: 0,
-            epoch_open: false,
-            batches_loaded: 0,
-            epoch_batches_taken: 0,
-        };
+        let m = HostMoment::at_start();
         let other = |text: &str| {
             let plan = Plan::from_toml_str(text).expect("plan");
             HostModel::new(&plan, 24)
@@ -341,16 +348,8 @@ mod tests {
             .expect("plan");
         let h = HostModel::new(&plan, 24).with_epoch_order(plan.data.samples);
         let mut m = HostMoment {
-            workers_alive: false,
-            batches_since_start: 0,
-            samples_read: 0,
-            scale: 1.0,
-            batch_on_host: false,
-            checkpoint_bytes: 0,
-            scalars: 0,
             epoch_open: true,
-            batches_loaded: 0,
-            epoch_batches_taken: 0,
+            ..HostMoment::at_start()
         };
         assert_eq!(
             h.at(&m, None).categories.get(Category::Input),
@@ -375,15 +374,7 @@ mod tests {
         let block = 189 * 4096;
         let mut m = HostMoment {
             workers_alive: true,
-            batches_since_start: 0,
-            samples_read: 0,
-            scale: 1.0,
-            batch_on_host: false,
-            checkpoint_bytes: 0,
-            scalars: 0,
-            epoch_open: false,
-            batches_loaded: 0,
-            epoch_batches_taken: 0,
+            ..HostMoment::at_start()
         };
         // before the first batch: the four batches in flight, built in pooled blocks
         assert_eq!(h.at(&m, None).categories.get(Category::Input), 4 * block);
@@ -415,15 +406,7 @@ mod tests {
         let input = |m: &HostMoment| h.at(m, None).categories.get(Category::Input);
         let mut m = HostMoment {
             workers_alive: true,
-            batches_since_start: 0,
-            samples_read: 0,
-            scale: 1.0,
-            batch_on_host: false,
-            checkpoint_bytes: 0,
-            scalars: 0,
-            epoch_open: false,
-            batches_loaded: 0,
-            epoch_batches_taken: 0,
+            ..HostMoment::at_start()
         };
         // epoch start: fresh workers have built nothing
         assert_eq!(input(&m), 0);
