@@ -22,7 +22,12 @@ pub fn tensor_domain(t: &Timeline) -> Domain {
 /// every category except `cache` (not live) and `other` (untagged bookkeeping and whatever
 /// other threads of the process allocate, which a rule about the run must not see).
 pub fn bytes_at(t: &Timeline, i: usize, category: Option<Category>) -> u64 {
-    let cats = t.categories(i, tensor_domain(t));
+    bytes_in(t, tensor_domain(t), i, category)
+}
+
+/// [`bytes_at`] with the domain already known (for loops over many samples).
+fn bytes_in(t: &Timeline, domain: Domain, i: usize, category: Option<Category>) -> u64 {
+    let cats = t.categories(i, domain);
     match category {
         Some(c) => cats.get(c),
         None => cats.live() - cats.get(Category::Other),
@@ -36,9 +41,10 @@ pub fn points(t: &Timeline, phase: Phase) -> Vec<usize> {
 
 /// `bytes_at` for every sample after `phase`.
 pub fn series_at(t: &Timeline, phase: Phase, category: Option<Category>) -> Vec<u64> {
+    let domain = tensor_domain(t);
     points(t, phase)
         .into_iter()
-        .map(|i| bytes_at(t, i, category))
+        .map(|i| bytes_in(t, domain, i, category))
         .collect()
 }
 
@@ -51,8 +57,9 @@ pub fn index_of(t: &Timeline, step: u64, phase: Phase) -> Option<usize> {
 
 /// The peak of `category` (or the live total) over the timeline, with its sample.
 pub fn peak(t: &Timeline, category: Option<Category>) -> (u64, usize) {
+    let domain = tensor_domain(t);
     (0..t.samples.len())
-        .map(|i| (bytes_at(t, i, category), i))
+        .map(|i| (bytes_in(t, domain, i, category), i))
         .max_by_key(|&(b, i)| (b, std::cmp::Reverse(i)))
         .unwrap_or((0, 0))
 }

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
-use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::{Domain, Source, Timeline};
 use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
 
@@ -107,25 +106,19 @@ impl RunRecord {
         }
     }
 
-    /// The memory domain that holds this plan's tensors.
+    /// The memory domain that holds this run's tensors: the device when any of its timelines
+    /// recorded device bytes (the twin's GPU, a measured CUDA run, an allocator replay), the
+    /// host otherwise (burn's Flex and the twin of a CPU plan).
     pub fn domain(&self) -> Domain {
-        domain_of(&self.plan, self.measured.as_ref())
-    }
-}
-
-/// The domain that holds a plan's tensors: the host on a CPU device (burn's Flex), the device
-/// otherwise (the twin's GPU, or a measured CUDA run).
-pub fn domain_of(plan: &Plan, measured: Option<&MeasuredRun>) -> Domain {
-    let measured_on_device = measured.is_some_and(|m| {
-        m.timeline
-            .samples
-            .iter()
-            .any(|s| s.device.reserved > 0 || s.device.allocated > 0)
-    });
-    if plan.device.kind == DeviceKind::Cpu && !measured_on_device {
-        Domain::Host
-    } else {
-        Domain::Device
+        if self
+            .timelines()
+            .into_iter()
+            .any(|t| super::checks::tensor_domain(t) == Domain::Device)
+        {
+            Domain::Device
+        } else {
+            Domain::Host
+        }
     }
 }
 

@@ -332,9 +332,8 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
     }
     let mut traced = None;
     if ctx.mode.measured() {
-        let host = ctx.run_with("training run (host view)", &plan, |o| {
-            o.trace_allocations = Some(MIN_TRACE)
-        })?;
+        // Measured runs are traced (`Ctx::run` asks for allocations of at least MIN_TRACE).
+        let host = ctx.run("training run (host view)", &plan)?;
         traced = ctx.record(host).measured.clone();
     }
     let twin = if ctx.mode.simulated() {

@@ -321,20 +321,21 @@ pub fn chart(run: &RunReport) -> String {
     };
     let domain = run.domain;
     let rows = chart_rows(t, domain);
-    let twin_at = |s: &Sample| -> Option<u64> {
-        twin.and_then(|tw| {
-            tw.samples
-                .iter()
-                .position(|x| same_point(x, s))
-                .map(|i| tw.categories(i, domain).total())
-        })
-    };
-    let scale = rows
+    // The twin's total at each shown row's point (same phase, step, epoch, micro-batch).
+    let twin_totals: Vec<Option<u64>> = rows
         .iter()
         .map(|&i| {
-            let s = &t.samples[i];
-            t.categories(i, domain).total().max(twin_at(s).unwrap_or(0))
+            let tw = twin?;
+            tw.samples
+                .iter()
+                .position(|x| same_point(x, &t.samples[i]))
+                .map(|j| tw.categories(j, domain).total())
         })
+        .collect();
+    let scale = rows
+        .iter()
+        .zip(&twin_totals)
+        .map(|(&i, tw)| t.categories(i, domain).total().max(tw.unwrap_or(0)))
         .max()
         .unwrap_or(0)
         .max(1);
@@ -369,7 +370,7 @@ pub fn chart(run: &RunReport) -> String {
         let _ = write!(out, " {:>10} {:>10}", "RssAnon", "RssFile");
     }
     out.push('\n');
-    for &i in &rows {
+    for (k, &i) in rows.iter().enumerate() {
         let s = &t.samples[i];
         let cats = t.categories(i, domain);
         let mut bar: Vec<char> = Vec::with_capacity(BAR);
@@ -382,7 +383,7 @@ pub fn chart(run: &RunReport) -> String {
         }
         bar.resize(BAR, ' ');
         let total = cats.total();
-        let tw = twin_at(s);
+        let tw = twin_totals[k];
         if let Some(v) = tw {
             let pos = cells(v).saturating_sub(1).min(BAR - 1);
             bar[pos] = '|';
