@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
+use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::{Domain, Source, Timeline};
 use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
 
@@ -106,19 +107,22 @@ impl RunRecord {
         }
     }
 
-    /// The memory domain that holds this run's tensors: the device when any of its timelines
-    /// recorded device bytes (the twin's GPU, a measured CUDA run, an allocator replay), the
-    /// host otherwise (burn's Flex and the twin of a CPU plan).
+    /// The memory domain that holds this run's tensors: the measured run's tensor domain when
+    /// the run was measured (burn's Flex keeps every tensor on the host, a CUDA run on the
+    /// device), the plan's device otherwise. The twin of a CPU plan fills device bytes too (its
+    /// simulated device is host memory), so the twin's timeline never decides the domain.
     pub fn domain(&self) -> Domain {
-        if self
-            .timelines()
-            .into_iter()
-            .any(|t| super::checks::tensor_domain(t) == Domain::Device)
-        {
-            Domain::Device
-        } else {
-            Domain::Host
-        }
+        domain_of(&self.plan, self.measured.as_ref().map(|m| &m.timeline))
+    }
+}
+
+/// The domain a run of `plan` is compared in: `measured`'s tensor domain when there is a
+/// measured timeline, else the host for a CPU plan and the device otherwise.
+pub fn domain_of(plan: &Plan, measured: Option<&Timeline>) -> Domain {
+    match measured {
+        Some(t) => super::checks::tensor_domain(t),
+        None if plan.device.kind == DeviceKind::Cpu => Domain::Host,
+        None => Domain::Device,
     }
 }
 

@@ -8,6 +8,12 @@ use super::*;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run_one(name: &str, mode: Mode) -> ScenarioReport {
+    run_with_json(name, mode).0
+}
+
+/// Runs a scenario, writes its files, and returns the report with its `timeline.json` as read
+/// back from disk.
+fn run_with_json(name: &str, mode: Mode) -> (ScenarioReport, serde_json::Value) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
     let dir = std::env::temp_dir().join(format!(
@@ -20,8 +26,56 @@ fn run_one(name: &str, mode: Mode) -> ScenarioReport {
     for f in ["report.md", "timeline.json", "timeline.svg", "trace.json"] {
         assert!(dir.join(f).is_file(), "{name}: {f} written");
     }
+    let text = std::fs::read_to_string(dir.join("timeline.json")).expect("timeline.json read");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("timeline.json parses");
     let _ = std::fs::remove_dir_all(&dir);
-    report
+    (report, json)
+}
+
+/// Reads the twin-error rows of run `run` from a scenario's JSON report and checks that the
+/// measured side counted real bytes (parameters above zero) and that every row with a target
+/// is within it.
+fn assert_twin_on_target(name: &str, json: &serde_json::Value, run: usize) {
+    let r = &json["runs"][run];
+    assert_eq!(r["domain"], "host", "{name}: a Flex run is compared on the host");
+    let rows = r["twin"].as_array().expect("twin rows");
+    assert!(!rows.is_empty(), "{name}: no twin rows in the JSON report");
+    let params = rows
+        .iter()
+        .find(|row| row["category"] == "parameter")
+        .unwrap_or_else(|| panic!("{name}: no parameter row"));
+    assert!(
+        params["measured"].as_u64().unwrap_or(0) > 0,
+        "{name}: measured parameter bytes are 0: {params}"
+    );
+    for row in rows {
+        let (Some(tol), Some(measured)) = (row["tolerance"].as_f64(), row["measured"].as_u64())
+        else {
+            continue;
+        };
+        assert!(measured > 0, "{name}: measured {} is 0: {row}", row["category"]);
+        let err = row["error"].as_f64().expect("an error where bytes were measured");
+        assert!(
+            err.abs() <= tol,
+            "{name}: twin error {:.1}% for {} beyond its {:.0}% target: {row}",
+            err * 100.0,
+            row["category"],
+            tol * 100.0
+        );
+    }
+    // The measured series itself: every sample after a forward pass holds parameter bytes.
+    let samples = r["measured"]["samples"].as_array().expect("measured samples");
+    let forward: Vec<&serde_json::Value> = samples
+        .iter()
+        .filter(|s| s["phase"] == "forward")
+        .collect();
+    assert!(!forward.is_empty(), "{name}: no forward samples");
+    for s in forward {
+        assert!(
+            s["host"]["categories"]["parameter"].as_u64().unwrap_or(0) > 0,
+            "{name}: a measured forward sample without parameter bytes: {s}"
+        );
+    }
 }
 
 fn assert_reproduced(report: &ScenarioReport, mode: Mode) {
@@ -97,8 +151,10 @@ fn measured_retained_leak() {
 
 #[test]
 fn measured_epoch_spike() {
-    let report = run_one("epoch-spike", Mode::Both);
+    let (report, json) = run_with_json("epoch-spike", Mode::Both);
     assert_reproduced(&report, Mode::Measured);
+    assert!(report.twin_misses().is_empty(), "{:?}", report.twin_misses());
+    assert_twin_on_target("epoch-spike", &json, 0);
 }
 
 #[test]
@@ -107,4 +163,42 @@ fn measured_grad_accumulation_checkpoint_save_and_empty_cache() {
         let report = run_one(name, Mode::Both);
         assert_reproduced(&report, Mode::Measured);
     }
+}
+
+/// A measured Flex run keeps every tensor on the host while the twin of the same CPU plan also
+/// fills its simulated device: the comparison must read the host, where the measured bytes are.
+#[test]
+fn a_measured_host_run_is_compared_on_the_host_even_when_the_twin_fills_the_device() {
+    use trainmem_sim::timeline::{DeviceBytes, Domain, Source};
+    let plan = trainmem_sim::Plan::load(ctx::plans_dir().join("epoch-spike.toml"))
+        .expect("epoch-spike plan");
+    assert_eq!(plan.device.kind, trainmem_sim::plan::DeviceKind::Cpu);
+    let twin = trainmem_sim::simulate(&plan, Default::default())
+        .expect("simulates")
+        .timeline;
+    // The premise: the twin of this CPU plan records device bytes.
+    assert_eq!(checks::tensor_domain(&twin), Domain::Device);
+    // A measured run as burn's Flex records it: the same host bytes, nothing on a device.
+    let mut measured = twin.clone();
+    measured.source = Source::Measured;
+    for s in &mut measured.samples {
+        s.device = DeviceBytes::default();
+    }
+    let domain = ctx::domain_of(&plan, Some(&measured));
+    assert_eq!(domain, Domain::Host);
+    let rows = report::twin_errors(&measured, &twin, domain);
+    let params = rows
+        .iter()
+        .find(|r| r.category == trainmem_probe::Category::Parameter)
+        .expect("a parameter row");
+    assert!(params.measured > 0, "measured parameter bytes read as 0");
+    assert!(
+        rows.iter().all(|r| r.within()),
+        "identical host bytes must agree: {rows:?}"
+    );
+    // Nothing measured: the plan's device decides.
+    assert_eq!(ctx::domain_of(&plan, None), Domain::Host);
+    let mut gpu = plan.clone();
+    gpu.device.kind = trainmem_sim::plan::DeviceKind::Cuda;
+    assert_eq!(ctx::domain_of(&gpu, None), Domain::Device);
 }
