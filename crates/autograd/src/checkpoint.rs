@@ -18,11 +18,11 @@
 use serde::{Deserialize, Serialize};
 use trainmem_probe::Category;
 
-use crate::dtype::Dtype;
 use crate::graph::{GradMode, Graph, NoHooks};
 use crate::op::{OpKind, Saved, SavedTable};
 use crate::program::{Program, ValueDtype};
 use crate::store::{CountingMemory, TensorStore};
+use trainmem_core::Dtype;
 
 /// A run of layers `layers.0 .. layers.1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,10 +16,10 @@
 use trainmem_probe::Category;
 
 use crate::checkpoint::Segment;
-use crate::dtype::Dtype;
 use crate::op::{OpKind, Saved, SavedTable};
 use crate::program::{Program, ValueDtype, ValueId};
 use crate::store::{TensorId, TensorMemory, TensorStore};
+use trainmem_core::Dtype;
 
 /// Which pass a layer hook is called in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -19,7 +19,6 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
-mod dtype;
 pub mod graph;
 mod memory;
 pub mod op;
@@ -27,7 +26,6 @@ pub mod program;
 pub mod store;
 
 pub use checkpoint::{CheckpointPolicy, ResolvedCheckpointing, Segment};
-pub use dtype::Dtype;
 pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape};
 pub use memory::AllocatorMemory;
 pub use op::{BURN_NODE_BYTES, Framework, OpKind, Saved, SavedTable, burn_recorded_ops};
@@ -35,6 +33,7 @@ pub use program::{
     Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo,
 };
 pub use store::{Allocated, CountingMemory, CountingOom, TensorId, TensorMemory, TensorStore};
+pub use trainmem_core::Dtype;
 
 #[cfg(test)]
 mod tests;

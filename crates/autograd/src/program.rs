@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::Dtype;
 use crate::op::OpKind;
+use trainmem_core::Dtype;
 
 /// Index of a value (an abstract tensor) in a [`Program`].
 pub type ValueId = u32;

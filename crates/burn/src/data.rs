@@ -19,12 +19,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use trainmem_core::plan::{DataStorage, Plan};
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
 use trainmem_loader::{
     BatchBuilder, BoxError, ColumnBatch, DType, Loader, LoaderConfig, MmapDataset, ScratchResize,
     StackColumns, WorkerContext,
 };
-use trainmem_sim::plan::{DataStorage, Plan};
 
 use crate::BurnRunError;
 use crate::model::ExampleShape;

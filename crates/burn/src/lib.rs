@@ -2,10 +2,10 @@
 //!
 //! trainmem-burn trains the network a trainmem plan describes on burn 0.21.0 (the Flex CPU
 //! backend by default; CUDA with the `cuda` feature), samples memory at every phase boundary
-//! after a device sync, and returns the same [`Timeline`](trainmem_sim::timeline::Timeline)
+//! after a device sync, and returns the same [`Timeline`](trainmem_core::timeline::Timeline)
 //! type the simulator produces, so the two can be laid side by side.
 //!
-//! * [`run_measured`] / [`run_measured_detailed`]: train a [`Plan`](trainmem_sim::plan::Plan)
+//! * [`run_measured`] / [`run_measured_detailed`]: train a [`Plan`](trainmem_core::plan::Plan)
 //!   for real and measure it (see [`run`] for the knobs honoured and the category tags).
 //! * [`Net`]: burn-nn networks built from the plan's model spec (MLP, CNN, transformer).
 //! * [`Probe`]: samples host bytes per category (trainmem-probe's counting allocator, when the

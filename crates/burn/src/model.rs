@@ -25,7 +25,7 @@ use burn::nn::{
 };
 use burn::prelude::{Backend, Int, Tensor};
 use burn::tensor::{TensorData, activation};
-use trainmem_sim::model::{
+use trainmem_core::model::{
     Activation as ActKind, AttentionImpl, CnnLayer, CnnOp, CnnSpec, Loss, MlpSpec, ModelSpec,
     NormKind, TransformerKind, TransformerSpec,
 };

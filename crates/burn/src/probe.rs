@@ -23,8 +23,8 @@ use std::time::Instant;
 
 use burn::prelude::Backend;
 use serde::{Deserialize, Serialize};
+use trainmem_core::timeline::Phase;
 use trainmem_probe::{Category, ProcStatus};
-use trainmem_sim::timeline::Phase;
 
 use crate::BurnRunError;
 

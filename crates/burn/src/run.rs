@@ -69,13 +69,13 @@ use burn::prelude::{Backend, Tensor};
 use burn::record::{BinFileRecorder, BurnRecord, FullPrecisionSettings, Record, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
-use trainmem_loader::LoaderMemory;
-use trainmem_probe::{Category, CategoryScope, TraceEvent};
-use trainmem_sim::plan::{
+use trainmem_core::plan::{
     CheckpointPolicyKind, Dtype, EmptyCachePolicy, MetricRetention, OptimizerKind, Plan,
     StateAllocation,
 };
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::timeline::{Phase, Timeline};
+use trainmem_loader::LoaderMemory;
+use trainmem_probe::{Category, CategoryScope, TraceEvent};
 
 use crate::BurnRunError;
 use crate::data::{BatchSource, FixtureData, HostBatch, SyntheticSource, host_batch};
@@ -353,7 +353,7 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
              model keeps the model's input shape, so only augmentation scratch varies in size",
         );
     }
-    if plan.data.storage == trainmem_sim::plan::DataStorage::Stream {
+    if plan.data.storage == trainmem_core::plan::DataStorage::Stream {
         return no(
             "data.storage = \"stream\": the measured run reads a memory-mapped or preloaded \
              fixture",
@@ -877,11 +877,11 @@ mod tests {
         p.data.augmentation_scratch = 1.0;
         assert!(check_supported(&p).is_ok());
         let mut p = base();
-        p.data.storage = trainmem_sim::plan::DataStorage::Stream;
+        p.data.storage = trainmem_core::plan::DataStorage::Stream;
         assert!(
             matches!(check_supported(&p), Err(BurnRunError::Unsupported(m)) if m.contains("stream"))
         );
-        p.data.storage = trainmem_sim::plan::DataStorage::Preload;
+        p.data.storage = trainmem_core::plan::DataStorage::Preload;
         p.loader.pin_memory = true;
         assert!(check_supported(&p).is_ok());
         assert!(check_supported(&base()).is_ok());

@@ -8,11 +8,11 @@
 //!   there and stays zero. On a CPU backend tensors are host memory, so `device` is all zero
 //!   and every tensor byte is in the host categories.
 
-use trainmem_probe::Category;
-use trainmem_sim::plan::Plan;
-use trainmem_sim::timeline::{
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::{
     CategoryBytes, DeviceBytes, HostBytes, Sample, Source, Timeline, TimelineMeta,
 };
+use trainmem_probe::Category;
 
 use crate::probe::ProbeSample;
 
@@ -103,8 +103,8 @@ pub fn to_timeline(
 mod tests {
     use super::*;
     use crate::probe::DeviceMemory;
+    use trainmem_core::timeline::Phase;
     use trainmem_probe::ProcStatus;
-    use trainmem_sim::timeline::Phase;
 
     #[test]
     fn samples_carry_host_categories_rss_and_device_cache() {

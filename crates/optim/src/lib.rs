@@ -28,63 +28,7 @@
 #![warn(missing_docs)]
 
 use serde::{Deserialize, Serialize};
-use trainmem_autograd::Dtype;
-
-/// The optimizer algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OptimizerKind {
-    /// Plain stochastic gradient descent: no state.
-    Sgd,
-    /// SGD with momentum: one velocity buffer.
-    Momentum,
-    /// Adam: first and second moments.
-    Adam,
-    /// AdamW (decoupled weight decay): first and second moments.
-    #[serde(rename = "adamw")]
-    AdamW,
-}
-
-impl OptimizerKind {
-    /// The snake_case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            OptimizerKind::Sgd => "sgd",
-            OptimizerKind::Momentum => "momentum",
-            OptimizerKind::Adam => "adam",
-            OptimizerKind::AdamW => "adamw",
-        }
-    }
-
-    /// Adam or AdamW.
-    pub fn is_adam(self) -> bool {
-        matches!(self, OptimizerKind::Adam | OptimizerKind::AdamW)
-    }
-}
-
-/// When optimizer state is created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum StateAllocation {
-    /// At the first `step` (PyTorch and burn).
-    #[default]
-    Lazy,
-    /// When the optimizer is constructed.
-    Eager,
-}
-
-/// How the update is computed; sets the step's temporaries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum StepImpl {
-    /// One parameter at a time: one parameter-sized scratch buffer live at once.
-    #[default]
-    ForLoop,
-    /// Whole parameter list per kernel: a scratch buffer for every parameter at once.
-    Foreach,
-    /// A fused kernel: no scratch.
-    Fused,
-}
+pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
 
 /// The role of one optimizer-state tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -22,13 +22,11 @@
 
 #![warn(missing_docs)]
 
-mod category;
 mod counting;
 pub mod rss;
 mod tag;
 mod trace;
 
-pub use category::Category;
 pub use counting::{
     AllocSnapshot, CountingAlloc, block_category, is_installed, live_bytes, peak_bytes, reset_peak,
     reset_peaks, snapshot, total_live_bytes,
@@ -39,3 +37,4 @@ pub use trace::{
     TRACE_CAPACITY, TraceBusy, TraceEvent, TraceKind, TraceResult, start_trace, stop_trace,
     trace_enabled, trace_position, trace_thread_id,
 };
+pub use trainmem_core::Category;

@@ -37,16 +37,13 @@
 
 #![warn(missing_docs)]
 
-pub mod bytes;
+pub use trainmem_core::{bytes, model, plan, timeline};
 pub mod engine;
 pub mod explain;
 pub mod export;
 pub mod fit;
 pub mod lower;
-pub mod model;
-pub mod plan;
 pub mod report;
-pub mod timeline;
 
 pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};

@@ -7,15 +7,7 @@ use trainmem_sim::timeline::{Domain, Phase, Sample, Timeline};
 /// The domain that holds the tensors in `t`: the device when any device bytes were recorded,
 /// the host otherwise (a CPU backend, or the twin of a CPU plan).
 pub fn tensor_domain(t: &Timeline) -> Domain {
-    let on_device = t
-        .samples
-        .iter()
-        .any(|s| s.device.categories.total() > 0 || s.device.reserved > 0);
-    if on_device {
-        Domain::Device
-    } else {
-        Domain::Host
-    }
+    t.tensor_domain()
 }
 
 /// Bytes of `category` at sample `i` (tensor domain), or, when `None`, the run's own bytes:

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
-use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::{Domain, Source, Timeline};
 use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
 
@@ -116,15 +115,9 @@ impl RunRecord {
     }
 }
 
-/// The domain a run of `plan` is compared in: `measured`'s tensor domain when there is a
-/// measured timeline, else the host for a CPU plan and the device otherwise.
-pub fn domain_of(plan: &Plan, measured: Option<&Timeline>) -> Domain {
-    match measured {
-        Some(t) => super::checks::tensor_domain(t),
-        None if plan.device.kind == DeviceKind::Cpu => Domain::Host,
-        None => Domain::Device,
-    }
-}
+/// The domain a run of `plan` is compared in (trainmem-core's rule: the measured timeline's
+/// tensor domain, else the plan's device).
+pub use trainmem_core::compare::comparison_domain as domain_of;
 
 /// A scenario's working state.
 pub struct Ctx {

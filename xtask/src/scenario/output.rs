@@ -83,7 +83,19 @@ fn measured_memory_viz(runs: &[RunRecord]) -> Option<(Vec<u8>, String)> {
 fn run_report(r: &RunRecord) -> RunReport {
     let domain = r.domain();
     let mut twin = match (&r.measured, &r.simulated) {
-        (Some(m), Some(s)) => twin_errors(&m.timeline, &s.timeline, domain),
+        (Some(m), Some(s)) => {
+            let batch =
+                trainmem_sim::lower::input_bytes_per_sample_for(&r.plan.model, r.plan.framework)
+                    * r.plan.micro_batch_size();
+            let slack = trainmem_core::compare::loader_slack(&r.plan, batch);
+            twin_errors(&m.timeline, &s.timeline, domain)
+                .into_iter()
+                .map(|e| match e.category {
+                    Category::Input => e.with_slack(slack),
+                    _ => e,
+                })
+                .collect()
+        }
         _ => Vec::new(),
     };
     if r.no_targets.is_some() {

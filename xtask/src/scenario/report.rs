@@ -112,61 +112,9 @@ pub struct Verdict {
     pub figures: Vec<Figure>,
 }
 
-/// The twin's error for one category at the peak.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TwinError {
-    /// The category.
-    pub category: Category,
-    /// Measured peak bytes.
-    pub measured: u64,
-    /// Simulated peak bytes.
-    pub simulated: u64,
-    /// (simulated − measured) / measured; `None` when nothing was measured.
-    pub error: Option<f64>,
-    /// The accuracy target for this category, if it has one.
-    pub tolerance: Option<f64>,
-}
-
-impl TwinError {
-    /// Whether the error is within the target (true when the category has no target).
-    pub fn within(&self) -> bool {
-        match (self.tolerance, self.error) {
-            (Some(tol), Some(e)) => e.abs() <= tol,
-            (Some(_), None) => self.simulated == 0,
-            (None, _) => true,
-        }
-    }
-}
-
-/// The accuracy target of the twin for a category: 2% for parameters, gradients and
-/// optimizer state, 10% for activations and loader buffers (`input`), none for the rest.
-pub fn tolerance(c: Category) -> Option<f64> {
-    match c {
-        Category::Parameter | Category::Gradient | Category::OptimizerState => Some(0.02),
-        Category::Activation | Category::Input => Some(0.10),
-        _ => None,
-    }
-}
-
-/// The twin's error per category: peak bytes over each whole timeline.
-pub fn twin_errors(measured: &Timeline, simulated: &Timeline, domain: Domain) -> Vec<TwinError> {
-    let m = measured.peak_per_category(domain);
-    let s = simulated.peak_per_category(domain);
-    Category::ALL
-        .into_iter()
-        .filter(|&c| m.get(c) > 0 || s.get(c) > 0)
-        .map(|c| {
-            let (mv, sv) = (m.get(c), s.get(c));
-            TwinError {
-                category: c,
-                measured: mv,
-                simulated: sv,
-                error: (mv > 0).then(|| (sv as f64 - mv as f64) / mv as f64),
-                tolerance: tolerance(c),
-            }
-        })
-        .collect()
-}
+/// The twin's error for one category at the peak (trainmem-core's comparison).
+pub use trainmem_core::compare::CategoryError as TwinError;
+pub use trainmem_core::compare::category_errors as twin_errors;
 
 /// One run in a report.
 #[derive(Debug, Clone, Serialize)]
@@ -444,9 +392,14 @@ pub fn twin_table(run: &RunReport) -> String {
             .unwrap_or_else(|| "-".into());
         let target = match e.tolerance {
             Some(t) => format!(
-                "{}{:.0}%",
+                "{}{:.0}%{}",
                 if e.within() { "ok ±" } else { "MISS ±" },
-                t * 100.0
+                t * 100.0,
+                if e.slack > 0 {
+                    format!(" + {} (one batch in flight)", mib(e.slack))
+                } else {
+                    String::new()
+                }
             ),
             None => "".into(),
         };
@@ -648,7 +601,8 @@ mod tests {
             measured: 100,
             simulated: 103,
             error: Some(0.03),
-            tolerance: tolerance(Category::Gradient),
+            tolerance: trainmem_core::compare::tolerance(Category::Gradient),
+            slack: 0,
         };
         assert!(!miss.within());
     }

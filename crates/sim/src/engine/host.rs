@@ -139,7 +139,8 @@ impl HostModel {
             scratch: plan.data.augmentation_scratch,
             overhead: plan.loader.worker_overhead.0,
             baseline: plan.host.baseline.0,
-            kernel_scratch: plan.kernel_scratch_bytes(),
+            kernel_scratch: plan
+                .kernel_scratch_bytes(crate::engine::kernel_scratch::gemm_l2_slab_bytes()),
             epoch_order: 0,
             staging_block: None,
             loader_epoch_batches: None,

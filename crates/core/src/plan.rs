@@ -42,9 +42,10 @@
 
 use std::path::Path;
 
+pub use crate::dtype::Dtype;
+pub use crate::framework::Framework;
+pub use crate::optimizer::{OptimizerKind, StateAllocation, StepImpl};
 use serde::{Deserialize, Serialize};
-pub use trainmem_autograd::{Dtype, Framework};
-pub use trainmem_optim::{OptimizerKind, StateAllocation, StepImpl};
 
 pub use crate::bytes::ByteSize;
 pub use crate::model::*;
@@ -720,7 +721,7 @@ impl Plan {
                 if c.classes == 0 {
                     return Err(err("model.cnn.classes", "must be at least 1".into()));
                 }
-                crate::lower::check_cnn(c).map_err(|m| err("model.cnn.layers", m))?;
+                crate::model_check::check_cnn(c).map_err(|m| err("model.cnn.layers", m))?;
             }
             ModelSpec::Transformer(t) => {
                 let k = "model.transformer";
@@ -769,20 +770,21 @@ impl Plan {
                 }
             }
             ModelSpec::Layers(l) => {
-                crate::lower::check_layers(l).map_err(|m| err("model.layers.layers", m))?;
+                crate::model_check::check_layers(l).map_err(|m| err("model.layers.layers", m))?;
             }
         }
         Ok(())
     }
 
     /// Bytes of kernel scratch kept from `start` to `end` under `other`: `host.kernel_scratch`
-    /// when given; otherwise gemm's packing buffer on this machine for framework `burn` on a
-    /// CPU device ([`crate::engine::kernel_scratch::gemm_l2_slab_bytes`]), else 0.
-    pub fn kernel_scratch_bytes(&self) -> u64 {
+    /// when given; otherwise `gemm_packing` (the machine's gemm packing buffer, a fact of the
+    /// machine the run is predicted for, which trainmem-sim takes as an input) for framework
+    /// `burn` on a CPU device; 0 otherwise.
+    pub fn kernel_scratch_bytes(&self, gemm_packing: u64) -> u64 {
         match self.host.kernel_scratch {
             Some(b) => b.0,
             None if self.framework == Framework::Burn && self.device.kind == DeviceKind::Cpu => {
-                crate::engine::kernel_scratch::gemm_l2_slab_bytes()
+                gemm_packing
             }
             None => 0,
         }

@@ -4,10 +4,11 @@
 //! backend (host bytes per category from trainmem-probe's counting allocator, tagged at
 //! allocation time; see `trainmem_burn::run`) and simulates it with `trainmem_sim::simulate`,
 //! then prints the peak bytes per category over each timeline (host domain: on a CPU backend
-//! every tensor is host memory) and the simulator's error relative to the measurement.
+//! every tensor is host memory) and the simulator's error relative to the measurement, judged by
+//! `trainmem_core::compare` as the scenarios judge it.
 //!
 //! ```text
-//! cargo build -p trainmem-burn --example twin_check
+//! cargo build -p xtask --example twin_check
 //! ./target/debug/examples/twin_check fixtures/scenarios/*.toml
 //! ./target/debug/examples/twin_check --series fixtures/scenarios/optimizer-jump.toml
 //! ```
@@ -23,9 +24,10 @@
 use std::process::ExitCode;
 
 use trainmem_burn::{RunOptions, run_measured_detailed};
+use trainmem_core::compare::{category_errors, comparison_domain};
 use trainmem_probe::{Category, CountingAlloc};
 use trainmem_sim::plan::Plan;
-use trainmem_sim::timeline::{Domain, Sample, Timeline};
+use trainmem_sim::timeline::{Sample, Timeline};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
@@ -45,14 +47,6 @@ const SERIES: [Category; 7] = [
 /// Heap bytes a vector reserved (capacity × element size).
 fn reserved_bytes<T>(v: &Vec<T>) -> u64 {
     (v.capacity() * std::mem::size_of::<T>()) as u64
-}
-
-fn error_percent(measured: u64, simulated: u64) -> f64 {
-    if measured == 0 {
-        if simulated == 0 { 0.0 } else { f64::INFINITY }
-    } else {
-        (simulated as f64 - measured as f64) / measured as f64 * 100.0
-    }
 }
 
 fn sample_row(tag: &str, s: &Sample) -> String {
@@ -152,8 +146,8 @@ fn main() -> ExitCode {
                 continue;
             }
         };
-        let mp = measured.timeline.peak_per_category(Domain::Host);
-        let sp = simulated.timeline.peak_per_category(Domain::Host);
+        let domain = comparison_domain(&plan, Some(&measured.timeline));
+        let rows = category_errors(&measured.timeline, &simulated.timeline, domain);
         println!(
             "== {path} (measured in {:.1}s; samples measured {} simulated {})",
             elapsed.as_secs_f64(),
@@ -168,14 +162,20 @@ fn main() -> ExitCode {
              measured `parameter` category is burn-nn's module bookkeeping)",
             measured.parameter_bytes, sim_params
         );
-        for c in Category::ALL {
-            let (a, b) = (mp.get(c), sp.get(c));
+        println!("  {} domain", domain.name());
+        for r in &rows {
+            let err = r
+                .error
+                .map_or("    n/a".to_string(), |e| format!("{:>6.1}%", e * 100.0));
+            let target = r
+                .tolerance
+                .map_or(String::new(), |t| format!(" (target ±{:.0}%)", t * 100.0));
             println!(
-                "{:>16} measured {:>12} sim {:>12} err {:>7.1}%",
-                c.name(),
-                a,
-                b,
-                error_percent(a, b)
+                "{:>16} measured {:>12} sim {:>12} err {err}{target} {}",
+                r.category.name(),
+                r.measured,
+                r.simulated,
+                if r.within() { "ok" } else { "MISS" }
             );
         }
         // `other` in detail: the twin's kernel scratch, and what the measured run holds there
@@ -189,11 +189,13 @@ fn main() -> ExitCode {
                 .map_or(0, |s| s.host.categories.get(Category::Other))
         };
         let m_start = other_at(&measured.timeline, "start");
-        let rest = m_start as i64 - plan.kernel_scratch_bytes() as i64 - probe_own as i64;
+        let scratch =
+            plan.kernel_scratch_bytes(trainmem_sim::engine::kernel_scratch::gemm_l2_slab_bytes());
+        let rest = m_start as i64 - scratch as i64 - probe_own as i64;
         println!(
             "  other at start: measured {m_start} = kernel scratch {} (twin: {}) + probe's own \
              buffers {probe_own} (not modelled) + rest {rest}",
-            plan.kernel_scratch_bytes(),
+            scratch,
             other_at(&simulated.timeline, "start"),
         );
         if series {

@@ -19,10 +19,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::category::Category;
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use trainmem_probe::Category;
 
 /// Where a timeline came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -268,6 +268,22 @@ pub struct Sample {
     pub device: DeviceBytes,
 }
 
+impl Sample {
+    /// A sample taken after `phase` of optimizer step `step` (epoch 0, no micro-batch, time 0)
+    /// with no bytes yet.
+    pub fn new(phase: Phase, step: u64) -> Sample {
+        Sample {
+            phase,
+            step,
+            epoch: 0,
+            micro_batch: None,
+            time_us: 0.0,
+            host: HostBytes::default(),
+            device: DeviceBytes::default(),
+        }
+    }
+}
+
 /// Which memory a series or peak refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -341,6 +357,20 @@ pub enum TimelineError {
 }
 
 impl Timeline {
+    /// The domain that holds this timeline's tensors: the device when any sample recorded
+    /// device bytes (a category, or reserved memory), the host otherwise (a CPU backend).
+    pub fn tensor_domain(&self) -> Domain {
+        let on_device = self
+            .samples
+            .iter()
+            .any(|s| s.device.categories.total() > 0 || s.device.reserved > 0);
+        if on_device {
+            Domain::Device
+        } else {
+            Domain::Host
+        }
+    }
+
     /// An empty timeline.
     pub fn new(source: Source, meta: TimelineMeta) -> Timeline {
         Timeline {

@@ -1,0 +1,187 @@
+//! Structural checks of model specs: the fields that apply to each CNN layer, the shapes a
+//! CNN walks through, and the consistency of a raw layer list. A plan is validated with these
+//! when it is read, so a model that cannot be built is an error naming its layer.
+
+use crate::model::{CnnOp, CnnSpec, LayersSpec};
+use crate::op_kind::OpKind;
+
+/// The shape of one sample's activation between two CNN layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Channels, height, width.
+    Image(u64, u64, u64),
+    /// A flat vector of features.
+    Flat(u64),
+}
+
+impl Shape {
+    /// Elements per sample.
+    pub fn elems(self) -> u64 {
+        match self {
+            Shape::Image(c, h, w) => c * h * w,
+            Shape::Flat(f) => f,
+        }
+    }
+}
+
+fn pool_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
+    (size + 2 * padding)
+        .checked_sub(kernel)
+        .map(|r| r / stride.max(1) + 1)
+}
+
+/// Walks a CNN's shapes; `Err` names the first layer that does not fit.
+pub fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
+    let mut shape = Shape::Image(c.image[0], c.image[1], c.image[2]);
+    let mut out = Vec::new();
+    for (i, l) in c.layers.iter().enumerate() {
+        let allowed: &[&str] = match l.op {
+            CnnOp::Conv => &["out", "kernel", "stride", "padding", "bias"],
+            CnnOp::MaxPool | CnnOp::AvgPool => &["kernel", "stride", "padding"],
+            CnnOp::Dropout => &["p"],
+            CnnOp::Linear => &["out", "bias"],
+            _ => &[],
+        };
+        for (name, present) in [
+            ("out", l.out.is_some()),
+            ("kernel", l.kernel.is_some()),
+            ("stride", l.stride.is_some()),
+            ("padding", l.padding.is_some()),
+            ("p", l.p.is_some()),
+            ("bias", l.bias.is_some()),
+        ] {
+            if present && !allowed.contains(&name) {
+                return Err(format!("layer {i} ({:?}): `{name}` does not apply", l.op));
+            }
+        }
+        let need = |v: Option<u64>, name: &str| {
+            v.filter(|&x| x > 0)
+                .ok_or_else(|| format!("layer {i} ({:?}): needs `{name}` ≥ 1", l.op))
+        };
+        shape = match (l.op, shape) {
+            (CnnOp::Conv, Shape::Image(_, h, w)) => {
+                let o = need(l.out, "out")?;
+                let k = need(l.kernel, "kernel")?;
+                let s = l.stride.unwrap_or(1).max(1);
+                let p = l.padding.unwrap_or(0);
+                match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
+                    (Some(h2), Some(w2)) => Shape::Image(o, h2, w2),
+                    _ => {
+                        return Err(format!(
+                            "layer {i} (conv): kernel {k} is larger than the {h}×{w} input"
+                        ));
+                    }
+                }
+            }
+            (CnnOp::MaxPool | CnnOp::AvgPool, Shape::Image(ch, h, w)) => {
+                let k = need(l.kernel, "kernel")?;
+                let s = l.stride.unwrap_or(k).max(1);
+                let p = l.padding.unwrap_or(0);
+                match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
+                    (Some(h2), Some(w2)) => Shape::Image(ch, h2, w2),
+                    _ => {
+                        return Err(format!(
+                            "layer {i} (pool): kernel {k} is larger than the {h}×{w} input"
+                        ));
+                    }
+                }
+            }
+            (CnnOp::GlobalAvgPool, Shape::Image(ch, _, _)) => Shape::Image(ch, 1, 1),
+            (CnnOp::Flatten, s) => Shape::Flat(s.elems()),
+            (CnnOp::Linear, s) => {
+                let _ = s;
+                Shape::Flat(need(l.out, "out")?)
+            }
+            (CnnOp::Dropout, s) => {
+                if let Some(p) = l.p
+                    && !(0.0..1.0).contains(&p)
+                {
+                    return Err(format!("layer {i} (dropout): p = {p} is outside 0 ≤ p < 1"));
+                }
+                s
+            }
+            (CnnOp::BatchNorm | CnnOp::Relu | CnnOp::Gelu | CnnOp::Silu, s) => s,
+            (op, Shape::Flat(_)) => {
+                return Err(format!(
+                    "layer {i} ({op:?}) needs an image, but the input was flattened"
+                ));
+            }
+        };
+        out.push(shape);
+    }
+    Ok(out)
+}
+
+/// Checks a CNN spec (fields that apply, shapes that fit).
+pub fn check_cnn(c: &CnnSpec) -> Result<(), String> {
+    cnn_shapes(c).map(|_| ())
+}
+
+/// Checks a raw layer list.
+pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
+    if l.input.is_empty() || l.input.contains(&0) {
+        return Err("`input` must be a non-empty shape of positive sizes".into());
+    }
+    if l.layers.is_empty() {
+        return Err("needs at least one layer".into());
+    }
+    for (i, layer) in l.layers.iter().enumerate() {
+        let kind = OpKind::from_name(&layer.op).ok_or_else(|| {
+            let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
+            format!(
+                "layer {i}: unknown op `{}` (known: {})",
+                layer.op,
+                names.join(", ")
+            )
+        })?;
+        if matches!(kind, OpKind::CrossEntropy | OpKind::MseLoss) {
+            return Err(format!(
+                "layer {i}: `{}` is a loss; set `loss` instead",
+                layer.op
+            ));
+        }
+        if let Some(w) = layer.with {
+            if kind.arity() != 2 {
+                return Err(format!(
+                    "layer {i}: `with` applies only to two-input ops (add, mul, matmul)"
+                ));
+            }
+            if w >= i {
+                return Err(format!(
+                    "layer {i}: `with = {w}` must name an earlier layer"
+                ));
+            }
+        }
+        if layer
+            .out
+            .as_ref()
+            .is_some_and(|o| o.is_empty() || o.contains(&0))
+        {
+            return Err(format!(
+                "layer {i}: `out` must be a non-empty shape of positive sizes"
+            ));
+        }
+        if kind == OpKind::View {
+            let prev: u64 = if i == 0 {
+                l.input.iter().product()
+            } else {
+                layer_out(l, i - 1)
+            };
+            if layer_out(l, i) != prev {
+                return Err(format!("layer {i}: a view cannot change the element count"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Elements per sample after layer `i` of a raw layer list.
+pub fn layer_out(l: &LayersSpec, i: usize) -> u64 {
+    let mut cur: u64 = l.input.iter().product();
+    for layer in &l.layers[..=i] {
+        if let Some(o) = &layer.out {
+            cur = o.iter().product();
+        }
+    }
+    cur
+}

@@ -1,0 +1,146 @@
+//! The op vocabulary: every kind of op a model is lowered to, with its name in plan files
+//! (`[[model.layers.layers]] op = "..."`) and its number of activation inputs.
+
+use serde::{Deserialize, Serialize};
+
+/// The kind of an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// `x·Wᵀ + b`.
+    Linear,
+    /// Product of two activations.
+    Matmul,
+    /// 2-D convolution.
+    Conv2d,
+    /// max(x, 0).
+    Relu,
+    /// GELU.
+    Gelu,
+    /// SiLU.
+    Silu,
+    /// tanh.
+    Tanh,
+    /// Logistic sigmoid.
+    Sigmoid,
+    /// Softmax over the last dimension.
+    Softmax,
+    /// Log-softmax over the last dimension.
+    LogSoftmax,
+    /// Dropout.
+    Dropout,
+    /// LayerNorm.
+    LayerNorm,
+    /// RMSNorm.
+    RmsNorm,
+    /// BatchNorm.
+    BatchNorm,
+    /// Max pooling.
+    MaxPool2d,
+    /// Average pooling.
+    AvgPool2d,
+    /// Global average pooling (a mean over the spatial dimensions).
+    GlobalAvgPool,
+    /// Element-wise sum.
+    Add,
+    /// Element-wise product.
+    Mul,
+    /// Multiplication by a constant.
+    Scale,
+    /// Embedding lookup.
+    Embedding,
+    /// A view: reshape, flatten, split; aliases its input.
+    View,
+    /// A copy into a new tensor.
+    Copy,
+    /// A fused attention kernel.
+    FusedAttention,
+    /// Cross-entropy loss (log-softmax + negative log-likelihood).
+    CrossEntropy,
+    /// Mean squared error.
+    MseLoss,
+}
+
+impl OpKind {
+    /// Every op kind.
+    pub const ALL: [OpKind; 26] = [
+        OpKind::Linear,
+        OpKind::Matmul,
+        OpKind::Conv2d,
+        OpKind::Relu,
+        OpKind::Gelu,
+        OpKind::Silu,
+        OpKind::Tanh,
+        OpKind::Sigmoid,
+        OpKind::Softmax,
+        OpKind::LogSoftmax,
+        OpKind::Dropout,
+        OpKind::LayerNorm,
+        OpKind::RmsNorm,
+        OpKind::BatchNorm,
+        OpKind::MaxPool2d,
+        OpKind::AvgPool2d,
+        OpKind::GlobalAvgPool,
+        OpKind::Add,
+        OpKind::Mul,
+        OpKind::Scale,
+        OpKind::Embedding,
+        OpKind::View,
+        OpKind::Copy,
+        OpKind::FusedAttention,
+        OpKind::CrossEntropy,
+        OpKind::MseLoss,
+    ];
+
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Linear => "linear",
+            OpKind::Matmul => "matmul",
+            OpKind::Conv2d => "conv2d",
+            OpKind::Relu => "relu",
+            OpKind::Gelu => "gelu",
+            OpKind::Silu => "silu",
+            OpKind::Tanh => "tanh",
+            OpKind::Sigmoid => "sigmoid",
+            OpKind::Softmax => "softmax",
+            OpKind::LogSoftmax => "log_softmax",
+            OpKind::Dropout => "dropout",
+            OpKind::LayerNorm => "layer_norm",
+            OpKind::RmsNorm => "rms_norm",
+            OpKind::BatchNorm => "batch_norm",
+            OpKind::MaxPool2d => "max_pool2d",
+            OpKind::AvgPool2d => "avg_pool2d",
+            OpKind::GlobalAvgPool => "global_avg_pool",
+            OpKind::Add => "add",
+            OpKind::Mul => "mul",
+            OpKind::Scale => "scale",
+            OpKind::Embedding => "embedding",
+            OpKind::View => "view",
+            OpKind::Copy => "copy",
+            OpKind::FusedAttention => "fused_attention",
+            OpKind::CrossEntropy => "cross_entropy",
+            OpKind::MseLoss => "mse_loss",
+        }
+    }
+
+    /// Parses a snake_case name.
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        OpKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Number of activation inputs the op takes.
+    pub fn arity(self) -> usize {
+        match self {
+            OpKind::Matmul | OpKind::Add | OpKind::Mul | OpKind::CrossEntropy | OpKind::MseLoss => {
+                2
+            }
+            _ => 1,
+        }
+    }
+
+    /// Whether the output aliases the input (no new memory).
+    pub fn is_view(self) -> bool {
+        self == OpKind::View
+    }
+}
