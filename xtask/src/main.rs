@@ -1,6 +1,7 @@
 //! `cargo xtask`: trainmem's task runner.
 //!
-//! * `cargo xtask scenario NAME|all|--list`: run a memory scenario (see `scenario`).
+//! * `cargo xtask scenario NAME|all|--list`: run a memory scenario (trainmem-scenarios; the
+//!   same command as `trainmem scenario`, with files under `target/scenarios/`).
 //! * `cargo xtask bench alloc|loader|sim`: side-by-side benchmarks that print ratios.
 //! * `cargo xtask gen-data`: write deterministic fixture data sets.
 
@@ -10,7 +11,6 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod gen_data;
-mod scenario;
 
 /// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
 #[global_allocator]
@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a memory scenario: the pattern reproduced, with its simulated twin.
-    Scenario(scenario::ScenarioArgs),
+    Scenario(trainmem_scenarios::ScenarioArgs),
     /// Run a side-by-side benchmark and print ratios.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -34,10 +34,21 @@ enum Command {
     GenData(gen_data::GenDataArgs),
 }
 
+/// The workspace's target directory (`CARGO_TARGET_DIR` when set).
+fn target_dir() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return dir.into();
+    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(|root| root.join("target"))
+        .unwrap_or_else(|| "target".into())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Scenario(args) => scenario::run(args),
+        Command::Scenario(args) => trainmem_scenarios::run(args, &target_dir().join("scenarios")),
         Command::Bench(cmd) => bench::run(cmd),
         Command::GenData(args) => gen_data::run(args),
     };

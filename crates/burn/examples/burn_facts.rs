@@ -125,10 +125,7 @@ fn run_with(name: &str, p: &Plan, opts: RunOptions<'_>, input: bool) {
 }
 
 fn scenario(file: &str) -> Plan {
-    let path = format!(
-        "{}/../../fixtures/scenarios/{file}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = format!("{}/../scenarios/plans/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).expect("scenario plan");
     Plan::from_toml_str(&text).expect("plan")
 }

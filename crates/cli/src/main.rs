@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
+#[global_allocator]
+static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
+
 mod cmd_data;
 mod cmd_replay;
 mod cmd_sim;
@@ -20,6 +24,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Reproduce a memory pattern on a real burn training run beside its prediction
+    /// (`--list` names the fifteen patterns; files go to `trainmem-scenarios/NAME/`).
+    Scenario(trainmem_scenarios::ScenarioArgs),
     /// Replay an allocation trace through the caching allocator and print its statistics.
     Replay(cmd_replay::ReplayArgs),
     /// Inspect data-set files (memory-mapped .npy and raw record files).
@@ -36,6 +43,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Scenario(args) => {
+            trainmem_scenarios::run(args, std::path::Path::new("trainmem-scenarios"))
+        }
         Command::Replay(args) => cmd_replay::run(args),
         Command::Data(cmd) => cmd_data::run(cmd),
         Command::Simulate(args) => cmd_sim::simulate(args),

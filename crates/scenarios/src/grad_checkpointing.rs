@@ -167,8 +167,7 @@ mod tests {
 
     #[test]
     fn the_saving_is_one_hidden_tensor_per_hidden_layer() {
-        let mut plan = Plan::load(super::super::ctx::plans_dir().join("grad-checkpointing.toml"))
-            .expect("plan");
+        let mut plan = crate::plans::load("grad-checkpointing").expect("plan");
         plan.model = ModelSpec::Mlp(trainmem_sim::model::MlpSpec {
             input: 8,
             hidden: vec![16, 32],

@@ -1,28 +1,53 @@
-//! `cargo xtask scenario NAME|all|--list [--backend flex|cuda] [--mode measured|simulated|both]
-//! [--json] [--out DIR]`: every documented memory pattern, reproduced on a real burn training
-//! run beside its simulated twin.
+//! trainmem-scenarios: the catalogue of training-memory patterns.
 //!
-//! A scenario loads its plan from `fixtures/scenarios/NAME.toml`, runs it (measured on burn,
-//! simulated by trainmem-sim, or both), checks the pattern on every timeline it has, runs the
-//! knob that removes the pattern and checks that too. The runner prints the measured timeline
-//! as a chart with the twin overlaid, the verdicts with their figures and the twin's error per
-//! category at the peak, and writes `report.md`, `timeline.json`, `timeline.svg`, `trace.json`
-//! (Chrome trace) and `memory_viz.pickle` to `target/scenarios/NAME/`. It exits non-zero when
-//! a pattern or knob did not come out as expected (and, with `--strict-twin`, when the twin
-//! misses its accuracy target).
+//! Each [`Scenario`] is one pattern people lose days to (host memory spiking at every epoch
+//! start, the optimizer doubling the footprint at step one, memory that creeps up per batch,
+//! ...), defined once: a plan ([`plans`], compiled in), the runs it makes, and the rules that
+//! judge them. A run is made on a real burn training run (host bytes per category from
+//! trainmem-probe's counting allocator, or device bytes on CUDA), on trainmem-sim's prediction
+//! of the same plan (the *twin*: the simulator run on the plan the real run trained), or both.
+//! Every rule is applied to every timeline the run has, so the same sentence judges the
+//! measurement and the prediction. A scenario also runs the setting that removes the pattern
+//! (its *knob*, e.g. `loader.persistent_workers = true`) and judges that the pattern is gone.
 //!
-//! Adding a scenario: write `scenario/NAME.rs` with `pub fn run(ctx: &mut Ctx) ->
-//! anyhow::Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan to
-//! `fixtures/scenarios/`, and add one entry to [`SCENARIOS`].
+//! [`run`] is the command (`trainmem scenario NAME`, `cargo xtask scenario NAME`): it prints
+//! the measured timeline as a chart with the prediction overlaid, the verdicts with their
+//! figures, the prediction's error per category at the peak (trainmem-core's
+//! [`compare`](trainmem_core::compare)), and writes `report.md`, `timeline.json`,
+//! `timeline.svg`, `trace.json` (Chrome trace) and `memory_viz.pickle` per scenario.
+//!
+//! Exit codes of [`run`]: 0 when every pattern and knob came out as expected; 1 when one did
+//! not ([`EXIT_NOT_REPRODUCED`]); 3 with `--strict-twin` when the prediction missed its
+//! accuracy target but every pattern reproduced ([`EXIT_TWIN_MISSED`]); 2 for an unknown
+//! scenario name ([`EXIT_USAGE`], as for other usage errors).
+//!
+//! Measured runs count host bytes per category only when the binary installs trainmem-probe's
+//! counting allocator (`#[global_allocator] static A: trainmem_probe::CountingAlloc = ...`);
+//! without it a measured run is an error that says so.
+//!
+//! ```
+//! use trainmem_scenarios::{Backend, Mode, execute, find};
+//! let scenario = find("optimizer-jump").expect("in the catalogue");
+//! let dir = std::env::temp_dir().join("trainmem-doc-optimizer-jump");
+//! // The prediction only: fast, and no counting allocator needed.
+//! let report = execute(scenario, Mode::Simulated, Backend::Flex, dir, false)?;
+//! assert!(report.all_reproduced());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! Adding a scenario: write `src/NAME.rs` with `pub fn run(ctx: &mut Ctx) ->
+//! anyhow::Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan as
+//! `plans/NAME.toml` (and to [`plans::PLANS`]), and add one entry to [`SCENARIOS`].
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 pub mod checks;
 pub mod ctx;
 pub mod output;
+pub mod plans;
 pub mod replay;
 pub mod report;
 
@@ -176,21 +201,22 @@ pub const SCENARIOS: &[Scenario] = &[
 pub struct ScenarioArgs {
     /// Scenario to run, or `all`.
     #[arg(required_unless_present = "list")]
-    name: Option<String>,
+    pub name: Option<String>,
     /// List the scenarios with a one-line description.
     #[arg(long)]
-    list: bool,
+    pub list: bool,
     /// Backend of the measured runs.
     #[arg(long, value_enum, default_value = "flex")]
-    backend: Backend,
+    pub backend: Backend,
     /// Real runs, the simulated twin, or both side by side.
     #[arg(long, value_enum, default_value = "both")]
-    mode: Mode,
+    pub mode: Mode,
     /// Print the report as one JSON object instead of the text view (with `all`:
     /// `{"scenarios": [...]}`).
     #[arg(long)]
     json: bool,
-    /// Output directory (default `target/scenarios/NAME/`; with `all`, one subdirectory per
+    /// Output directory (default `target/scenarios/NAME/` from `cargo xtask`,
+    /// `trainmem-scenarios/NAME/` from `trainmem`; with `all`, one subdirectory per
     /// scenario under DIR).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -218,8 +244,17 @@ pub fn execute(
     Ok(output::build_report(scenario, ctx))
 }
 
-/// Runs the scenarios the arguments name.
-pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
+/// Exit code when a pattern or knob did not come out as expected.
+pub const EXIT_NOT_REPRODUCED: u8 = 1;
+/// Exit code for an unknown scenario name (clap uses 2 for other usage errors too).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code with `--strict-twin` when every pattern reproduced but the prediction missed its
+/// accuracy target.
+pub const EXIT_TWIN_MISSED: u8 = 3;
+
+/// Runs the scenarios the arguments name; files go under `default_out/NAME/` unless `--out`
+/// says otherwise.
+pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
     if args.list {
         let width = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
         for s in SCENARIOS {
@@ -235,10 +270,11 @@ pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
             Some(s) => vec![s],
             None => {
                 let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-                bail!(
-                    "no scenario `{name}`; known: {} (or `all`)",
+                eprintln!(
+                    "error: no scenario `{name}`; known: {} (or `all`; `--list` describes them)",
                     names.join(", ")
-                )
+                );
+                return Ok(ExitCode::from(EXIT_USAGE));
             }
         }
     };
@@ -258,7 +294,7 @@ pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
                 args.mode
             );
         }
-        let dir = out_dir(args.out.as_deref(), scenario.name, several);
+        let dir = out_dir(args.out.as_deref(), default_out, scenario.name, several);
         let started = std::time::Instant::now();
         let mut report = execute(scenario, args.mode, args.backend, dir.clone(), !args.json)?;
         report
@@ -288,46 +324,48 @@ pub fn run(args: ScenarioArgs) -> anyhow::Result<ExitCode> {
         };
         println!("{}", serde_json::to_string_pretty(&value)?);
     }
-    let mut ok = true;
-    if !failed.is_empty() {
-        eprintln!("not reproduced: {}", failed.join(", "));
-        ok = false;
-    }
     if !twin_missed.is_empty() {
         eprintln!(
             "twin outside its accuracy target in: {}",
             twin_missed.join(", ")
         );
-        if args.strict_twin {
-            ok = false;
-        }
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    if !failed.is_empty() {
+        eprintln!("not reproduced: {}", failed.join(", "));
+    }
+    Ok(ExitCode::from(exit_code(
+        !failed.is_empty(),
+        !twin_missed.is_empty(),
+        args.strict_twin,
+    )))
 }
 
-/// Where a scenario's files go.
-fn out_dir(out: Option<&Path>, name: &str, several: bool) -> PathBuf {
+/// The exit code of a finished run: a pattern not reproduced outranks a missed twin target,
+/// which counts only under `--strict-twin`.
+pub fn exit_code(not_reproduced: bool, twin_missed: bool, strict_twin: bool) -> u8 {
+    if not_reproduced {
+        EXIT_NOT_REPRODUCED
+    } else if twin_missed && strict_twin {
+        EXIT_TWIN_MISSED
+    } else {
+        0
+    }
+}
+
+/// Where a scenario's files go: `--out` itself for one scenario, `--out/NAME` for several,
+/// `default_out/NAME` without `--out`.
+fn out_dir(out: Option<&Path>, default_out: &Path, name: &str, several: bool) -> PathBuf {
     match out {
         Some(dir) if several => dir.join(name),
         Some(dir) => dir.to_path_buf(),
-        None => target_dir().join("scenarios").join(name),
+        None => default_out.join(name),
     }
 }
 
-/// The workspace's target directory (`CARGO_TARGET_DIR` when set).
-fn target_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(dir);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(|root| root.join("target"))
-        .unwrap_or_else(|| PathBuf::from("target"))
-}
+/// The unit tests make measured runs, which count host bytes through trainmem-probe.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 //! closure over a [`Timeline`], so the same rule judges the measured run and the twin's
 //! prediction, and a verdict is recorded per source.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -47,7 +47,7 @@ impl Mode {
 pub enum Backend {
     /// burn's Flex CPU backend.
     Flex,
-    /// CUDA device 0 (xtask built with `--features cuda`, and a GPU present).
+    /// CUDA device 0 (built with the `cuda` feature, and a GPU present).
     Cuda,
 }
 
@@ -60,8 +60,9 @@ impl Backend {
             Backend::Cuda => Ok(BackendChoice::Cuda { index: 0 }),
             #[cfg(not(feature = "cuda"))]
             Backend::Cuda => bail!(
-                "--backend cuda needs xtask built with CUDA: \
-                 `cargo run -p xtask --features cuda -- scenario ...`"
+                "--backend cuda needs a build with CUDA: \
+                 `cargo run -p xtask --features cuda -- scenario ...` or \
+                 `cargo install --path crates/cli --features cuda`"
             ),
         }
     }
@@ -145,14 +146,6 @@ impl std::fmt::Debug for Ctx {
     }
 }
 
-/// Directory holding the scenario plans.
-pub fn plans_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(|root| root.join("fixtures").join("scenarios"))
-        .unwrap_or_else(|| PathBuf::from("fixtures/scenarios"))
-}
-
 impl Ctx {
     /// A context for one scenario.
     pub fn new(mode: Mode, backend: Backend, work_dir: PathBuf, progress: bool) -> Ctx {
@@ -167,10 +160,9 @@ impl Ctx {
         }
     }
 
-    /// Loads `fixtures/scenarios/NAME.toml`.
+    /// The scenario plan `NAME` (`crates/scenarios/plans/NAME.toml`, compiled in).
     pub fn plan(&self, name: &str) -> anyhow::Result<Plan> {
-        let path = plans_dir().join(format!("{name}.toml"));
-        Plan::load(&path).with_context(|| format!("loading {}", path.display()))
+        crate::plans::load(name).with_context(|| format!("loading the plan `{name}`"))
     }
 
     /// Runs `plan` as the mode asks and records it; returns its index.

@@ -120,21 +120,49 @@ fn registry_names_are_unique_and_findable() {
     for s in SCENARIOS {
         assert_eq!(find(s.name).map(|f| f.description), Some(s.description));
         assert!(!s.explanation.is_empty(), "{}: explanation", s.name);
-        assert!(
-            ctx::plans_dir().join(format!("{}.toml", s.name)).is_file(),
-            "{}: plan file",
-            s.name
-        );
+        assert!(plans::text(s.name).is_some(), "{}: plan", s.name);
     }
     assert!(find("nope").is_none());
 }
 
 #[test]
+fn exit_codes() {
+    assert_eq!(exit_code(false, false, false), 0);
+    assert_eq!(
+        exit_code(false, true, false),
+        0,
+        "a twin miss fails only when strict"
+    );
+    assert_eq!(exit_code(false, true, true), EXIT_TWIN_MISSED);
+    assert_eq!(exit_code(true, true, true), EXIT_NOT_REPRODUCED);
+    assert_eq!(exit_code(true, false, false), EXIT_NOT_REPRODUCED);
+    let codes = [EXIT_NOT_REPRODUCED, EXIT_USAGE, EXIT_TWIN_MISSED];
+    assert!(codes.iter().all(|&c| c != 0));
+    assert_eq!(
+        codes.len(),
+        codes
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    );
+}
+
+#[test]
 fn out_dir_rules() {
     let dir = Path::new("/tmp/x");
-    assert_eq!(out_dir(Some(dir), "a", false), PathBuf::from("/tmp/x"));
-    assert_eq!(out_dir(Some(dir), "a", true), PathBuf::from("/tmp/x/a"));
-    assert!(out_dir(None, "a", false).ends_with("scenarios/a"));
+    let default = Path::new("/tmp/d");
+    assert_eq!(
+        out_dir(Some(dir), default, "a", false),
+        PathBuf::from("/tmp/x")
+    );
+    assert_eq!(
+        out_dir(Some(dir), default, "a", true),
+        PathBuf::from("/tmp/x/a")
+    );
+    assert_eq!(
+        out_dir(None, default, "a", false),
+        PathBuf::from("/tmp/d/a")
+    );
 }
 
 #[test]
@@ -200,8 +228,7 @@ fn measured_grad_accumulation_checkpoint_save_and_empty_cache() {
 #[test]
 fn a_measured_host_run_is_compared_on_the_host_even_when_the_twin_fills_the_device() {
     use trainmem_sim::timeline::{DeviceBytes, Domain, Source};
-    let plan = trainmem_sim::Plan::load(ctx::plans_dir().join("epoch-spike.toml"))
-        .expect("epoch-spike plan");
+    let plan = plans::load("epoch-spike").expect("epoch-spike plan");
     assert_eq!(plan.device.kind, trainmem_sim::plan::DeviceKind::Cpu);
     let twin = trainmem_sim::simulate(&plan, Default::default())
         .expect("simulates")

@@ -277,8 +277,7 @@ mod tests {
 
     #[test]
     fn the_layout_splits_blocks_evenly_and_puts_embedding_and_head_at_the_ends() {
-        let plan =
-            Plan::load(super::super::ctx::plans_dir().join("model-parallel.toml")).expect("plan");
+        let plan = crate::plans::load("model-parallel").expect("plan");
         let l = Layout::of(&plan).expect("layout");
         assert_eq!(l.blocks, 8);
         assert!(l.before > 0 && l.after > 0);

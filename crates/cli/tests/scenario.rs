@@ -1,0 +1,127 @@
+//! `trainmem scenario`: the catalogue from the installed binary, outside any checkout.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn trainmem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_trainmem"))
+}
+
+/// An empty working directory of the test's own, away from the workspace.
+fn empty_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "trainmem-cli-scenario-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn list_names_the_fifteen_scenarios() {
+    let out = trainmem()
+        .args(["scenario", "--list"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 15, "{text}");
+    for name in [
+        "epoch-spike",
+        "optimizer-jump",
+        "empty-cache",
+        "model-parallel",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(name)),
+            "{name} listed: {text}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_scenario_is_a_usage_error() {
+    let out = trainmem()
+        .args(["scenario", "no-such-pattern"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no scenario `no-such-pattern`"), "{err}");
+    assert!(
+        err.contains("epoch-spike"),
+        "the known names are listed: {err}"
+    );
+}
+
+#[test]
+fn a_simulated_scenario_runs_from_an_empty_directory_and_writes_its_files() {
+    let dir = empty_dir("simulated");
+    let out = trainmem()
+        .current_dir(&dir)
+        .args([
+            "scenario",
+            "optimizer-jump",
+            "--mode",
+            "simulated",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(report["name"], "optimizer-jump");
+    assert_eq!(report["mode"], "simulated");
+    let verdicts = report["verdicts"].as_array().expect("verdicts");
+    assert!(!verdicts.is_empty());
+    assert!(
+        verdicts.iter().all(|v| v["reproduced"] == true),
+        "{verdicts:?}"
+    );
+    let files = dir.join("trainmem-scenarios").join("optimizer-jump");
+    for f in [
+        "report.md",
+        "timeline.json",
+        "timeline.svg",
+        "trace.json",
+        "memory_viz.pickle",
+    ] {
+        assert!(
+            files.join(f).is_file(),
+            "{f} written under {}",
+            files.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_measured_scenario_runs_from_the_installed_binary() {
+    let dir = empty_dir("measured");
+    let out = trainmem()
+        .current_dir(&dir)
+        .args(["scenario", "optimizer-jump", "--strict-twin", "--json"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let run = &report["runs"][0];
+    assert_eq!(run["domain"], "host");
+    let params = run["twin"]
+        .as_array()
+        .expect("twin rows")
+        .iter()
+        .find(|r| r["category"] == "parameter")
+        .expect("parameter row");
+    assert!(params["measured"].as_u64().unwrap_or(0) > 0, "{params}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
