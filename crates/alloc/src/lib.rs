@@ -110,8 +110,6 @@
 //! * `cuda`: `CudaDevice` (cudarc, libcuda loaded at run time).
 //! * `proptest`: the `testing` module (strategies, `testing::check_invariants`).
 
-#![warn(missing_docs)]
-
 mod allocator;
 mod block;
 mod config;

@@ -13,8 +13,6 @@
 //!   stacker ([`StackColumns`]) and a random-resize augmentation ([`RandomResize`]).
 //! * With feature `burn`: [`burn_adapter`], burn's `Dataset` trait over these data sets.
 
-#![warn(missing_docs)]
-
 mod array;
 pub mod augment;
 mod builder;

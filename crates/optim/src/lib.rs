@@ -25,8 +25,6 @@
 //! weights) across ranks, stage 2 also gradients, stage 3 also parameters; each rank keeps
 //! `ceil(elements / world_size)` of a sharded tensor.
 
-#![warn(missing_docs)]
-
 use serde::{Deserialize, Serialize};
 pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
 

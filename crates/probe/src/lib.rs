@@ -20,8 +20,6 @@
 //! static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
 //! ```
 
-#![warn(missing_docs)]
-
 mod counting;
 pub mod rss;
 mod tag;

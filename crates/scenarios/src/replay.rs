@@ -32,12 +32,19 @@ const TRACE_ENTRIES: usize = 50_000;
 /// What `empty_cache` did, checked against the allocator snapshot taken just before it.
 #[derive(Debug, Clone, Default)]
 pub struct EmptyCacheCheck {
+    /// Reserved bytes just before `empty_cache`.
     pub reserved_before: u64,
+    /// Allocated bytes at that moment (what `empty_cache` cannot release).
     pub allocated: u64,
+    /// Bytes `empty_cache` returned to the device.
     pub released: u64,
+    /// Bytes in segments that were entirely free before the call (what it should release).
     pub fully_free_before: u64,
+    /// Reserved bytes after the call.
     pub reserved_after: u64,
+    /// Segments that kept at least one live block (and so stayed reserved).
     pub segments_with_live_blocks: u64,
+    /// Free bytes left inside those segments: cached, but not releasable.
     pub non_releasable_after: u64,
 }
 

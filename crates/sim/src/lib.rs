@@ -35,8 +35,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![warn(missing_docs)]
-
 pub use trainmem_core::{bytes, model, plan, timeline};
 pub mod engine;
 pub mod explain;
