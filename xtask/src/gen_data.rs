@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use trainmem_loader::DType;
+use trainmem_loader::Dtype;
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
 
 /// Arguments of `gen-data`.
@@ -39,9 +39,9 @@ pub fn run(args: GenDataArgs) -> anyhow::Result<ExitCode> {
         classes: args.classes,
         seed: args.seed,
         label_dtype: if args.u8_labels {
-            DType::U8
+            Dtype::U8
         } else {
-            DType::I64
+            Dtype::I64
         },
     };
     let paths = write_fixture_with_progress(&args.out, &spec)?;

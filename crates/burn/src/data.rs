@@ -22,7 +22,7 @@ use std::sync::Arc;
 use trainmem_core::plan::{DataStorage, Plan};
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
 use trainmem_loader::{
-    BatchBuilder, BoxError, ColumnBatch, DType, Loader, LoaderConfig, MmapDataset, ScratchResize,
+    BatchBuilder, BoxError, ColumnBatch, Dtype, Loader, LoaderConfig, MmapDataset, ScratchResize,
     StackColumns, WorkerContext,
 };
 
@@ -134,7 +134,7 @@ pub fn fixture_spec(plan: &Plan, shape: &ExampleShape) -> Result<FixtureSpec, Bu
         classes: u32::try_from(classes)
             .map_err(|_| BurnRunError::Unsupported("too many classes".into()))?,
         seed: plan.seed,
-        label_dtype: DType::I64,
+        label_dtype: Dtype::I64,
     })
 }
 

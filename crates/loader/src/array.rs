@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::{DType, Element};
+use crate::dtype::{Dtype, Element};
 use crate::error::{DataError, FileProblem};
 use crate::npy::{self, HeaderError};
 
@@ -87,7 +87,7 @@ pub struct MappedArray {
     file: File,
     map: Storage,
     format: FileFormat,
-    dtype: DType,
+    dtype: Dtype,
     shape: Vec<usize>,
     data_offset: usize,
     data_len: usize,
@@ -182,16 +182,18 @@ impl MappedArray {
         layout: &RawSidecar,
     ) -> Result<MappedArray, DataError> {
         let path = path.as_ref();
-        let dtype = DType::from_descr(&layout.dtype)
-            .map_err(|e| DataError::file(path, HeaderError::DType(e)))?;
+        let dtype = crate::dtype::from_descr(&layout.dtype)
+            .map_err(|e| DataError::file(path, HeaderError::Dtype(e)))?;
         let file = File::open(path).map_err(|e| io(path, e))?;
         let file_len = file.metadata().map_err(|e| io(path, e))?.len();
         let record_elems = checked_prod(&layout.sample_shape).ok_or_else(|| {
             DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
         })?;
-        let record_bytes = record_elems.checked_mul(dtype.size()).ok_or_else(|| {
-            DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
-        })?;
+        let record_bytes = record_elems
+            .checked_mul(dtype.size() as usize)
+            .ok_or_else(|| {
+                DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
+            })?;
         let data_bytes = file_len.checked_sub(layout.offset as u64).ok_or_else(|| {
             DataError::file(
                 path,
@@ -237,14 +239,16 @@ impl MappedArray {
         file: File,
         file_len: u64,
         format: FileFormat,
-        dtype: DType,
+        dtype: Dtype,
         shape: Vec<usize>,
         data_offset: usize,
         exact_len: bool,
     ) -> Result<MappedArray, DataError> {
         let overflow = || DataError::file(path, FileProblem::Overflow(shape.clone()));
         let elems = checked_prod(&shape).ok_or_else(overflow)?;
-        let data_len = elems.checked_mul(dtype.size()).ok_or_else(overflow)?;
+        let data_len = elems
+            .checked_mul(dtype.size() as usize)
+            .ok_or_else(overflow)?;
         let needed = (data_offset as u64)
             .checked_add(data_len as u64)
             .ok_or_else(overflow)?;
@@ -268,12 +272,12 @@ impl MappedArray {
                 },
             ));
         }
-        if !data_offset.is_multiple_of(dtype.size()) {
+        if !data_offset.is_multiple_of(dtype.size() as usize) {
             return Err(DataError::file(
                 path,
                 FileProblem::Misaligned {
                     offset: data_offset,
-                    align: dtype.size(),
+                    align: (dtype.size() as usize),
                 },
             ));
         }
@@ -297,7 +301,7 @@ impl MappedArray {
             Some(map)
         };
         // Per-sample bytes from the sample shape, so it is right even with zero samples.
-        let sample_bytes = checked_prod(&shape[1..]).unwrap_or(0) * dtype.size();
+        let sample_bytes = checked_prod(&shape[1..]).unwrap_or(0) * (dtype.size() as usize);
         Ok(MappedArray {
             path: path.to_path_buf(),
             file,
@@ -321,7 +325,7 @@ impl MappedArray {
         self.format
     }
     /// Element type.
-    pub fn dtype(&self) -> DType {
+    pub fn dtype(&self) -> Dtype {
         self.dtype
     }
     /// Full shape; `shape()[0]` is the number of samples.

@@ -10,7 +10,7 @@
 use crate::builder::{BatchBuilder, BoxError, ColumnBatch, copy_rows};
 use crate::context::WorkerContext;
 use crate::dataset::MmapDataset;
-use crate::dtype::DType;
+use crate::dtype::Dtype;
 
 /// Random zoom in or out of an image, through variable-size scratch.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -148,7 +148,7 @@ impl BatchBuilder<MmapDataset> for ResizeColumns {
             let bps = a.bytes_per_sample();
             let mut buf = ctx.alloc_buffer(n * bps);
             if k == self.column {
-                if a.dtype() != DType::F32 {
+                if a.dtype() != Dtype::F32 {
                     return Err(format!(
                         "RandomResize needs f32, column {} is {}",
                         c.name,
@@ -262,7 +262,7 @@ impl BatchBuilder<MmapDataset> for ScratchResize {
                 batch.push_column(buf, a);
                 continue;
             }
-            if a.dtype() != DType::F32 || bps != c * h * w * 4 {
+            if a.dtype() != Dtype::F32 || bps != c * h * w * 4 {
                 return Err(format!(
                     "ScratchResize needs f32 samples of {c}x{h}x{w}, column {} holds {} bytes \
                      of {}",

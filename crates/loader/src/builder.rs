@@ -5,7 +5,7 @@
 use crate::array::MappedArray;
 use crate::context::WorkerContext;
 use crate::dataset::{Dataset, MmapDataset};
-use crate::dtype::{DType, Element};
+use crate::dtype::{Dtype, Element};
 use crate::staging::{BatchBuffer, prefetch_pages};
 
 /// The error type builders and transforms return.
@@ -102,7 +102,7 @@ pub struct ColumnBatch {
     /// One buffer per column.
     pub columns: Vec<BatchBuffer>,
     /// Element type per column.
-    pub dtypes: Vec<DType>,
+    pub dtypes: Vec<Dtype>,
     /// Shape per column, `[batch, sample shape...]`.
     pub shapes: Vec<Vec<usize>>,
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use burn::data::dataset::Dataset as BurnTrait;
 
 use crate::dataset::{Dataset, MmapDataset, SampleView};
-use crate::dtype::{DType, Element};
+use crate::dtype::{Dtype, Element};
 
 /// One sample copied out of a [`MmapDataset`]: the rows of every column.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +21,7 @@ pub struct OwnedSample {
     /// Row bytes per column.
     pub fields: Vec<Vec<u8>>,
     /// Element type per column.
-    pub dtypes: Vec<DType>,
+    pub dtypes: Vec<Dtype>,
 }
 
 impl OwnedSample {

@@ -21,7 +21,7 @@ pub enum FileProblem {
         /// Shape from the header.
         shape: Vec<usize>,
         /// Element type.
-        dtype: crate::DType,
+        dtype: crate::Dtype,
         /// Bytes needed.
         expected: u64,
         /// Bytes present.
@@ -111,9 +111,9 @@ pub enum DataError {
         /// The column.
         column: String,
         /// Its dtype.
-        actual: crate::DType,
+        actual: crate::Dtype,
         /// The dtype asked for.
-        requested: crate::DType,
+        requested: crate::Dtype,
     },
     /// A bytemuck cast failed (misaligned or wrong length).
     #[error("cannot view column {column} as {requested}: {reason}")]
@@ -121,7 +121,7 @@ pub enum DataError {
         /// The column.
         column: String,
         /// The type asked for.
-        requested: crate::DType,
+        requested: crate::Dtype,
         /// bytemuck's reason.
         reason: String,
     },

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::array::{RawSidecar, sidecar_path};
-use crate::dtype::{DType, Element};
+use crate::dtype::{Dtype, Element};
 use crate::error::DataError;
 use crate::npy::write_header;
 use crate::rng::mix;
@@ -24,8 +24,8 @@ pub struct FixtureSpec {
     pub classes: u32,
     /// Seed of every value.
     pub seed: u64,
-    /// Label element type: [`DType::I64`] or [`DType::U8`].
-    pub label_dtype: DType,
+    /// Label element type: [`Dtype::I64`] or [`Dtype::U8`].
+    pub label_dtype: Dtype,
 }
 
 impl Default for FixtureSpec {
@@ -35,7 +35,7 @@ impl Default for FixtureSpec {
             dim: 16,
             classes: 10,
             seed: 0,
-            label_dtype: DType::I64,
+            label_dtype: Dtype::I64,
         }
     }
 }
@@ -43,7 +43,7 @@ impl Default for FixtureSpec {
 impl FixtureSpec {
     /// Total bytes the two files will hold (data only, headers excluded).
     pub fn data_bytes(&self) -> u64 {
-        self.samples as u64 * (self.dim as u64 * 4 + self.label_dtype.size() as u64)
+        self.samples as u64 * (self.dim as u64 * 4 + self.label_dtype.size())
     }
 }
 
@@ -79,7 +79,7 @@ pub fn write_fixture(
         move |source| DataError::Write { path, source }
     };
     std::fs::create_dir_all(dir).map_err(werr(dir))?;
-    if spec.label_dtype != DType::I64 && spec.label_dtype != DType::U8 {
+    if spec.label_dtype != Dtype::I64 && spec.label_dtype != Dtype::U8 {
         return Err(DataError::Write {
             path: dir.join("labels.npy"),
             source: std::io::Error::other("labels must be i64 or u8"),
@@ -91,8 +91,9 @@ pub fn write_fixture(
         1 << 20,
         std::fs::File::create(&features).map_err(werr(&features))?,
     );
-    out.write_all(&write_header(DType::F32, &[spec.samples, spec.dim]))
-        .map_err(werr(&features))?;
+    let header = write_header(Dtype::F32, &[spec.samples, spec.dim])
+        .map_err(|e| header_err(&features, e))?;
+    out.write_all(&header).map_err(werr(&features))?;
     let mut row = Vec::with_capacity(spec.dim * 4);
     let mut done = 0u64;
     let mut last = 0u64;
@@ -111,11 +112,12 @@ pub fn write_fixture(
     out.flush().map_err(werr(&features))?;
     let labels = dir.join("labels.npy");
     let mut out = BufWriter::new(std::fs::File::create(&labels).map_err(werr(&labels))?);
-    out.write_all(&write_header(spec.label_dtype, &[spec.samples]))
-        .map_err(werr(&labels))?;
+    let header =
+        write_header(spec.label_dtype, &[spec.samples]).map_err(|e| header_err(&labels, e))?;
+    out.write_all(&header).map_err(werr(&labels))?;
     for i in 0..spec.samples {
         let l = label_value(spec.seed, i, spec.classes);
-        let r = if spec.label_dtype == DType::U8 {
+        let r = if spec.label_dtype == Dtype::U8 {
             out.write_all(&[l as u8])
         } else {
             out.write_all(&i64::from(l).to_le_bytes())
@@ -129,7 +131,7 @@ pub fn write_fixture(
 
 /// Writes a C-order `.npy` file holding `data` with `shape`.
 pub fn write_npy<T: Element>(path: &Path, shape: &[usize], data: &[T]) -> Result<(), DataError> {
-    let mut bytes = write_header(T::DTYPE, shape);
+    let mut bytes = write_header(T::DTYPE, shape).map_err(|e| header_err(path, e))?;
     bytes.extend_from_slice(bytemuck::cast_slice(data));
     std::fs::write(path, bytes).map_err(|source| DataError::Write {
         path: path.to_path_buf(),
@@ -150,4 +152,12 @@ pub fn write_raw(path: &Path, sidecar: &RawSidecar, bytes: &[u8]) -> Result<(), 
         source: std::io::Error::other(e),
     })?;
     std::fs::write(&side, text).map_err(werr(&side))
+}
+
+/// A header that cannot be written (an element type numpy has no name for), as a write error.
+fn header_err(path: &Path, e: crate::DTypeError) -> DataError {
+    DataError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+    }
 }

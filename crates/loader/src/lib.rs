@@ -39,7 +39,7 @@ pub use builder::{BatchBuilder, BoxError, ByteSize, ColumnBatch, MapCollate, Sta
 pub use config::{ConfigError, LoaderConfig, Order, Shard};
 pub use context::WorkerContext;
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
-pub use dtype::{DType, DTypeError, Element};
+pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
 pub use error::{DataError, FileProblem};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use memory::{LoaderMemory, MemoryWatch};

@@ -4,7 +4,7 @@
 //! Versions 1.0 (u16 header length), 2.0 (u32) and 3.0 (u32, UTF-8 header) are accepted. The
 //! parser is pure (bytes in, header out) so every malformed case is a unit test.
 
-use crate::dtype::{DType, DTypeError};
+use crate::dtype::{DTypeError, Dtype};
 
 /// The six magic bytes.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -18,7 +18,7 @@ pub struct NpyHeader {
     /// `(major, minor)` format version.
     pub version: (u8, u8),
     /// Element type.
-    pub dtype: DType,
+    pub dtype: Dtype,
     /// Shape; the first axis is the sample axis.
     pub shape: Vec<usize>,
     /// Byte offset of the data from the start of the file.
@@ -45,7 +45,7 @@ pub enum HeaderError {
     Malformed(String),
     /// The dtype is not accepted.
     #[error(transparent)]
-    DType(#[from] DTypeError),
+    Dtype(#[from] DTypeError),
     /// Column-major data.
     #[error(
         "Fortran-order (column-major) array: a sample is not contiguous; re-save it in C order (np.ascontiguousarray)"
@@ -128,7 +128,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<NpyHeader, HeaderError> {
     let shape = dict
         .shape
         .ok_or_else(|| HeaderError::Malformed("no 'shape' key".into()))?;
-    let dtype = DType::from_descr(&descr)?;
+    let dtype = crate::dtype::from_descr(&descr)?;
     if fortran && shape.len() > 1 {
         return Err(HeaderError::FortranOrder);
     }
@@ -241,7 +241,7 @@ fn parse_dict(text: &str) -> Result<Dict, HeaderError> {
         match key.as_str() {
             "descr" => {
                 if p.peek() == Some(b'[') {
-                    return Err(HeaderError::DType(DTypeError::Unsupported(
+                    return Err(HeaderError::Dtype(DTypeError::Unsupported(
                         "structured dtype".into(),
                     )));
                 }
@@ -267,8 +267,11 @@ fn parse_dict(text: &str) -> Result<Dict, HeaderError> {
 }
 
 /// Builds a complete header (magic to padding) for a C-order array, choosing the oldest version
-/// that fits, padded so the data starts at a multiple of 64 bytes.
-pub fn write_header(dtype: DType, shape: &[usize]) -> Vec<u8> {
+/// that fits, padded so the data starts at a multiple of 64 bytes. `bf16` has no numpy type
+/// and is refused ([`DTypeError::Unsupported`]).
+pub fn write_header(dtype: Dtype, shape: &[usize]) -> Result<Vec<u8>, DTypeError> {
+    let descr = crate::dtype::descr(dtype)
+        .ok_or_else(|| DTypeError::Unsupported(format!("{dtype} (numpy has no such type)")))?;
     let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     let shape_text = if dims.len() == 1 {
         format!("({},)", dims[0])
@@ -277,8 +280,7 @@ pub fn write_header(dtype: DType, shape: &[usize]) -> Vec<u8> {
     };
     let dict = format!(
         "{{'descr': '{}', 'fortran_order': False, 'shape': {}, }}",
-        dtype.descr(),
-        shape_text
+        descr, shape_text
     );
     let build = |prefix: usize| {
         let unpadded = prefix + dict.len() + 1;
@@ -301,7 +303,7 @@ pub fn write_header(dtype: DType, shape: &[usize]) -> Vec<u8> {
         out.extend_from_slice(&(text.len() as u32).to_le_bytes());
         out.extend_from_slice(&text);
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -321,13 +323,21 @@ mod tests {
     }
 
     #[test]
+    fn bf16_has_no_numpy_header() {
+        assert!(matches!(
+            write_header(Dtype::Bf16, &[2]),
+            Err(DTypeError::Unsupported(_))
+        ));
+    }
+
+    #[test]
     fn written_headers_parse_back_aligned() {
         for (dtype, shape) in [
-            (DType::F32, vec![10, 3]),
-            (DType::I64, vec![7]),
-            (DType::U8, vec![0, 2, 2, 2]),
+            (Dtype::F32, vec![10, 3]),
+            (Dtype::I64, vec![7]),
+            (Dtype::U8, vec![0, 2, 2, 2]),
         ] {
-            let h = write_header(dtype, &shape);
+            let h = write_header(dtype, &shape).expect("a numpy type");
             assert_eq!(h.len() % 64, 0);
             let parsed = parse_header(&h).expect("parses");
             assert_eq!(parsed.dtype, dtype);
@@ -343,7 +353,7 @@ mod tests {
         assert_eq!(parse_header(&with_dict(2, d)).expect("v2").version, (2, 0));
         let d3 = "{\"descr\": \"<i4\", \"fortran_order\": False, \"shape\": (3,)} \u{e9}\n";
         let h = parse_header(&with_dict(3, d3)).expect("v3");
-        assert_eq!((h.dtype, h.shape), (DType::I32, vec![3]));
+        assert_eq!((h.dtype, h.shape), (Dtype::I32, vec![3]));
         assert!(matches!(
             parse_header(&with_dict(4, d)),
             Err(HeaderError::Version(4, 0))
@@ -372,12 +382,12 @@ mod tests {
         let be = ok.replace("<f4", ">f4");
         assert!(matches!(
             parse_header(&with_dict(1, &be)),
-            Err(HeaderError::DType(DTypeError::BigEndian(_)))
+            Err(HeaderError::Dtype(DTypeError::BigEndian(_)))
         ));
         let obj = ok.replace("<f4", "|O");
         assert!(matches!(
             parse_header(&with_dict(1, &obj)),
-            Err(HeaderError::DType(DTypeError::Object(_)))
+            Err(HeaderError::Dtype(DTypeError::Object(_)))
         ));
         let scalar = ok.replace("(2, 3)", "()");
         assert_eq!(

@@ -11,7 +11,7 @@ use trainmem_loader::fixtures::{
 };
 use trainmem_loader::npy::HeaderError;
 use trainmem_loader::{
-    DType, DTypeError, DataError, Dataset, FileFormat, FileProblem, Loader, LoaderConfig,
+    DTypeError, DataError, Dataset, Dtype, FileFormat, FileProblem, Loader, LoaderConfig,
     LoaderError, MappedArray, MmapDataset, RawSidecar, StackColumns,
 };
 
@@ -45,7 +45,7 @@ fn good_npy_files_of_every_version_open() {
     assert_eq!(a.format(), FileFormat::Npy { major: 1, minor: 0 });
     assert_eq!(
         (a.dtype(), a.shape(), a.len()),
-        (DType::F32, &[4usize, 3][..], 4)
+        (Dtype::F32, &[4usize, 3][..], 4)
     );
     assert_eq!(a.bytes_per_sample(), 12);
     assert_eq!(a.view::<f32>().expect("view"), &data[..]);
@@ -176,7 +176,7 @@ fn big_endian_object_and_fortran_files() {
     assert!(
         matches!(
             problem(&err),
-            FileProblem::Header(HeaderError::DType(DTypeError::BigEndian(_)))
+            FileProblem::Header(HeaderError::Dtype(DTypeError::BigEndian(_)))
         ),
         "{err}"
     );
@@ -190,7 +190,7 @@ fn big_endian_object_and_fortran_files() {
     assert!(
         matches!(
             problem(&err),
-            FileProblem::Header(HeaderError::DType(DTypeError::Object(_)))
+            FileProblem::Header(HeaderError::Dtype(DTypeError::Object(_)))
         ),
         "{err}"
     );
@@ -218,7 +218,7 @@ fn big_endian_object_and_fortran_files() {
     assert!(
         matches!(
             problem(&err),
-            FileProblem::Header(HeaderError::DType(DTypeError::Unsupported(_)))
+            FileProblem::Header(HeaderError::Dtype(DTypeError::Unsupported(_)))
         ),
         "{err}"
     );
@@ -296,7 +296,7 @@ fn columns_must_agree_and_fixture_values_round_trip() {
         dim: 7,
         classes: 5,
         seed: 11,
-        label_dtype: DType::U8,
+        label_dtype: Dtype::U8,
     };
     let paths = write_fixture(dir.path(), &spec, |_, _| {}).expect("fixture");
     let ds = MmapDataset::open(&[&paths.features, &paths.labels]).expect("open");
