@@ -1,4 +1,6 @@
-//! Byte sizes as plans write them: `24GiB`, `1.5 GB`, `512MiB`, `4096`.
+//! Byte sizes as people write them (`24GiB`, `1.5 GB`, `512MiB`, `4096`), parsed and printed
+//! with the one unit rule every trainmem command and file uses: `KiB`, `MiB`, `GiB`, `TiB`
+//! are powers of 2, `KB`, `MB`, `GB`, `TB` powers of 10.
 
 use std::fmt;
 

@@ -12,24 +12,24 @@ use crate::staging::{BatchBuffer, prefetch_pages};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Bytes of memory a batch holds, as the loader accounts it.
-pub trait ByteSize {
+pub trait HeldBytes {
     /// Bytes held (allocated capacity, not just the used length).
     fn byte_size(&self) -> usize;
 }
 
-impl<T: bytemuck::Pod> ByteSize for Vec<T> {
+impl<T: bytemuck::Pod> HeldBytes for Vec<T> {
     fn byte_size(&self) -> usize {
         self.capacity() * std::mem::size_of::<T>()
     }
 }
 
-impl<A: ByteSize, B: ByteSize> ByteSize for (A, B) {
+impl<A: HeldBytes, B: HeldBytes> HeldBytes for (A, B) {
     fn byte_size(&self) -> usize {
         self.0.byte_size() + self.1.byte_size()
     }
 }
 
-impl ByteSize for BatchBuffer {
+impl HeldBytes for BatchBuffer {
     fn byte_size(&self) -> usize {
         self.capacity()
     }
@@ -38,7 +38,7 @@ impl ByteSize for BatchBuffer {
 /// Builds one batch from sample indices, inside a worker (or the caller's thread).
 pub trait BatchBuilder<D: Dataset>: Send + Sync + 'static {
     /// The batch type.
-    type Batch: ByteSize + Send + 'static;
+    type Batch: HeldBytes + Send + 'static;
 
     /// Builds the batch of `indices` (in sampler order). Call [`WorkerContext::set_sample`]
     /// before touching each sample so failures are reported against it.
@@ -70,7 +70,7 @@ where
     D: Dataset,
     F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError> + Send + Sync + 'static,
     C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
-    B: ByteSize + Send + 'static,
+    B: HeldBytes + Send + 'static,
 {
     type Batch = B;
 
@@ -147,7 +147,7 @@ impl ColumnBatch {
     }
 }
 
-impl ByteSize for ColumnBatch {
+impl HeldBytes for ColumnBatch {
     fn byte_size(&self) -> usize {
         self.columns
             .iter()

@@ -35,7 +35,7 @@ pub mod burn_adapter;
 
 pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
-pub use builder::{BatchBuilder, BoxError, ByteSize, ColumnBatch, MapCollate, StackColumns};
+pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard};
 pub use context::WorkerContext;
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};

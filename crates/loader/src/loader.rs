@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use trainmem_probe::{Category, CategoryScope, set_thread_category};
 
-use crate::builder::{BatchBuilder, BoxError, ByteSize, MapCollate};
+use crate::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
 use crate::config::{ConfigError, LoaderConfig, Order};
 use crate::context::WorkerContext;
 use crate::dataset::Dataset;
@@ -176,14 +176,14 @@ struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
 
 /// A finished batch whose bytes are counted as queued or reordered until it is handed out or
 /// dropped.
-struct InFlight<B: ByteSize> {
+struct InFlight<B: HeldBytes> {
     batch: Option<B>,
     bytes: usize,
     term: Term,
     memory: Arc<MemoryCounters>,
 }
 
-impl<B: ByteSize> InFlight<B> {
+impl<B: HeldBytes> InFlight<B> {
     fn new(batch: B, memory: Arc<MemoryCounters>) -> InFlight<B> {
         let bytes = batch.byte_size();
         memory.add(Term::Queue, bytes);
@@ -210,7 +210,7 @@ impl<B: ByteSize> InFlight<B> {
     }
 }
 
-impl<B: ByteSize> Drop for InFlight<B> {
+impl<B: HeldBytes> Drop for InFlight<B> {
     fn drop(&mut self) {
         self.release();
     }
@@ -218,24 +218,24 @@ impl<B: ByteSize> Drop for InFlight<B> {
 
 type Msg<B> = (usize, Result<InFlight<B>, LoaderError>);
 
-struct Job<B: ByteSize> {
+struct Job<B: HeldBytes> {
     epoch: u64,
     plan: Arc<EpochPlan>,
     results: Sender<Msg<B>>,
     cancel: Arc<AtomicBool>,
 }
 
-struct Task<B: ByteSize> {
+struct Task<B: HeldBytes> {
     batch: usize,
     job: Arc<Job<B>>,
 }
 
-struct WorkerPool<B: ByteSize> {
+struct WorkerPool<B: HeldBytes> {
     tasks: Option<Sender<Task<B>>>,
     handles: Vec<JoinHandle<()>>,
 }
 
-impl<B: ByteSize> WorkerPool<B> {
+impl<B: HeldBytes> WorkerPool<B> {
     fn all_exited(&self) -> bool {
         self.handles.iter().all(JoinHandle::is_finished)
     }
@@ -248,7 +248,7 @@ impl<B: ByteSize> WorkerPool<B> {
     }
 }
 
-impl<B: ByteSize> Drop for WorkerPool<B> {
+impl<B: HeldBytes> Drop for WorkerPool<B> {
     fn drop(&mut self) {
         self.tasks = None;
         for h in self.handles.drain(..) {
@@ -361,7 +361,7 @@ pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
 }
 
 /// The next epoch's tasks handed out ahead of time (persistent workers only).
-struct Ahead<B: ByteSize> {
+struct Ahead<B: HeldBytes> {
     job: Arc<Job<B>>,
     results: Receiver<Msg<B>>,
     plan: Arc<EpochPlan>,
@@ -372,7 +372,7 @@ struct Ahead<B: ByteSize> {
     armed: bool,
 }
 
-impl<B: ByteSize> Drop for Ahead<B> {
+impl<B: HeldBytes> Drop for Ahead<B> {
     fn drop(&mut self) {
         if self.armed {
             self.job.cancel.store(true, Ordering::Relaxed);
@@ -397,7 +397,7 @@ where
     D: Dataset,
     F: for<'a> Fn(D::Sample<'a>, &mut WorkerContext) -> Result<T, BoxError> + Send + Sync + 'static,
     C: Fn(Vec<T>, &mut WorkerContext) -> Result<B, BoxError> + Send + Sync + 'static,
-    B: ByteSize + Send + 'static,
+    B: HeldBytes + Send + 'static,
 {
     /// A loader with a per-sample `transform` and a `collate` step.
     pub fn with_transform(
@@ -622,7 +622,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     }
 }
 
-enum State<B: ByteSize> {
+enum State<B: HeldBytes> {
     Inline(WorkerContext),
     Workers {
         job: Arc<Job<B>>,

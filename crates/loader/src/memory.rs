@@ -14,7 +14,7 @@
 //! * `sampler`: the epoch's index list (8 bytes per sample of the shard).
 //!
 //! `total = queue + reorder + building + scratch + staging_idle + sampler`. A batch's bytes
-//! are its [`crate::ByteSize`]; while it is in flight it counts once (in `building`, then
+//! are its [`crate::HeldBytes`]; while it is in flight it counts once (in `building`, then
 //! `queue` or `reorder`), and not at all once delivered to the caller. With `W` workers and
 //! prefetch factor `P`, at most `P·W` batches are in `building + queue + reorder`, so
 //! `queue + reorder + building ≤ P·W × batch bytes` and `scratch ≤ W × scratch per batch`.

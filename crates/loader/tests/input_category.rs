@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use trainmem_loader::{BoxError, ByteSize, Loader, LoaderConfig, WorkerContext};
+use trainmem_loader::{BoxError, HeldBytes, Loader, LoaderConfig, WorkerContext};
 use trainmem_probe::{Category, CountingAlloc, live_bytes};
 
 #[global_allocator]
@@ -37,7 +37,7 @@ fn worker_batches_are_input_bytes() {
             .expect("epoch")
             .map(|b| b.expect("batch"))
             .collect();
-        let held_bytes: usize = held.iter().map(ByteSize::byte_size).sum();
+        let held_bytes: usize = held.iter().map(HeldBytes::byte_size).sum();
         assert_eq!(held_bytes, 4 * 16 * 100_000 * 4);
         let during = live_bytes(Category::Input);
         assert!(

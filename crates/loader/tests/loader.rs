@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::TempDir;
 use trainmem_loader::fixtures::{FixtureSpec, feature_value, write_fixture};
 use trainmem_loader::{
-    BoxError, ByteSize, ColumnBatch, Loader, LoaderConfig, LoaderError, MmapDataset, Order,
+    BoxError, ColumnBatch, HeldBytes, Loader, LoaderConfig, LoaderError, MmapDataset, Order,
     RandomResize, ResizeColumns, ScratchResize, StackColumns, WorkerContext,
 };
 

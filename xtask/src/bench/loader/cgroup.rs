@@ -187,35 +187,16 @@ pub fn join(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses a size: a number with an optional binary unit (`B`, `K`/`KiB`, `M`/`MiB`,
-/// `G`/`GiB`, case-insensitive), e.g. `1GiB`, `512M`, `1.5G`, `1073741824`.
+/// Parses a memory limit with trainmem-core's one unit rule (`KiB`, `MiB`, `GiB` are powers
+/// of 2; `KB`, `MB`, `GB` powers of 10), e.g. `1GiB`, `512MiB`, `1073741824`; at least 4 KiB.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 1GiB, 512MiB, 1073741824)"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" | "kb" => 1 << 10,
-        "m" | "mib" | "mb" => 1 << 20,
-        "g" | "gib" | "gb" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit {other:?} in {s:?} (use B, KiB, MiB or GiB)"
-            ));
-        }
-    };
-    let bytes = num * mult as f64;
-    if !(bytes >= 4096.0 && bytes.is_finite()) {
+    let bytes = trainmem_core::bytes::parse_bytes(s)?;
+    if bytes < 4096 {
         return Err(format!(
             "{s:?} is too small for a memory limit (at least 4 KiB)"
         ));
     }
-    Ok(bytes as u64)
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -225,10 +206,10 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000), "GB is a power of 10");
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("1073741824"), Ok(1 << 30));
-        assert!(parse_size("1TiB").is_err());
         assert!(parse_size("lots").is_err());
         assert!(parse_size("10").is_err());
     }
