@@ -15,6 +15,17 @@
 //!
 //! The JSON form (serde) is the exchange format between the simulator, real runs and the
 //! comparison.
+//!
+//! # Finding samples
+//!
+//! Several samples can share a step and a phase: under gradient accumulation a step has one
+//! `forward` and one `backward` sample per micro-batch, and the phases of a step that spans
+//! an epoch boundary repeat. A lookup by step and phase therefore says which one it means:
+//! [`Timeline::first_index`] is the first in time (the step's first micro-batch),
+//! [`Timeline::last_index`] and [`Timeline::find`] the last (the state the step leaves once
+//! all its micro-batches are done). [`Timeline::indices_at`] lists them all, in time order.
+//! The peaks ([`Timeline::peak_of`], ...) report the earliest sample when several reach the
+//! same value.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -460,7 +471,7 @@ impl Timeline {
         peak_of_series(&self.total_series(Domain::Host))
     }
 
-    /// Indices of the samples taken at a phase.
+    /// Indices of the samples taken at a phase, in time order.
     pub fn indices_at(&self, phase: Phase) -> Vec<usize> {
         self.samples
             .iter()
@@ -475,12 +486,26 @@ impl Timeline {
         self.samples.iter().filter(move |s| s.phase == phase)
     }
 
-    /// The last sample of a given step and phase, if any.
-    pub fn find(&self, step: u64, phase: Phase) -> Option<&Sample> {
+    /// The index of the first sample taken after `phase` of optimizer step `step` (see
+    /// [Finding samples](self#finding-samples)).
+    pub fn first_index(&self, step: u64, phase: Phase) -> Option<usize> {
         self.samples
             .iter()
-            .rev()
-            .find(|s| s.step == step && s.phase == phase)
+            .position(|s| s.step == step && s.phase == phase)
+    }
+
+    /// The index of the last sample taken after `phase` of optimizer step `step` (see
+    /// [Finding samples](self#finding-samples)).
+    pub fn last_index(&self, step: u64, phase: Phase) -> Option<usize> {
+        self.samples
+            .iter()
+            .rposition(|s| s.step == step && s.phase == phase)
+    }
+
+    /// The last sample taken after `phase` of optimizer step `step`: the state the step
+    /// leaves once all its micro-batches are done (see [Finding samples](self#finding-samples)).
+    pub fn find(&self, step: u64, phase: Phase) -> Option<&Sample> {
+        self.last_index(step, phase).map(|i| &self.samples[i])
     }
 
     /// Serialises to pretty JSON.
@@ -491,6 +516,52 @@ impl Timeline {
     /// Parses the JSON form.
     pub fn from_json(text: &str) -> Result<Timeline, TimelineError> {
         Ok(serde_json::from_str(text)?)
+    }
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    use super::*;
+
+    /// Step 0 with two micro-batches (forward, backward each), then its optimizer step.
+    fn accumulated() -> Timeline {
+        let mut t = Timeline::new(Source::Simulated, TimelineMeta::default());
+        for (phase, micro, act) in [
+            (Phase::Forward, 0, 10),
+            (Phase::Backward, 0, 1),
+            (Phase::Forward, 1, 10),
+            (Phase::Backward, 1, 2),
+        ] {
+            let mut s = Sample::new(phase, 0);
+            s.micro_batch = Some(micro);
+            s.host.categories.set(Category::Activation, act);
+            t.push(s);
+        }
+        t.push(Sample::new(Phase::OptimizerStep, 0));
+        t
+    }
+
+    #[test]
+    fn first_last_and_find_say_which_micro_batch() {
+        let t = accumulated();
+        assert_eq!(t.first_index(0, Phase::Forward), Some(0));
+        assert_eq!(t.last_index(0, Phase::Forward), Some(2));
+        assert_eq!(
+            t.find(0, Phase::Backward).and_then(|s| s.micro_batch),
+            Some(1)
+        );
+        assert_eq!(t.indices_at(Phase::Backward), vec![1, 3]);
+        assert_eq!(t.first_index(1, Phase::Forward), None);
+        assert_eq!(t.find(0, Phase::OptimizerStep).map(|s| s.step), Some(0));
+    }
+
+    #[test]
+    fn a_peak_reached_twice_is_reported_at_its_first_sample() {
+        let t = accumulated();
+        let peak = t
+            .peak_of(Domain::Host, Category::Activation)
+            .expect("a peak");
+        assert_eq!((peak.bytes, peak.sample), (10, 0));
     }
 }
 

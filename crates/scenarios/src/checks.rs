@@ -40,11 +40,9 @@ pub fn series_at(t: &Timeline, phase: Phase, category: Option<Category>) -> Vec<
         .collect()
 }
 
-/// The first sample after `phase` at optimizer step `step`.
+/// The first sample after `phase` at optimizer step `step` ([`Timeline::first_index`]).
 pub fn index_of(t: &Timeline, step: u64, phase: Phase) -> Option<usize> {
-    t.samples
-        .iter()
-        .position(|s| s.step == step && s.phase == phase)
+    t.first_index(step, phase)
 }
 
 /// The peak of `category` (or the live total) over the timeline, with its sample.
