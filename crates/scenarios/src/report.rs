@@ -425,6 +425,32 @@ fn mark(v: &Verdict) -> &'static str {
     }
 }
 
+/// What the report's words mean, printed under its title.
+pub const LEGEND: &str = "measured = a real burn training run on this machine; twin = \
+trainmem-sim's prediction for the same plan; knob = the setting that should remove the pattern, \
+run and judged the same way";
+
+/// The reports a scenario's pattern was first described in, by number, as titles: the five
+/// write-ups of training-memory trouble the catalogue was built from.
+pub fn source_titles(sources: &str) -> String {
+    sources
+        .split(',')
+        .map(str::trim)
+        .map(|n| {
+            let title = match n {
+                "000" => "RAM that spikes at the start of every epoch",
+                "001" => "memory against training iterations",
+                "002" => "memory at the start of training",
+                "003" => "GPU memory not released after an epoch",
+                "004" => "GPU memory per batch",
+                _ => return format!("[{n}]"),
+            };
+            format!("{title} [{n}]")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The verdicts as lines for the terminal.
 pub fn verdict_lines(verdicts: &[Verdict]) -> String {
     let mut out = String::new();
@@ -449,8 +475,10 @@ pub fn render_text(report: &ScenarioReport) -> String {
     let _ = writeln!(out, "== scenario {}: {}", report.name, report.title);
     let _ = writeln!(
         out,
-        "   (sources: {}; mode {:?}, backend {:?})\n",
-        report.sources, report.mode, report.backend
+        "   as people report it: {}\n   mode {:?}, backend {:?}\n   {LEGEND}\n",
+        source_titles(&report.sources),
+        report.mode,
+        report.backend
     );
     for run in &report.runs {
         let _ = writeln!(out, "-- run: {}", run.label);
@@ -482,8 +510,10 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
     let _ = writeln!(out, "# Scenario `{}`\n\n{}\n", report.name, report.title);
     let _ = writeln!(
         out,
-        "Sources: {}. Mode: {:?}. Backend: {:?}.\n",
-        report.sources, report.mode, report.backend
+        "As people report it: {}. Mode: {:?}. Backend: {:?}.\n\n{LEGEND}.\n",
+        source_titles(&report.sources),
+        report.mode,
+        report.backend
     );
     let _ = writeln!(out, "## Verdicts\n");
     let _ = writeln!(
@@ -638,6 +668,16 @@ mod tests {
         assert!(!lines[3].contains('A'));
         assert!(lines[2].contains("+0.0%"));
         assert!(twin_table(&run).contains("activation"));
+    }
+
+    #[test]
+    fn source_numbers_are_shown_with_their_titles() {
+        assert_eq!(
+            source_titles("001, 000"),
+            "memory against training iterations [001]; RAM that spikes at the start of every \
+             epoch [000]"
+        );
+        assert_eq!(source_titles("042"), "[042]");
     }
 
     #[test]
