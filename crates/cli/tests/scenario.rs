@@ -125,3 +125,63 @@ fn a_measured_scenario_runs_from_the_installed_binary() {
     assert!(params["measured"].as_u64().unwrap_or(0) > 0, "{params}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The workspace's `fixtures/plans/NAME.toml`.
+fn fixture_plan(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/plans")
+        .join(format!("{name}.toml"))
+}
+
+#[test]
+fn a_scenario_judges_a_plan_of_the_users() {
+    let dir = empty_dir("plan");
+    let out = trainmem()
+        .current_dir(&dir)
+        .args([
+            "scenario",
+            "retained-leak",
+            "--mode",
+            "simulated",
+            "--json",
+            "--plan",
+        ])
+        .arg(fixture_plan("retained-leak"))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    // The user's plan was run, not the scenario's own (a GPU plan: device domain).
+    assert_eq!(report["runs"][0]["domain"], "device");
+    assert_eq!(
+        report["runs"][0]["plan"]["device"]["kind"], "cuda",
+        "{}",
+        report["runs"][0]["plan"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_errors_are_reported() {
+    let out = trainmem()
+        .args(["scenario", "all", "--mode", "simulated", "--plan"])
+        .arg(fixture_plan("retained-leak"))
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--plan with all is a usage error"
+    );
+    let out = trainmem()
+        .args(["scenario", "retained-leak", "--plan", "/no/such/plan.toml"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/no/such/plan.toml"), "{err}");
+}

@@ -130,6 +130,9 @@ pub struct Ctx {
     pub work_dir: PathBuf,
     /// Whether to print progress (off for `--json` and in tests).
     pub progress: bool,
+    /// A plan to run instead of the scenario's own (`--plan FILE`): the same runs, knobs and
+    /// rules, on the user's model and settings.
+    pub plan_override: Option<Plan>,
     runs: Vec<RunRecord>,
     verdicts: Vec<Verdict>,
     notes: Vec<String>,
@@ -154,14 +157,19 @@ impl Ctx {
             backend,
             work_dir,
             progress,
+            plan_override: None,
             runs: Vec::new(),
             verdicts: Vec::new(),
             notes: Vec::new(),
         }
     }
 
-    /// The scenario plan `NAME` (`crates/scenarios/plans/NAME.toml`, compiled in).
+    /// The scenario plan `NAME` (`crates/scenarios/plans/NAME.toml`, compiled in), or the
+    /// plan given in its place ([`Ctx::plan_override`]).
     pub fn plan(&self, name: &str) -> anyhow::Result<Plan> {
+        if let Some(plan) = &self.plan_override {
+            return Ok(plan.clone());
+        }
         crate::plans::load(name).with_context(|| format!("loading the plan `{name}`"))
     }
 

@@ -39,10 +39,12 @@
 //! anyhow::Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan as
 //! `plans/NAME.toml` (and to [`plans::PLANS`]), and add one entry to [`SCENARIOS`].
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use trainmem_core::Plan;
 
 pub mod checks;
 pub mod ctx;
@@ -214,16 +216,21 @@ pub struct ScenarioArgs {
     /// Print the report as one JSON object instead of the text view (with `all`:
     /// `{"scenarios": [...]}`).
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// Output directory (default `target/scenarios/NAME/` from `cargo xtask`,
     /// `trainmem-scenarios/NAME/` from `trainmem`; with `all`, one subdirectory per
     /// scenario under DIR).
     #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     /// Also fail when the twin misses its accuracy target (2% for parameters, gradients and
-    /// optimizer state; 10% for activations and input).
+    /// optimizer state; 10% for activations and input, plus one batch for input under a
+    /// multi-worker loader).
     #[arg(long)]
-    strict_twin: bool,
+    pub strict_twin: bool,
+    /// Run the scenario on this plan file instead of its own: the same runs, knobs and rules,
+    /// judged on your model and settings (one scenario only, not `all`).
+    #[arg(long, value_name = "FILE")]
+    pub plan: Option<PathBuf>,
 }
 
 /// Looks a scenario up by name.
@@ -239,7 +246,21 @@ pub fn execute(
     work_dir: PathBuf,
     progress: bool,
 ) -> anyhow::Result<ScenarioReport> {
+    execute_on(scenario, None, mode, backend, work_dir, progress)
+}
+
+/// Runs one scenario on `plan` instead of its own (when `Some`): the same runs, knobs and
+/// rules, judged on another model or setting (no files written).
+pub fn execute_on(
+    scenario: &Scenario,
+    plan: Option<Plan>,
+    mode: Mode,
+    backend: Backend,
+    work_dir: PathBuf,
+    progress: bool,
+) -> anyhow::Result<ScenarioReport> {
     let mut ctx = Ctx::new(mode, backend, work_dir, progress);
+    ctx.plan_override = plan;
     (scenario.run)(&mut ctx).with_context(|| format!("scenario {}", scenario.name))?;
     Ok(output::build_report(scenario, ctx))
 }
@@ -257,8 +278,12 @@ pub const EXIT_TWIN_MISSED: u8 = 3;
 pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
     if args.list {
         let width = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
+        let mut out = std::io::stdout().lock();
         for s in SCENARIOS {
-            println!("{:width$}  {}", s.name, s.description);
+            // A closed pipe (`--list | head`) ends the listing, not the program.
+            if writeln!(out, "{:width$}  {}", s.name, s.description).is_err() {
+                break;
+            }
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -279,6 +304,14 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
         }
     };
     args.backend.choice()?;
+    let plan = match &args.plan {
+        Some(_) if selected.len() > 1 => {
+            eprintln!("error: --plan applies to one scenario, not `all`");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        Some(path) => Some(Plan::load(path).with_context(|| format!("--plan {}", path.display()))?),
+        None => None,
+    };
 
     let several = selected.len() > 1;
     let mut reports = Vec::new();
@@ -296,7 +329,14 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
         }
         let dir = out_dir(args.out.as_deref(), default_out, scenario.name, several);
         let started = std::time::Instant::now();
-        let mut report = execute(scenario, args.mode, args.backend, dir.clone(), !args.json)?;
+        let mut report = execute_on(
+            scenario,
+            plan.clone(),
+            args.mode,
+            args.backend,
+            dir.clone(),
+            !args.json,
+        )?;
         report
             .notes
             .push(format!("ran in {:.1} s", started.elapsed().as_secs_f64()));
