@@ -74,6 +74,7 @@ pub mod model;
 pub mod probe;
 pub mod run;
 pub mod timeline;
+mod train;
 
 pub use data::{BatchSource, HostBatch, SyntheticSource};
 pub use error::BurnRunError;
