@@ -4,6 +4,7 @@ use super::{CachingAllocator, NONE, NodeState, fkey, pidx};
 use crate::device::DeviceMemory;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind};
 use crate::stats::{MemoryStats, Stat, StatArray};
+use crate::stream::StreamId;
 
 /// A broken allocator invariant, with a description of what differs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +62,29 @@ fn check_stat(name: &str, s: &Stat) -> Result<(), InvariantViolation> {
     Ok(())
 }
 
+/// What a walk over every segment's blocks found, for the checks that follow it.
+#[derive(Default)]
+struct Walk {
+    /// The statistics recounted from the blocks.
+    counts: Counts,
+    /// Blocks reached from a segment head.
+    visited: usize,
+    /// Free blocks among them.
+    free: usize,
+    /// Stream events outstanding on pending blocks.
+    pending_events: u64,
+    /// Sum of the segment sizes.
+    reserved: u64,
+}
+
+/// The segment a block is checked in.
+struct Seg {
+    base: u64,
+    pool: usize,
+    stream: StreamId,
+    split: bool,
+}
+
 /// Checks every structural and accounting invariant of `alloc`:
 ///
 /// * the blocks of each segment tile it exactly (address order, no gap, no overlap, linked
@@ -75,18 +99,23 @@ fn check_stat(name: &str, s: &Stat) -> Result<(), InvariantViolation> {
 pub fn check_invariants<D: DeviceMemory>(
     alloc: &CachingAllocator<D>,
 ) -> Result<(), InvariantViolation> {
+    let walk = walk_segments(alloc)?;
+    check_indexes(alloc, &walk)?;
+    check_stats(&alloc.stats, &walk.counts)?;
+    check_totals(alloc, &walk.counts)
+}
+
+/// Walks every segment from its head block, checking the tiling and each block, and
+/// recounting the statistics.
+fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, InvariantViolation> {
     let max_split = alloc.config.max_split_size_or_max();
-    let mut c = Counts::default();
-    let mut visited = 0usize;
-    let mut free_count = 0usize;
-    let mut pending_events = 0u64;
+    let mut walk = Walk::default();
     let mut by_addr = std::collections::HashMap::new();
     for (i, n) in alloc.nodes.iter().enumerate() {
         if n.state != NodeState::Vacant && n.prev == NONE {
             by_addr.insert(n.addr, i as u32);
         }
     }
-    let mut total_reserved = 0u64;
     for (&base, &seg_size) in &alloc.segments {
         let Some(&head) = by_addr.get(&base) else {
             return Err(InvariantViolation(format!(
@@ -94,22 +123,25 @@ pub fn check_invariants<D: DeviceMemory>(
             )));
         };
         let hn = &alloc.nodes[head as usize];
-        let (pool, stream) = (hn.pool, hn.stream);
-        let p = pidx(pool);
-        total_reserved += seg_size;
-        c.segment[p] += 1;
-        c.reserved_bytes[p] += seg_size;
+        let seg = Seg {
+            base,
+            pool: pidx(hn.pool),
+            stream: hn.stream,
+            split: hn.next != NONE,
+        };
+        walk.reserved += seg_size;
+        walk.counts.segment[seg.pool] += 1;
+        walk.counts.reserved_bytes[seg.pool] += seg_size;
         if seg_size >= max_split {
-            c.oversize_segments += 1;
+            walk.counts.oversize_segments += 1;
         }
-        let split = hn.next != NONE;
         let mut cursor = base;
         let mut prev = NONE;
         let mut prev_free = false;
         let mut cur = head;
         while cur != NONE {
             let n = &alloc.nodes[cur as usize];
-            visited += 1;
+            walk.visited += 1;
             ensure!(
                 n.state != NodeState::Vacant,
                 "vacant block {cur} linked into segment {base:#x}"
@@ -125,7 +157,7 @@ pub fn check_invariants<D: DeviceMemory>(
                 n.prev
             );
             ensure!(
-                n.pool == pool && n.stream == stream,
+                n.pool == hn.pool && n.stream == seg.stream,
                 "segment {base:#x}: block {cur} has another pool or stream"
             );
             ensure!(
@@ -133,68 +165,7 @@ pub fn check_invariants<D: DeviceMemory>(
                 "block {cur} has size {}",
                 n.size
             );
-            match n.state {
-                NodeState::Free => {
-                    free_count += 1;
-                    ensure!(
-                        !prev_free,
-                        "segment {base:#x}: two neighbouring free blocks at {:#x}",
-                        n.addr
-                    );
-                    let sp = &alloc.pools[n.slot as usize];
-                    ensure!(
-                        sp.stream == stream,
-                        "free block {cur} filed under stream {:?}",
-                        sp.stream
-                    );
-                    ensure!(
-                        sp.free[p].get(&fkey(n.size, n.addr)) == Some(&cur),
-                        "free block {cur} at {:#x} missing from its free set",
-                        n.addr
-                    );
-                    ensure!(
-                        n.event_count == 0 && !n.has_uses,
-                        "free block {cur} has stream uses"
-                    );
-                    if split {
-                        c.inactive_split[p] += 1;
-                        c.inactive_split_bytes[p] += n.size;
-                    }
-                }
-                NodeState::Allocated => {
-                    ensure!(
-                        alloc
-                            .addr_index
-                            .as_ref()
-                            .is_none_or(|m| m.get(&n.addr) == Some(&cur)),
-                        "allocated block {cur} at {:#x} missing from the address map",
-                        n.addr
-                    );
-                    ensure!(
-                        n.requested > 0 && n.requested <= n.size,
-                        "block {cur}: requested {} vs size {}",
-                        n.requested,
-                        n.size
-                    );
-                    ensure!(n.event_count == 0, "allocated block {cur} has events");
-                    c.allocation[p] += 1;
-                    c.allocated_bytes[p] += n.size;
-                    c.active[p] += 1;
-                    c.active_bytes[p] += n.size;
-                    c.requested_bytes[p] += n.requested;
-                    if n.size >= max_split {
-                        c.oversize_allocations += 1;
-                    }
-                }
-                NodeState::Pending => {
-                    ensure!(n.event_count > 0, "pending block {cur} without events");
-                    pending_events += u64::from(n.event_count);
-                    c.active[p] += 1;
-                    c.active_bytes[p] += n.size;
-                    c.requested_bytes[p] += n.requested;
-                }
-                NodeState::Vacant => unreachable!(),
-            }
+            check_block(alloc, &seg, cur, prev_free, max_split, &mut walk)?;
             prev_free = n.state == NodeState::Free;
             cursor += n.size;
             prev = cur;
@@ -206,19 +177,107 @@ pub fn check_invariants<D: DeviceMemory>(
             base + seg_size
         );
     }
+    Ok(walk)
+}
+
+/// Checks one block by its state (free: filed in its free set, not next to another free
+/// block; allocated: in the address map; pending: waiting on events) and counts it.
+fn check_block<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    seg: &Seg,
+    cur: u32,
+    prev_free: bool,
+    max_split: u64,
+    walk: &mut Walk,
+) -> Result<(), InvariantViolation> {
+    let n = &alloc.nodes[cur as usize];
+    match n.state {
+        NodeState::Free => {
+            walk.free += 1;
+            ensure!(
+                !prev_free,
+                "segment {:#x}: two neighbouring free blocks at {:#x}",
+                seg.base,
+                n.addr
+            );
+            let sp = &alloc.pools[n.slot as usize];
+            ensure!(
+                sp.stream == seg.stream,
+                "free block {cur} filed under stream {:?}",
+                sp.stream
+            );
+            ensure!(
+                sp.free[seg.pool].get(&fkey(n.size, n.addr)) == Some(&cur),
+                "free block {cur} at {:#x} missing from its free set",
+                n.addr
+            );
+            ensure!(
+                n.event_count == 0 && !n.has_uses,
+                "free block {cur} has stream uses"
+            );
+            if seg.split {
+                walk.counts.inactive_split[seg.pool] += 1;
+                walk.counts.inactive_split_bytes[seg.pool] += n.size;
+            }
+        }
+        NodeState::Allocated => {
+            ensure!(
+                alloc
+                    .addr_index
+                    .as_ref()
+                    .is_none_or(|m| m.get(&n.addr) == Some(&cur)),
+                "allocated block {cur} at {:#x} missing from the address map",
+                n.addr
+            );
+            ensure!(
+                n.requested > 0 && n.requested <= n.size,
+                "block {cur}: requested {} vs size {}",
+                n.requested,
+                n.size
+            );
+            ensure!(n.event_count == 0, "allocated block {cur} has events");
+            walk.counts.allocation[seg.pool] += 1;
+            walk.counts.allocated_bytes[seg.pool] += n.size;
+            walk.counts.active[seg.pool] += 1;
+            walk.counts.active_bytes[seg.pool] += n.size;
+            walk.counts.requested_bytes[seg.pool] += n.requested;
+            if n.size >= max_split {
+                walk.counts.oversize_allocations += 1;
+            }
+        }
+        NodeState::Pending => {
+            ensure!(n.event_count > 0, "pending block {cur} without events");
+            walk.pending_events += u64::from(n.event_count);
+            walk.counts.active[seg.pool] += 1;
+            walk.counts.active_bytes[seg.pool] += n.size;
+            walk.counts.requested_bytes[seg.pool] += n.requested;
+        }
+        NodeState::Vacant => unreachable!(),
+    }
+    Ok(())
+}
+
+/// Checks the allocator's indexes against the walk: every block reached, the free sets, the
+/// address map, the stream uses, the pending frees and the reserved total.
+fn check_indexes<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    walk: &Walk,
+) -> Result<(), InvariantViolation> {
     let live = alloc
         .nodes
         .iter()
         .filter(|n| n.state != NodeState::Vacant)
         .count();
     ensure!(
-        visited == live,
-        "{live} blocks in the slab but {visited} reachable from segments"
+        walk.visited == live,
+        "{live} blocks in the slab but {} reachable from segments",
+        walk.visited
     );
     let in_sets = alloc.free_entries().count();
     ensure!(
-        in_sets == free_count,
-        "free sets hold {in_sets} blocks, {free_count} blocks are free"
+        in_sets == walk.free,
+        "free sets hold {in_sets} blocks, {} blocks are free",
+        walk.free
     );
     for key in alloc.free_entries() {
         let n = &alloc.nodes[key.idx as usize];
@@ -231,7 +290,7 @@ pub fn check_invariants<D: DeviceMemory>(
             "free set entry {key:?} does not describe its block"
         );
     }
-    let allocated_blocks: u64 = c.allocation.iter().sum();
+    let allocated_blocks: u64 = walk.counts.allocation.iter().sum();
     if let Some(m) = &alloc.addr_index {
         ensure!(
             m.len() as u64 == allocated_blocks,
@@ -253,8 +312,9 @@ pub fn check_invariants<D: DeviceMemory>(
         );
     }
     ensure!(
-        pending_events == alloc.pending.len() as u64,
-        "{pending_events} events on pending blocks, {} queued",
+        walk.pending_events == alloc.pending.len() as u64,
+        "{} events on pending blocks, {} queued",
+        walk.pending_events,
         alloc.pending.len()
     );
     for &(_, idx) in &alloc.pending {
@@ -264,12 +324,16 @@ pub fn check_invariants<D: DeviceMemory>(
         );
     }
     ensure!(
-        total_reserved == alloc.reserved,
-        "segments sum to {total_reserved}, reserved is {}",
+        walk.reserved == alloc.reserved,
+        "segments sum to {}, reserved is {}",
+        walk.reserved,
         alloc.reserved
     );
+    Ok(())
+}
 
-    let st: &MemoryStats = &alloc.stats;
+/// Checks every current statistic against the recount, and every peak against its current.
+fn check_stats(st: &MemoryStats, c: &Counts) -> Result<(), InvariantViolation> {
     check_array("allocation", &st.allocation, c.allocation)?;
     check_array("allocated_bytes", &st.allocated_bytes, c.allocated_bytes)?;
     check_array("active", &st.active, c.active)?;
@@ -297,7 +361,14 @@ pub fn check_invariants<D: DeviceMemory>(
     );
     check_stat("oversize_allocations", &st.oversize_allocations)?;
     check_stat("oversize_segments", &st.oversize_segments)?;
+    Ok(())
+}
 
+/// Checks allocated + cached = reserved, and the snapshot's totals against the recount.
+fn check_totals<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    c: &Counts,
+) -> Result<(), InvariantViolation> {
     // allocated + cached = reserved, where cached = pending + free bytes.
     let allocated: u64 = c.allocated_bytes.iter().sum();
     let active: u64 = c.active_bytes.iter().sum();
@@ -345,4 +416,80 @@ pub fn check_invariants<D: DeviceMemory>(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker must catch what it claims to: each test breaks one invariant of a healthy
+    //! allocator by hand and expects the violation that names it.
+
+    use super::*;
+    use crate::device::SimulatedDevice;
+    use crate::stream::StreamId;
+
+    /// An allocator with a split small segment and a large one, one block freed (cached).
+    fn healthy() -> CachingAllocator<SimulatedDevice> {
+        let mut a = CachingAllocator::new(SimulatedDevice::new(1 << 30));
+        let s = StreamId(0);
+        let _small = a.malloc(1000, s).expect("small");
+        let big = a.malloc(3 << 20, s).expect("large");
+        let _kept = a.malloc(5 << 20, s).expect("large");
+        a.free(big).expect("free");
+        check_invariants(&a).expect("a healthy allocator passes");
+        a
+    }
+
+    fn violation(a: &CachingAllocator<SimulatedDevice>) -> String {
+        match check_invariants(a) {
+            Ok(()) => panic!("the broken invariant went unnoticed"),
+            Err(InvariantViolation(message)) => message,
+        }
+    }
+
+    #[test]
+    fn a_statistic_that_disagrees_with_the_blocks() {
+        let mut a = healthy();
+        a.stats.allocated_bytes.all.current += 512;
+        assert!(violation(&a).contains("allocated_bytes"));
+    }
+
+    #[test]
+    fn a_peak_below_its_current_value() {
+        let mut a = healthy();
+        a.stats.oversize_segments.peak = -1;
+        assert!(violation(&a).contains("peak"));
+    }
+
+    #[test]
+    fn reserved_bytes_that_are_not_the_segments_sum() {
+        let mut a = healthy();
+        a.reserved += 2 << 20;
+        assert!(violation(&a).contains("reserved"));
+    }
+
+    #[test]
+    fn a_block_that_does_not_tile_its_segment() {
+        let mut a = healthy();
+        let i = a
+            .nodes
+            .iter()
+            .position(|n| n.state == NodeState::Allocated && n.next != NONE)
+            .expect("a split segment's first block");
+        a.nodes[i].size += MIN_BLOCK_SIZE;
+        assert!(violation(&a).contains("gap or overlap"));
+    }
+
+    #[test]
+    fn a_free_block_missing_from_its_free_set() {
+        let mut a = healthy();
+        let i = a
+            .nodes
+            .iter()
+            .position(|n| n.state == NodeState::Free)
+            .expect("a free block");
+        let n = &a.nodes[i];
+        let (slot, pool, key) = (n.slot as usize, pidx(n.pool), fkey(n.size, n.addr));
+        a.pools[slot].free[pool].remove(key);
+        assert!(violation(&a).contains("missing from its free set"));
+    }
 }
