@@ -520,6 +520,17 @@ impl Plan {
             line: locate_key(src, key),
             message,
         };
+        self.validate_training(&err)?;
+        self.validate_precision(&err)?;
+        self.validate_checkpointing(&err)?;
+        self.validate_data(&err)?;
+        self.validate_retention(&err)?;
+        self.validate_layout(&err)?;
+        self.validate_model(&err)
+    }
+
+    /// `[training]`: batch, accumulation, epochs and steps, and enough samples for a batch.
+    fn validate_training(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let t = &self.training;
         if t.batch_size == 0 {
             return Err(err("training.batch_size", "must be at least 1".into()));
@@ -564,6 +575,11 @@ impl Plan {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// `[precision]` and `[optimizer]`: float dtypes, and AMSGrad only for Adam.
+    fn validate_precision(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let p = &self.precision;
         if !matches!(
             p.compute,
@@ -603,6 +619,14 @@ impl Plan {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// `[checkpointing]`: each policy with the one setting it needs.
+    fn validate_checkpointing(
+        &self,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
         let c = &self.checkpointing;
         match c.policy {
             CheckpointPolicyKind::Every => match c.every {
@@ -634,6 +658,11 @@ impl Plan {
                 "only applies to policy = \"budget\"".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `[data]` and `[loader]`: samples, augmentation ranges, workers and prefetch.
+    fn validate_data(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let d = &self.data;
         if d.samples == 0 {
             return Err(err("data.samples", "must be at least 1".into()));
@@ -662,6 +691,11 @@ impl Plan {
                 "needs workers > 0 (there are no workers to keep)".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `[metrics]` and `[leak]`: settings that need another one.
+    fn validate_retention(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         if self.metrics.keep_outputs && self.metrics.retention != MetricRetention::Tensors {
             return Err(err(
                 "metrics.keep_outputs",
@@ -674,6 +708,11 @@ impl Plan {
                 "needs retain_outputs = true (a graph is kept alive only through an output)".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `[device]` and `[parallel]`: capacity, world size, ZeRO stage, pipeline stages.
+    fn validate_layout(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         if self.device.capacity.0 == 0 {
             return Err(err("device.capacity", "must be more than 0 bytes".into()));
         }
@@ -696,7 +735,6 @@ impl Plan {
         if par.pipeline_stages == 0 {
             return Err(err("parallel.pipeline_stages", "must be at least 1".into()));
         }
-        self.validate_model(&err)?;
         Ok(())
     }
 
