@@ -185,3 +185,22 @@ fn plan_errors_are_reported() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/no/such/plan.toml"), "{err}");
 }
+
+#[test]
+fn a_pattern_that_does_not_show_exits_1() {
+    // The optimizer-jump rules state burn's first-step jump in live bytes; on this PyTorch GPU
+    // plan the gradients appear in the same step, so the jump is 3x, not 2x: not reproduced.
+    let dir = empty_dir("not-reproduced");
+    let out = trainmem()
+        .current_dir(&dir)
+        .args(["scenario", "optimizer-jump", "--mode", "simulated", "--plan"])
+        .arg(fixture_plan("optimizer-jump"))
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[NOT REPRODUCED]"), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not reproduced: optimizer-jump"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
