@@ -66,6 +66,8 @@
 //! re-checked by the `burn_measured` tests; `cargo run -p trainmem-burn --example burn_facts`
 //! measures it again.
 
+#![forbid(unsafe_code)]
+
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;

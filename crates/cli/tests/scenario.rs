@@ -193,7 +193,13 @@ fn a_pattern_that_does_not_show_exits_1() {
     let dir = empty_dir("not-reproduced");
     let out = trainmem()
         .current_dir(&dir)
-        .args(["scenario", "optimizer-jump", "--mode", "simulated", "--plan"])
+        .args([
+            "scenario",
+            "optimizer-jump",
+            "--mode",
+            "simulated",
+            "--plan",
+        ])
         .arg(fixture_plan("optimizer-jump"))
         .output()
         .expect("runs");

@@ -39,6 +39,8 @@
 //! anyhow::Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan as
 //! `plans/NAME.toml` (and to [`plans::PLANS`]), and add one entry to [`SCENARIOS`].
 
+#![forbid(unsafe_code)]
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -35,6 +35,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub use trainmem_core::{bytes, model, plan, timeline};
 pub mod engine;
 pub mod explain;
