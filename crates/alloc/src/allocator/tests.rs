@@ -685,7 +685,7 @@ fn generated_sequences_reach_out_of_memory_and_flushes() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(10_000))]
 
     #[test]
     fn random_operation_sequences_keep_every_invariant(
@@ -714,7 +714,7 @@ proptest::proptest! {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1_000))]
 
     /// Real memory: every live block keeps the bytes written into it until it is freed, so no
     /// two live blocks overlap and splitting/merging never hands out memory that is in use.
