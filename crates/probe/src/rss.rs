@@ -7,7 +7,7 @@
 //!
 //! On other systems [`read`] returns [`RssError::Unavailable`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -121,8 +121,13 @@ pub fn read() -> Result<ProcStatus, RssError> {
 /// containers); the peak then keeps counting from the process start, and callers should report
 /// that rather than trust a per-phase peak.
 pub fn reset_peak() -> Result<(), RssError> {
-    std::fs::write(CLEAR_REFS_PATH, b"5").map_err(|source| RssError::Reset {
-        path: PathBuf::from(CLEAR_REFS_PATH),
+    reset_peak_through(Path::new(CLEAR_REFS_PATH))
+}
+
+/// Writes `5` to `path` (the `clear_refs` file), naming `path` in the error.
+fn reset_peak_through(path: &Path) -> Result<(), RssError> {
+    std::fs::write(path, b"5").map_err(|source| RssError::Reset {
+        path: path.to_path_buf(),
         source,
     })
 }
@@ -189,16 +194,36 @@ Threads:\t1\n";
         drop(std::hint::black_box(block));
     }
 
-    #[cfg(target_os = "linux")]
+    /// The documented failure, forced on every machine: a `clear_refs` that cannot be written
+    /// is a [`RssError::Reset`] naming the file and carrying the I/O error. (Whether the real
+    /// reset works, and that it lowers `VmHWM`, is checked in `tests/rss_peak.rs`, in a process
+    /// of its own so no other test's memory moves the peak.)
     #[test]
-    fn reset_peak_works_or_reports_why() {
-        match reset_peak() {
-            Ok(()) => {
-                let s = read().expect("linux /proc");
-                // Right after a reset the high-water mark is close to the current RSS.
-                assert!(s.vm_hwm <= s.vm_rss + (64 << 20), "{s:?}");
+    fn a_clear_refs_that_cannot_be_written_is_a_reset_error() {
+        let dir = std::env::temp_dir().join(format!("trainmem-probe-rss-{}", std::process::id()));
+        let missing = dir.join("no-such-dir").join("clear_refs");
+        let err = reset_peak_through(&missing).expect_err("the file's directory does not exist");
+        match &err {
+            RssError::Reset { path, source } => {
+                assert_eq!(path, &missing);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
             }
-            Err(e) => assert!(e.to_string().contains("clear_refs")),
+            other => panic!("expected RssError::Reset, got {other:?}"),
         }
+        let msg = err.to_string();
+        assert!(msg.starts_with("cannot reset VmHWM through "), "{msg}");
+        assert!(msg.contains("no-such-dir/clear_refs"), "{msg}");
+    }
+
+    /// The happy path of the same helper writes exactly `5`, the `clear_refs` value that resets
+    /// only the high-water mark (1-4 would clear the referenced/soft-dirty bits instead).
+    #[test]
+    fn reset_writes_5() {
+        let dir = std::env::temp_dir().join(format!("trainmem-probe-rss5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("clear_refs");
+        reset_peak_through(&file).expect("a writable file");
+        assert_eq!(std::fs::read(&file).unwrap(), b"5");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
