@@ -39,14 +39,17 @@ pub const DEFAULT_L2_BYTES: u64 = 512 * 1024;
 pub fn gemm_l2_slab_bytes() -> u64 {
     static BYTES: OnceLock<u64> = OnceLock::new();
     *BYTES.get_or_init(|| {
-        if cfg!(target_os = "linux") {
-            l2_bytes_per_cpu(Path::new("/sys/devices/system/cpu"))
-                .filter(|&b| b > 0)
-                .unwrap_or(DEFAULT_L2_BYTES)
-        } else {
-            DEFAULT_L2_BYTES
-        }
+        slab_bytes(cfg!(target_os = "linux").then(|| Path::new("/sys/devices/system/cpu")))
     })
+}
+
+/// The slab bytes from a sysfs CPU directory (`None` off Linux): its L2 bytes per CPU, or
+/// [`DEFAULT_L2_BYTES`] when there is no directory, nothing can be read or the result is 0.
+fn slab_bytes(cpu_root: Option<&Path>) -> u64 {
+    cpu_root
+        .and_then(l2_bytes_per_cpu)
+        .filter(|&b| b > 0)
+        .unwrap_or(DEFAULT_L2_BYTES)
 }
 
 /// The L2 bytes of one CPU from a sysfs CPU directory laid out like
@@ -149,23 +152,18 @@ mod tests {
         root
     }
 
-    #[test]
-    fn sizes_and_cpu_lists_parse_like_sysfs() {
-        assert_eq!(parse_cache_size("1024K"), Some(1 << 20));
-        assert_eq!(parse_cache_size("2M"), Some(2 << 20));
-        assert_eq!(parse_cache_size("1G"), Some(1 << 30));
-        assert_eq!(parse_cache_size("49152"), Some(49152));
-        assert_eq!(parse_cache_size("big"), None);
-        assert_eq!(count_cpu_list("0"), 1);
-        assert_eq!(count_cpu_list("0-1"), 2);
-        assert_eq!(count_cpu_list("0,4-5\n"), 3);
-    }
+    /// gemm's `CACHE_INFO_DEFAULT` L2 for the architecture the tests run on.
+    const EXPECTED_DEFAULT: u64 = if cfg!(any(target_arch = "x86", target_arch = "x86_64")) {
+        262_144
+    } else {
+        524_288
+    };
 
-    #[test]
-    fn the_l2_of_one_cpu_is_divided_among_its_sharers() {
-        let root = temp_root("shared");
-        for cpu in ["cpu0", "cpu1"] {
-            // an L1 data cache and an instruction cache are ignored, so is L3
+    /// A sysfs root where every CPU in `cpus` has an L1 data cache, an L1 instruction cache,
+    /// the given L2 and a 32 MiB L3 (`shared` is the L2's `shared_cpu_list`).
+    fn machine(tag: &str, cpus: &[&str], l2_size: &str, shared: &str) -> std::path::PathBuf {
+        let root = temp_root(tag);
+        for cpu in cpus {
             write_index(
                 &root,
                 cpu,
@@ -176,7 +174,7 @@ mod tests {
                 &root,
                 cpu,
                 "index1",
-                &[("type", "Instruction"), ("level", "2"), ("size", "64K")],
+                &[("type", "Instruction"), ("level", "1"), ("size", "32K")],
             );
             write_index(
                 &root,
@@ -185,8 +183,8 @@ mod tests {
                 &[
                     ("type", "Unified"),
                     ("level", "2"),
-                    ("size", "2048K"),
-                    ("shared_cpu_list", "0-1"),
+                    ("size", l2_size),
+                    ("shared_cpu_list", shared),
                     ("coherency_line_size", "64"),
                 ],
             );
@@ -194,36 +192,154 @@ mod tests {
                 &root,
                 cpu,
                 "index3",
-                &[("type", "Unified"), ("level", "3"), ("size", "32M")],
+                &[
+                    ("type", "Unified"),
+                    ("level", "3"),
+                    ("size", "32768K"),
+                    ("shared_cpu_list", "0-15"),
+                ],
             );
         }
-        // cpufreq and friends have no cache directory
-        std::fs::create_dir_all(root.join("cpufreq")).expect("mkdir");
-        assert_eq!(l2_bytes_per_cpu(&root), Some(1 << 20));
+        root
+    }
+
+    #[test]
+    fn sizes_and_cpu_lists_parse_like_sysfs() {
+        assert_eq!(parse_cache_size("1024K"), Some(1_048_576));
+        assert_eq!(parse_cache_size("2M"), Some(2_097_152));
+        assert_eq!(parse_cache_size("1G"), Some(1_073_741_824));
+        assert_eq!(parse_cache_size("49152"), Some(49_152));
+        assert_eq!(parse_cache_size(" 1280K\n"), Some(1_310_720));
+        assert_eq!(parse_cache_size("big"), None);
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size(""), None);
+        assert_eq!(count_cpu_list("0"), 1);
+        assert_eq!(count_cpu_list("0-1"), 2);
+        assert_eq!(count_cpu_list("0,4-5\n"), 3);
+        assert_eq!(count_cpu_list("0-3,8-11"), 8);
+        assert_eq!(count_cpu_list(""), 0);
+        assert_eq!(count_cpu_list("3-1"), 0);
+    }
+
+    /// Known answers: a per-core L2 over its sharers, in bytes. L1, instruction caches, L3 and
+    /// directories that are not CPUs do not count.
+    #[test]
+    fn known_machines_give_known_slabs() {
+        let cases: [(&str, &[&str], &str, &str, u64); 6] = [
+            // one core, a private 1 MiB L2 (the VM these tests were written on)
+            ("private-1m", &["cpu0"], "1024K", "0", 1_048_576),
+            // Intel Ice Lake / Sapphire Rapids: 1.25 MiB / 2 MiB private per core
+            ("icx", &["cpu0"], "1280K", "0", 1_310_720),
+            ("spr", &["cpu0"], "2048K", "0", 2_097_152),
+            // AMD Zen 4: 1 MiB per core shared by two hyperthreads -> half each
+            ("zen4-smt", &["cpu0", "cpu1"], "1024K", "0-1", 524_288),
+            // a 2 MiB L2 shared by four cores (Intel E-core cluster), size given in M
+            (
+                "ecore",
+                &["cpu0", "cpu1", "cpu2", "cpu3"],
+                "2M",
+                "0-3",
+                524_288,
+            ),
+            // size in plain bytes, sharers as a list with a gap
+            ("bytes", &["cpu0", "cpu4"], "262144", "0,4", 131_072),
+        ];
+        for (tag, cpus, size, shared, expected) in cases {
+            let root = machine(tag, cpus, size, shared);
+            std::fs::create_dir_all(root.join("cpufreq")).expect("mkdir");
+            std::fs::write(root.join("online"), "0-3\n").expect("write");
+            assert_eq!(l2_bytes_per_cpu(&root), Some(expected), "{tag}");
+            assert_eq!(slab_bytes(Some(&root)), expected, "{tag}");
+            std::fs::remove_dir_all(&root).expect("cleanup");
+        }
+    }
+
+    /// The line-size rule, with entries whose order does not change the answer: the L2 with
+    /// the longer coherency line wins whichever directory is visited first.
+    #[test]
+    fn the_l2_with_the_longer_line_wins() {
+        let root = temp_root("lines");
+        write_index(
+            &root,
+            "cpu0",
+            "index2",
+            &[
+                ("type", "Unified"),
+                ("level", "2"),
+                ("size", "512K"),
+                ("coherency_line_size", "64"),
+            ],
+        );
+        write_index(
+            &root,
+            "cpu1",
+            "index2",
+            &[
+                ("type", "Data"),
+                ("level", "2"),
+                ("size", "1536K"),
+                ("coherency_line_size", "128"),
+            ],
+        );
+        assert_eq!(l2_bytes_per_cpu(&root), Some(1_572_864));
+        // a shorter line than the default 64 never replaces the default-line entry
+        write_index(
+            &root,
+            "cpu2",
+            "index2",
+            &[
+                ("type", "Unified"),
+                ("level", "2"),
+                ("size", "4096K"),
+                ("coherency_line_size", "32"),
+            ],
+        );
+        assert_eq!(l2_bytes_per_cpu(&root), Some(1_572_864));
         std::fs::remove_dir_all(&root).expect("cleanup");
     }
 
     #[test]
-    fn no_readable_l2_gives_none() {
-        let root = temp_root("none");
+    fn an_unknown_cache_size_falls_back_to_gemms_default() {
+        assert_eq!(DEFAULT_L2_BYTES, EXPECTED_DEFAULT);
+        // off Linux: no sysfs at all
+        assert_eq!(slab_bytes(None), EXPECTED_DEFAULT);
+        // no such directory
+        let root = temp_root("fallback");
+        assert_eq!(l2_bytes_per_cpu(&root.join("missing")), None);
+        assert_eq!(slab_bytes(Some(&root.join("missing"))), EXPECTED_DEFAULT);
+        // CPUs without any L2 (only L1 and L3)
         write_index(
             &root,
             "cpu0",
             "index0",
             &[("type", "Data"), ("level", "1"), ("size", "32K")],
         );
+        write_index(
+            &root,
+            "cpu0",
+            "index3",
+            &[("type", "Unified"), ("level", "3"), ("size", "8M")],
+        );
+        // an L2 that is an instruction cache, and one whose size cannot be read
+        write_index(
+            &root,
+            "cpu0",
+            "index1",
+            &[("type", "Instruction"), ("level", "2"), ("size", "64K")],
+        );
+        write_index(
+            &root,
+            "cpu0",
+            "index2",
+            &[("type", "Unified"), ("level", "2"), ("size", "unknown")],
+        );
         assert_eq!(l2_bytes_per_cpu(&root), None);
-        assert_eq!(l2_bytes_per_cpu(&root.join("missing")), None);
+        assert_eq!(slab_bytes(Some(&root)), EXPECTED_DEFAULT);
         std::fs::remove_dir_all(&root).expect("cleanup");
-    }
-
-    #[test]
-    fn this_machine_gives_a_plausible_size() {
-        let b = gemm_l2_slab_bytes();
-        assert!((16 << 10..=256 << 20).contains(&b), "{b}");
-        if cfg!(target_os = "linux") {
-            let read = l2_bytes_per_cpu(Path::new("/sys/devices/system/cpu"));
-            assert_eq!(b, read.filter(|&r| r > 0).unwrap_or(DEFAULT_L2_BYTES));
-        }
+        // an L2 of 0 bytes
+        let zero = machine("zero", &["cpu0"], "0K", "0");
+        assert_eq!(l2_bytes_per_cpu(&zero), Some(0));
+        assert_eq!(slab_bytes(Some(&zero)), EXPECTED_DEFAULT);
+        std::fs::remove_dir_all(&zero).expect("cleanup");
     }
 }
