@@ -613,11 +613,46 @@ mod tests {
         );
         t.push(sample(Phase::Forward, 0, 10, 20));
         t.push(sample(Phase::Backward, 0, 3, 40));
+        t.push(sample(Phase::OptimizerStep, 0, 0, 60));
         let json = t.to_json().unwrap();
-        assert!(json.contains("\"activation\": 10"));
-        assert!(json.contains("\"phase\": \"optimizer_step\"") || json.contains("\"backward\""));
+        // The exchange format, field by field: snake_case phases and source, categories as a
+        // map with every category's name, `micro_batch` left out when absent.
+        assert!(json.contains("\"activation\": 10"), "{json}");
+        assert!(json.contains("\"phase\": \"forward\""), "{json}");
+        assert!(json.contains("\"phase\": \"backward\""), "{json}");
+        assert!(json.contains("\"phase\": \"optimizer_step\""), "{json}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["source"], "simulated");
+        let phases: Vec<&str> = v["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(phases, ["forward", "backward", "optimizer_step"]);
+        let cats = v["samples"][0]["device"]["categories"].as_object().unwrap();
+        let mut names: Vec<&str> = cats.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut expected: Vec<&str> = Category::ALL.iter().map(|c| c.name()).collect();
+        expected.sort_unstable();
+        assert_eq!(names, expected);
+        assert_eq!(cats["activation"], 10);
+        assert_eq!(v["samples"][2]["device"]["allocated"], 60);
+        assert!(v["samples"][0].get("micro_batch").is_none(), "{json}");
         let back = Timeline::from_json(&json).unwrap();
         assert_eq!(back, t);
+    }
+
+    /// Every phase's JSON name is its [`Phase::name`], both ways.
+    #[test]
+    fn phases_serialise_as_their_names() {
+        for p in Phase::ALL {
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(json, format!("\"{}\"", p.name()));
+            assert_eq!(serde_json::from_str::<Phase>(&json).unwrap(), p);
+        }
+        assert_eq!(Phase::OutOfMemory.name(), "out_of_memory");
+        assert_eq!(Phase::CheckpointSave.to_string(), "checkpoint_save");
     }
 
     #[test]
