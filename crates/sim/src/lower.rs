@@ -475,11 +475,34 @@ mod tests {
         }
     }
 
+    /// The model of a plan in the workspace's `fixtures/plans/`.
+    fn fixture_model(name: &str) -> ModelSpec {
+        let path = format!(
+            "{}/../../fixtures/plans/{name}.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        crate::plan::Plan::load(&path)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .model
+    }
+
+    /// GPT-2 small, as Hugging Face counts it: 124,439,808 parameters.
+    const GPT2_SMALL_PARAMS: u64 = 124_439_808;
+
+    /// LLaMA-7B, as Meta's checkpoint counts it: 6,738,415,616 parameters.
+    const LLAMA_7B_PARAMS: u64 = 6_738_415_616;
+
     #[test]
-    fn gpt2_small_has_124m_parameters() {
+    fn gpt2_small_has_124_439_808_parameters() {
+        // token embedding 50257·768 + learned positions 1024·768
+        // + 12 blocks × (2 layer norms 2·2·768 + qkv 768·2304 + 2304 + out 768·768 + 768
+        //                + fc 768·3072 + 3072 + proj 3072·768 + 768)
+        // + final layer norm 2·768; the LM head is the (tied) token embedding.
+        // = 38,597,376 + 786,432 + 12 × 7,087,872 + 1,536.
         let p = lower(&ModelSpec::Transformer(gpt(12, 768, 12, 1024, 50257))).unwrap();
-        let n = p.param_elems();
-        assert!((124_000_000..124_600_000).contains(&n), "{n}");
+        assert_eq!(p.param_elems(), GPT2_SMALL_PARAMS);
+        let fixture = lower(&fixture_model("gpt2-small")).unwrap();
+        assert_eq!(fixture.param_elems(), GPT2_SMALL_PARAMS);
     }
 
     #[test]
@@ -514,7 +537,11 @@ mod tests {
     }
 
     #[test]
-    fn llama_7b_shape_has_about_6_7b_parameters() {
+    fn llama_7b_has_6_738_415_616_parameters() {
+        // token embedding 32000·4096 + 32 blocks × (2 RMS norms 2·4096 + q, k, v, o 4·4096²
+        // + gate, up, down 3·4096·11008, no biases) + final RMS norm 4096 + untied LM head
+        // 4096·32000; rotary positions have no parameters.
+        // = 131,072,000 + 32 × 202,383,360 + 4,096 + 131,072,000.
         let mut t = gpt(32, 4096, 32, 2048, 32000);
         t.ffn = Some(11008);
         t.gated_ffn = true;
@@ -523,8 +550,9 @@ mod tests {
         t.learned_positions = false;
         t.activation = Activation::Silu;
         let p = lower(&ModelSpec::Transformer(t)).unwrap();
-        let n = p.param_elems();
-        assert!((6_700_000_000..6_800_000_000).contains(&n), "{n}");
+        assert_eq!(p.param_elems(), LLAMA_7B_PARAMS);
+        let fixture = lower(&fixture_model("llama-7b-zero3")).unwrap();
+        assert_eq!(fixture.param_elems(), LLAMA_7B_PARAMS);
     }
 
     #[test]
