@@ -572,3 +572,67 @@ fn allocation_trace_records_the_runs_tensor_sizes() {
     assert!(untraced.allocation_trace.is_empty());
     assert!(untraced.samples.iter().all(|s| s.trace_events.is_none()));
 }
+
+/// The measured burn transformer holds exactly the parameters the simulator lowers for it
+/// (`lower_for` with framework `burn`: no final norm, a head with a bias), for encoders and
+/// decoders of several shapes: position embeddings, a class count, a feed-forward size and an
+/// activation other than the defaults, more than one block.
+#[test]
+fn transformer_parameters_match_the_simulators_lowering_exactly() {
+    let _turn = serial();
+    let shapes = [
+        (
+            "encoder",
+            "layers = 1\nhidden = 8\nheads = 2\nseq_len = 5\nvocab = 11\n",
+        ),
+        (
+            "decoder",
+            "layers = 1\nhidden = 8\nheads = 2\nseq_len = 5\nvocab = 11\n",
+        ),
+        (
+            "encoder",
+            "layers = 2\nhidden = 12\nheads = 3\nseq_len = 6\nvocab = 17\nclasses = 5\n\
+             learned_positions = true\nffn = 20\nactivation = \"relu\"\n",
+        ),
+        (
+            "decoder",
+            "layers = 3\nhidden = 16\nheads = 4\nseq_len = 7\nvocab = 23\nlearned_positions = true\n",
+        ),
+    ];
+    for (kind, shape) in shapes {
+        let mut p = Plan::from_toml_str(&format!(
+            "framework = \"burn\"\n[model.transformer]\nkind = \"{kind}\"\n{shape}"
+        ))
+        .expect("plan");
+        p.training.batch_size = 4;
+        p.training.steps_per_epoch = Some(1);
+        p.data.samples = 4;
+        p.validate().expect("valid plan");
+        let program = trainmem_sim::lower::lower_for(&p.model, p.framework).expect("lowering");
+        let elems: u64 = program.params.iter().map(|q| q.elems).sum();
+        let r = run(&p);
+        // f32 parameters (the plan's default precision).
+        assert_eq!(p.precision.compute.size(), 4);
+        assert_eq!(
+            r.parameter_bytes,
+            elems * 4,
+            "{kind} {shape:?}: measured {} parameters, the lowering has {elems}",
+            r.parameter_bytes / 4
+        );
+
+        // The framework matters: PyTorch's layout adds a final LayerNorm (weight and bias) and
+        // drops the language-model head's bias.
+        let trainmem_sim::model::ModelSpec::Transformer(t) = &p.model else {
+            unreachable!("a transformer plan")
+        };
+        let torch: u64 =
+            trainmem_sim::lower::lower_for(&p.model, trainmem_sim::plan::Framework::Pytorch)
+                .expect("lowering")
+                .params
+                .iter()
+                .map(|q| q.elems)
+                .sum();
+        let lm_bias = if kind == "decoder" { t.vocab } else { 0 };
+        assert_eq!(torch + lm_bias, elems + 2 * t.hidden, "{kind} {shape:?}");
+    }
+}

@@ -448,7 +448,19 @@ mod tests {
                 ),
                 |_| {},
             );
-            assert!(run.parameter_bytes > 0);
+            // burn-nn's layout, counted by hand (hidden 8, feed-forward 4 × 8 = 32, vocab 11):
+            // token embedding 11*8; one pre-norm block: query, key, value and output
+            // projections 4 * (8*8 + 8), feed-forward 8*32 + 32 and 32*8 + 8, two LayerNorms
+            // 2 * (8 + 8); no final norm; a linear head with bias to 2 classes (encoder) or to
+            // the 11-token vocabulary (decoder). tests/tests/burn_measured.rs checks the same
+            // figure against the simulator's lowering for more shapes.
+            let block = 4 * (8 * 8 + 8) + (8 * 32 + 32) + (32 * 8 + 8) + 2 * (8 + 8);
+            let head = if kind == "encoder" {
+                8 * 2 + 2
+            } else {
+                8 * 11 + 11
+            };
+            assert_eq!(run.parameter_bytes, (11 * 8 + block + head) * 4, "{kind}");
             assert_eq!(
                 run.loader_threads_spawned, None,
                 "tokens come from the synthetic source"

@@ -136,4 +136,33 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, (0..11).collect::<Vec<_>>());
     }
+
+    #[test]
+    fn shuffle_permutations_match_known_answers() {
+        // Computed by an independent Python implementation of the definition: a SplitMix64
+        // generator seeded with `mix(&[seed, epoch])`, then Fisher–Yates from the last position
+        // down, swapping position `i` with `below(i + 1)`.
+        let o = |seed| Order::Shuffled { seed };
+        assert_eq!(epoch_order(10, o(42), 0), [8, 9, 7, 0, 6, 2, 4, 3, 5, 1]);
+        assert_eq!(epoch_order(10, o(42), 1), [7, 2, 3, 5, 0, 4, 8, 1, 9, 6]);
+        assert_eq!(
+            epoch_order(16, o(7), 3),
+            [7, 14, 0, 10, 1, 2, 12, 6, 3, 15, 11, 5, 9, 4, 13, 8]
+        );
+        assert_eq!(epoch_order(1, o(42), 0), [0]);
+        assert!(epoch_order(0, o(42), 0).is_empty());
+        // The shard of rank 1 of 3 takes positions 1, 4, 7 of the epoch order.
+        let c = LoaderConfig {
+            shard: Some(Shard {
+                rank: 1,
+                world_size: 3,
+            }),
+            batch_size: 2,
+            order: o(42),
+            ..LoaderConfig::default()
+        };
+        let p = EpochPlan::new(10, &c, 0);
+        assert_eq!(p.order(), [9, 6, 3]);
+        assert_eq!((p.batch(0), p.batch(1)), (&[9, 6][..], &[3][..]));
+    }
 }

@@ -3,9 +3,9 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::TempDir;
 use trainmem_loader::fixtures::{FixtureSpec, feature_value, write_fixture};
@@ -240,10 +240,13 @@ fn dropping_an_epoch_stops_and_joins_workers() {
             // Joined: no transform can still be running.
             assert_eq!(active.load(Ordering::SeqCst), 0);
         }
+        // Workers only ever get the tasks the credit scheme handed out: the first P·W batches,
+        // plus one for the batch taken. Cancelled, they build nothing more.
+        let handed_out = (loader.config().max_batches_in_flight() + 1) * 8;
         let after_drop = calls.load(Ordering::SeqCst);
         assert!(
-            after_drop < 2_000,
-            "workers kept going: {after_drop} samples"
+            after_drop <= handed_out,
+            "workers kept going: {after_drop} samples, {handed_out} handed out"
         );
         // The next epoch starts cleanly and delivers in order.
         let first: Vec<u64> = loader
@@ -269,33 +272,68 @@ fn dropping_an_epoch_stops_and_joins_workers() {
 
 #[test]
 fn a_slow_batch_times_out_and_ends_the_epoch() {
+    // Deterministic, whatever the machine's speed: one worker and prefetch 3, so batches 0, 1
+    // and 2 are handed out at the epoch start and built in that order by the same thread.
+    // Sample 4 (the first of batch 2) reports that it started and then holds until the loader
+    // cancels the epoch. When the test hears from it, batches 0 and 1 have already been sent
+    // (same thread, earlier), so they are taken without waiting; batch 2 cannot arrive before
+    // the consumer gives up on it. The timeout is the only way out for batch 2.
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let saw_cancel = Arc::new(AtomicBool::new(false));
+    let saw = Arc::clone(&saw_cancel);
     let config = LoaderConfig {
         timeout_ms: Some(50),
-        ..cfg(2, 2)
+        prefetch_factor: 3,
+        ..cfg(2, 1)
     };
     let mut loader = Loader::with_transform(
         numbers(10),
         config,
-        |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+        move |x: &u64, ctx: &mut WorkerContext| -> Result<u64, BoxError> {
             if *x == 4 {
-                std::thread::sleep(Duration::from_millis(600));
+                started_tx.send(()).expect("the test listens");
+                // Poll the cancel flag; the deadline is only a guard that turns a loader
+                // whose timeout never fires into a failed assertion below instead of a hang.
+                let guard = Instant::now() + Duration::from_secs(120);
+                while !ctx.is_cancelled() && Instant::now() < guard {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                saw.store(ctx.is_cancelled(), Ordering::SeqCst);
             }
             Ok(*x)
         },
         collect,
     )
     .expect("loader");
-    let r: Vec<_> = loader.epoch().expect("epoch").collect();
+    let mut epoch = loader.epoch().expect("epoch");
+    started_rx.recv().expect("batch 2 started");
+    let r: Vec<_> = epoch.by_ref().collect();
     assert_eq!(r.len(), 3, "{r:?}");
-    assert!(r[0].is_ok() && r[1].is_ok());
-    assert!(matches!(
-        r[2],
-        Err(LoaderError::Timeout {
-            batch: 2,
-            timeout_ms: 50,
-            ..
-        })
-    ));
+    assert_eq!(r[0].as_ref().expect("batch 0"), &[0, 1]);
+    assert_eq!(r[1].as_ref().expect("batch 1"), &[2, 3]);
+    assert!(
+        matches!(
+            r[2],
+            Err(LoaderError::Timeout {
+                epoch: 0,
+                batch: 2,
+                timeout_ms: 50,
+            })
+        ),
+        "{:?}",
+        r[2]
+    );
+    // The epoch is over, and its worker was stopped by the cancellation (per-epoch workers are
+    // joined when the epoch ends, so the transform has returned by now).
+    assert!(epoch.next().is_none());
+    assert!(saw_cancel.load(Ordering::SeqCst), "batch 2 was cancelled");
+    drop(epoch);
+    let m = loader.memory();
+    assert_eq!(
+        (m.ready_batches, m.queue, m.reorder, m.total),
+        (0, 0, 0, 0),
+        "{m:?}"
+    );
 }
 
 #[test]
@@ -585,20 +623,56 @@ fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
         assert_eq!(orders(true, epochs), orders(false, epochs), "{epochs:?}");
     }
 
-    let mut loader = Loader::with_transform(Arc::clone(&data), config.clone(), identity, collect)
-        .expect("loader");
+    // Which batches get built, reported by the collate as (epoch, batch): the test waits on
+    // these reports instead of on the clock.
+    let (built_tx, built_rx) = std::sync::mpsc::channel::<(u64, usize)>();
+    let mut loader = Loader::with_transform(
+        Arc::clone(&data),
+        config.clone(),
+        identity,
+        move |items: Vec<u64>, ctx: &mut WorkerContext| -> Result<Vec<u64>, BoxError> {
+            built_tx
+                .send((ctx.epoch(), ctx.batch_index()))
+                .expect("the test listens");
+            Ok(items)
+        },
+    )
+    .expect("loader");
+    let watch = loader.memory_watch();
     let mut epoch = loader.epoch().expect("epoch 0");
     let batches = epoch.plan().len();
+    assert!(batches > in_flight);
     for _ in 0..batches {
         epoch.next().expect("a batch").expect("ok");
         let m = epoch.memory();
         assert!(m.ready_batches <= in_flight, "{m:?}");
     }
     assert!(epoch.next().is_none());
-    // Wait for the workers to finish what they were handed: the next epoch's first batches.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while epoch.memory().ready_batches < in_flight && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
+    // The workers were handed the next epoch's first P·W batches while this one ran: wait for
+    // their builds to be reported (every batch of epoch 0 was taken, so its reports are all
+    // in). The guard only turns a loader that never builds ahead into a failure, not a hang.
+    let mut built: Vec<(u64, usize)> = Vec::new();
+    while built.iter().filter(|b| b.0 == 1).count() < in_flight {
+        built.push(
+            built_rx
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the next epoch's first batches are built before it starts"),
+        );
+    }
+    let mut epoch0: Vec<usize> = built.iter().filter(|b| b.0 == 0).map(|b| b.1).collect();
+    epoch0.sort_unstable();
+    assert_eq!(
+        epoch0,
+        (0..batches).collect::<Vec<_>>(),
+        "epoch 0 built once each"
+    );
+    let mut ahead: Vec<usize> = built.iter().filter(|b| b.0 == 1).map(|b| b.1).collect();
+    ahead.sort_unstable();
+    assert_eq!(ahead, (0..in_flight).collect::<Vec<_>>());
+    // Each reported batch is counted as ready right after its collate returns.
+    let guard = Instant::now() + Duration::from_secs(120);
+    while watch.current().ready_batches < in_flight && Instant::now() < guard {
+        std::thread::yield_now();
     }
     assert_eq!(
         epoch.memory().ready_batches,
@@ -608,8 +682,22 @@ fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
     drop(epoch);
     let epoch = loader.epoch().expect("epoch 1");
     assert_eq!(epoch.number(), 1);
-    assert_eq!(epoch.count(), batches);
+    let got: Vec<Vec<u64>> = epoch.map(|b| b.expect("batch")).collect();
+    assert_eq!(got, orders(false, &[0, 1])[1], "epoch 1 in its own order");
     assert_eq!(loader.threads_spawned(), 2);
+    // The batches built ahead were used, not built again: epoch 1's batches are each built
+    // exactly once. (Its remaining batches, and epoch 2's first P·W, were handed out while it
+    // ran; their reports are in once those batches are taken or counted ready.)
+    let later: Vec<(u64, usize)> = built_rx.try_iter().collect();
+    let mut epoch1: Vec<usize> = ahead;
+    epoch1.extend(later.iter().filter(|b| b.0 == 1).map(|b| b.1));
+    epoch1.sort_unstable();
+    assert_eq!(epoch1, (0..batches).collect::<Vec<_>>(), "{later:?}");
+    assert!(
+        watch.peaks().ready_batches <= in_flight,
+        "{:?}",
+        watch.peaks()
+    );
     // After the last epoch run, the batches built ahead are released with the loader state.
     drop(loader);
 }
