@@ -1,6 +1,31 @@
-//! Optimizer-state sizing and lifetime.
+//! Optimizer-state sizing and lifetime: what an optimizer keeps, how many bytes, and from when.
 //!
-//! What an optimizer keeps per parameter, in the state dtype:
+//! trainmem-optim is the arithmetic behind the "optimizer jump" (memory that grows by one or
+//! two model sizes at the first step) and behind ZeRO's per-rank figures. trainmem-sim uses it
+//! to allocate the optimizer's state, its step scratch and, when it simulates a burn run,
+//! burn's per-parameter bookkeeping ([`burn_step_bookkeeping_bytes`]); on its own it answers
+//! "how many bytes of model state does this optimizer need per rank" for a list of parameter
+//! sizes.
+//!
+//! # The parts
+//!
+//! * [`OptimizerConfig`]: the algorithm ([`OptimizerKind`]), the dtypes of parameters and
+//!   state, AMSGrad, f32 master weights, when the state is created ([`StateAllocation`]) and
+//!   how the step runs ([`StepImpl`]). It gives the state tensors of one parameter
+//!   ([`OptimizerConfig::state_tensors`], each a [`StateTensor`] with a [`StateRole`]), their
+//!   bytes ([`OptimizerConfig::state_bytes`], [`OptimizerConfig::master_bytes`]) and the
+//!   step's scratch ([`OptimizerConfig::step_temporaries`],
+//!   [`OptimizerConfig::step_temporary_peak`]).
+//! * [`Sharding`]: data-parallel ranks and the ZeRO stage, and what each rank keeps of a
+//!   tensor.
+//! * [`model_state_bytes`]: parameters, master weights, gradients and optimizer state of one
+//!   rank for a list of parameter tensors ([`ModelStateBytes`]).
+//! * [`burn_step_bookkeeping_bytes`]: the host bytes burn-optim 0.21 keeps per parameter
+//!   tensor besides the moments (measured, see its docs).
+//!
+//! # The rules
+//!
+//! What an optimizer keeps per parameter element, in the state dtype:
 //!
 //! | optimizer | state buffers per parameter | notes |
 //! |---|---|---|
@@ -8,22 +33,87 @@
 //! | `momentum` | 1 (velocity) | burn's first step aliases the gradient, later steps allocate |
 //! | `adam`, `adamw` | 2 (first and second moment) | +1 with AMSGrad (max of the second moment) |
 //!
+//! So with f32 state a model of Ψ parameter elements gets 0, 4Ψ, 8Ψ (12Ψ with AMSGrad) bytes of
+//! optimizer state.
+//!
 //! Under mixed precision (half-precision parameters) an f32 **master copy** of every
 //! parameter is kept as well (ZeRO's accounting: 2Ψ half weights + 2Ψ half gradients + 12Ψ
-//! for f32 master, momentum and variance with Adam). trainmem counts master weights as
+//! for f32 master, momentum and variance with Adam: 16Ψ). trainmem counts master weights as
 //! `parameter` bytes.
 //!
 //! **Lifetime**: PyTorch and burn both create the state *lazily*, inside the first `step`
-//! (the "optimizer jump"); [`StateAllocation::Eager`] creates it with the optimizer.
+//! (the "optimizer jump"); [`StateAllocation::Eager`] creates it with the optimizer. Once
+//! created the state lives as long as the optimizer, so memory is flat after the first step.
 //!
 //! **Step temporaries** ([`StepImpl`]): a `foreach` step works on the whole parameter list at
 //! once and needs about one parameter-sized scratch buffer per parameter at the same time
 //! (PyTorch documents "~ sizeof(params) more peak memory"); a `for_loop` step needs one
-//! parameter's scratch at a time; a `fused` kernel needs none.
+//! parameter's scratch at a time (two buffers for Adam: `sqrt(v) + eps` and the update); a
+//! `fused` kernel needs none, and plain SGD updates in place.
 //!
 //! **Data parallelism** ([`Sharding`]): ZeRO stage 1 shards optimizer state (and master
 //! weights) across ranks, stage 2 also gradients, stage 3 also parameters; each rank keeps
-//! `ceil(elements / world_size)` of a sharded tensor.
+//! `ceil(elements / world_size)` of a sharded tensor. Stage 0, or a world of one rank, shards
+//! nothing.
+//!
+//! # Example: Adam against SGD and momentum, then sharded
+//!
+//! ```
+//! use trainmem_optim::{
+//!     Dtype, OptimizerConfig, OptimizerKind, Sharding, StepImpl, model_state_bytes,
+//! };
+//!
+//! // A 4096 → 4096 → 1024 MLP: two weights and two biases.
+//! let params = [4096 * 4096, 4096, 4096 * 1024, 1024];
+//! let psi: u64 = params.iter().sum(); // 20,976,640 elements
+//!
+//! // Optimizer state in f32: nothing for SGD, one model size for momentum, two for Adam.
+//! let state = |kind| model_state_bytes(
+//!     &OptimizerConfig::new(kind), Dtype::F32, Sharding::default(), &params,
+//! ).optimizer_state;
+//! assert_eq!(state(OptimizerKind::Sgd), 0);
+//! assert_eq!(state(OptimizerKind::Momentum), 4 * psi);
+//! assert_eq!(state(OptimizerKind::Adam), 8 * psi);
+//! assert_eq!(state(OptimizerKind::AdamW), 8 * psi);
+//!
+//! // Adam's tensors for one parameter: `exp_avg` and `exp_avg_sq`, each the parameter's size.
+//! let adam = OptimizerConfig::new(OptimizerKind::Adam);
+//! let names: Vec<_> = adam.state_tensors(1024).iter().map(|t| t.role.name()).collect();
+//! assert_eq!(names, ["exp_avg", "exp_avg_sq"]);
+//!
+//! // f32 training with Adam: parameters + gradients + two moments = 16 bytes a parameter.
+//! let full = model_state_bytes(&adam, Dtype::F32, Sharding::default(), &params);
+//! assert_eq!(full.total(), 16 * psi);
+//!
+//! // Mixed precision: f16 weights and gradients, an f32 master copy: still 16 bytes a
+//! // parameter (2 + 2 + 4 + 4 + 4), of which the master weights count as parameter bytes.
+//! let mut mixed = adam;
+//! mixed.param_dtype = Dtype::F16;
+//! mixed.master_weights = true;
+//! let m = model_state_bytes(&mixed, Dtype::F16, Sharding::default(), &params);
+//! assert_eq!((m.parameters, m.master_weights, m.gradients), (6 * psi, 4 * psi, 2 * psi));
+//! assert_eq!(m.total(), 16 * psi);
+//!
+//! // ZeRO over 8 ranks (every tensor here divides by 8): stage 1 divides the optimizer
+//! // state and master weights, stage 2 the gradients too, stage 3 everything.
+//! let zero = |stage| model_state_bytes(
+//!     &mixed, Dtype::F16, Sharding { world_size: 8, zero_stage: stage }, &params,
+//! );
+//! assert_eq!(zero(1).optimizer_state, 8 * psi / 8);
+//! assert_eq!(zero(1).total(), 2 * psi + 2 * psi + 12 * psi / 8);
+//! assert_eq!(zero(2).total(), 2 * psi + (2 + 12) * psi / 8);
+//! assert_eq!(zero(3).total(), 16 * psi / 8);
+//!
+//! // The step's scratch: foreach holds one buffer per parameter at once, for_loop two of
+//! // the largest parameter's size, fused none.
+//! let mut step = OptimizerConfig::new(OptimizerKind::Adam);
+//! step.implementation = StepImpl::Foreach;
+//! assert_eq!(step.step_temporary_peak(&params), 4 * psi);
+//! step.implementation = StepImpl::ForLoop;
+//! assert_eq!(step.step_temporary_peak(&params), 2 * 4 * 4096 * 4096);
+//! step.implementation = StepImpl::Fused;
+//! assert_eq!(step.step_temporary_peak(&params), 0);
+//! ```
 
 use serde::{Deserialize, Serialize};
 pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
