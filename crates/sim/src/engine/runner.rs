@@ -316,7 +316,8 @@ impl<'p> Runner<'p> {
             || crate::lower::input_bytes_per_sample_for(&plan.model, plan.framework),
             |b| b.0,
         );
-        let mut host = HostModel::new(plan, sample_bytes);
+        let kernel_scratch = plan.kernel_scratch_bytes(opts.machine.gemm_packing_bytes());
+        let mut host = HostModel::new(plan, sample_bytes, kernel_scratch);
         if plan.framework == Framework::Burn
             && plan.device.kind == DeviceKind::Cpu
             && !matches!(plan.model, crate::model::ModelSpec::Transformer(_))
