@@ -6,7 +6,8 @@ use trainmem_probe::Category;
 
 use crate::bytes::{human, human_signed};
 use crate::engine::Summary;
-use crate::plan::{DataStorage, DeviceKind, Framework, MetricRetention, Plan};
+use crate::plan::{DataStorage, DeviceKind, MetricRetention, Plan};
+use crate::profile::{FrameworkProfile, OptimizerRecords, ParamUpdate, StateDtype};
 use crate::timeline::{Domain, Phase, Timeline};
 
 /// The kind of a pattern.
@@ -48,40 +49,55 @@ pub struct Finding {
     pub text: String,
 }
 
-/// What the `optimizer_state` bytes of a burn run's first optimizer step are (see the
-/// simulator's burn rules): the optimizer's state proper, burn-optim's per-parameter records,
-/// and parameters the step writes into new buffers (allocated inside the step, so tagged
+/// What the `optimizer_state` bytes of the first optimizer step are under a framework that
+/// keeps optimizer bookkeeping (see its [`FrameworkProfile`]): the optimizer's state proper,
+/// the bookkeeping records, and parameters the step writes into new buffers
+/// ([`ParamUpdate::WhenUniquelyOwned`]: allocated inside the step, so tagged
 /// `optimizer_state`): every parameter under AdamW (its decoupled decay clones the tensor),
 /// and the weights that graphs kept without backward still reference, whose old buffers stay
 /// with those graphs.
-fn burn_first_step_text(plan: &Plan, s: &Summary, b: u64, step: u64) -> String {
+fn first_step_breakdown_text(
+    plan: &Plan,
+    profile: &FrameworkProfile,
+    records: OptimizerRecords,
+    s: &Summary,
+    b: u64,
+    step: u64,
+) -> String {
     use trainmem_optim::OptimizerKind;
     let kind = plan.optimizer.kind;
     let tensors = crate::lower::lower_for(&plan.model, plan.framework)
         .map(|p| p.params.len() as u64)
         .unwrap_or(0);
-    let records = trainmem_optim::burn_step_bookkeeping_bytes(kind, tensors).min(b);
-    // burn's momentum: the first velocity is the gradient itself (tagged `gradient`)
-    let first_velocity_aliased = kind == OptimizerKind::Momentum && step == 0;
+    let record_bytes = (records.bytes)(kind, tensors).min(b);
+    // the first velocity may be the gradient itself (tagged `gradient`)
+    let first_velocity_aliased = profile.optimizer.momentum_first_velocity_is_gradient
+        && kind == OptimizerKind::Momentum
+        && step == 0;
     let state = if first_velocity_aliased {
         0
     } else {
-        s.model_state.optimizer_state.min(b - records)
+        s.model_state.optimizer_state.min(b - record_bytes)
     };
-    let rewritten = b - records - state;
+    let rewritten = b - record_bytes - state;
     let buffers = match kind {
         OptimizerKind::Sgd => 0,
         OptimizerKind::Momentum => 1,
         _ => 2 + plan.optimizer.amsgrad as u64,
     };
+    let dtype = match profile.optimizer.state_dtype {
+        StateDtype::Gradients => "the parameters' dtype".to_string(),
+        StateDtype::Plan => plan.optimizer.state_dtype.to_string(),
+    };
     let mut text = format!(
-        "+{} under optimizer_state at the first optimizer step (step {step}): {} of {} state ({buffers} buffer(s) per parameter, in the parameters' dtype), {} of burn-optim's per-parameter records",
+        "+{} under optimizer_state at the first optimizer step (step {step}): {} of {} state ({buffers} buffer(s) per parameter, in {dtype}), {} of {}",
         human(b),
         human(state),
         kind.name(),
-        human(records),
+        human(record_bytes),
+        records.what,
     );
-    if rewritten > 0 {
+    if rewritten > 0 && profile.optimizer.param_update == ParamUpdate::WhenUniquelyOwned {
         let adamw = kind == OptimizerKind::AdamW;
         let kept = plan.leak.retain_outputs && plan.leak.retain_graph;
         let why = match (adamw, kept) {
@@ -113,6 +129,7 @@ fn at(t: &Timeline, step: u64, phase: Phase) -> Option<&crate::timeline::Sample>
 
 /// Finds the patterns of a timeline produced from `plan`.
 pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
+    let profile = FrameworkProfile::of(plan.framework);
     let mut out = Vec::new();
     let dev = Domain::Device;
     if let Some(init) = t.at_phase(Phase::ModelInit).next() {
@@ -162,13 +179,13 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                 / plan.precision.compute.size().max(1);
             let per = shard_elems * plan.optimizer.state_dtype.size();
             let ratio = if per > 0 { b as f64 / per as f64 } else { 0.0 };
-            if plan.framework == Framework::Burn {
+            if let Some(records) = profile.bookkeeping.optimizer_records {
                 out.push(Finding {
                     kind: PatternKind::Jump,
                     domain: dev,
                     bytes: b as i128,
                     step: Some(x.step),
-                    text: burn_first_step_text(plan, s, b, x.step),
+                    text: first_step_breakdown_text(plan, profile, records, s, b, x.step),
                 });
             } else {
                 out.push(Finding {
@@ -267,7 +284,7 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
         );
         if growing {
             let cause = if plan.leak.retain_outputs {
-                if plan.leak.retain_graph && plan.framework == Framework::Burn {
+                if plan.leak.retain_graph && profile.kept_graph_is_separate_forward() {
                     "each step's output is kept with its graph, which is never backwarded, so every step's saved activations (and the weights they reference) stay alive with it".to_string()
                 } else if plan.leak.retain_graph {
                     "each step's output is kept and backward ran with retain_graph, so every step's saved activations stay alive with it".to_string()
@@ -288,15 +305,8 @@ pub fn explain(plan: &Plan, t: &Timeline, s: &Summary) -> Vec<Finding> {
                     " Clearing them every {} steps drops it back (a sawtooth).",
                     plan.leak.clear_every
                 ));
-            } else if plan.framework == Framework::Burn {
-                text.push_str(
-                    " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \
-                     the list to stop it.",
-                );
             } else {
-                text.push_str(
-                    " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",
-                );
+                text.push_str(profile.vocabulary.stop_the_leak);
             }
             out.push(Finding {
                 kind: PatternKind::GrowthPerStep,

@@ -46,6 +46,7 @@ pub mod export;
 pub mod fit;
 pub mod lower;
 pub mod machine;
+pub mod profile;
 pub mod report;
 
 pub use bytes::ByteSize;
@@ -55,6 +56,7 @@ pub use fit::{FitResult, FitTarget, fit};
 pub use machine::Machine;
 pub use model::ModelSpec;
 pub use plan::{Plan, PlanError};
+pub use profile::FrameworkProfile;
 pub use report::{Report, render_text, report};
 pub use timeline::{
     CategoryBytes, DeviceBytes, Domain, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,

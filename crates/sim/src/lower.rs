@@ -4,6 +4,7 @@
 use trainmem_autograd::{Dtype, Framework, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
 
 use crate::model::*;
+use crate::profile::{FrameworkProfile, Lowering};
 pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
 
 /// Errors lowering a model.
@@ -27,16 +28,10 @@ pub fn input_bytes_per_sample(model: &ModelSpec) -> u64 {
     input_bytes_per_sample_for(model, Framework::Pytorch)
 }
 
-/// The element type of integer tensors (token ids, class targets) under `framework`.
-///
-/// PyTorch indexes with `int64`. burn's integer tensors take the backend's `IntElem`, which
-/// is `i32` on Flex (burn-flex 0.21 `backend.rs`: `type IntElem = i32`), and a burn run
-/// builds its token and class tensors as `i32` data (trainmem-burn `Batch::from_host`).
+/// The element type of integer tensors (token ids, class targets) under `framework` (its
+/// profile's [`Lowering::int_dtype`]: `int64` under PyTorch, `i32` under burn on Flex).
 pub fn int_dtype(framework: Framework) -> Dtype {
-    match framework {
-        Framework::Pytorch => Dtype::I64,
-        Framework::Burn => Dtype::I32,
-    }
+    FrameworkProfile::of(framework).lowering.int_dtype
 }
 
 /// [`input_bytes_per_sample`] under `framework`: token ids take [`int_dtype`] (under burn
@@ -65,22 +60,12 @@ fn target_bytes(loss: Loss, outputs: u64) -> u64 {
     }
 }
 
-/// Adds the loss. Regression targets are f32 under PyTorch; a burn run casts the whole batch
-/// (features and value targets) to the compute dtype, so under burn they take it.
-fn add_loss(
-    b: &mut ProgramBuilder,
-    loss: Loss,
-    logits: ValueId,
-    outputs: u64,
-    framework: Framework,
-) {
-    let value_dtype = match framework {
-        Framework::Burn => ValueDtype::Compute,
-        Framework::Pytorch => ValueDtype::Fixed(Dtype::F32),
-    };
+/// Adds the loss. Value targets take the layout's [`Lowering::value_target`] dtype, class
+/// targets its [`Lowering::int_dtype`].
+fn add_loss(b: &mut ProgramBuilder, loss: Loss, logits: ValueId, outputs: u64, layout: &Lowering) {
     let target = match loss {
-        Loss::Mse => b.input(outputs, value_dtype),
-        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(int_dtype(framework))),
+        Loss::Mse => b.input(outputs, layout.value_target),
+        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(layout.int_dtype)),
     };
     let kind = match loss {
         Loss::Mse => OpKind::MseLoss,
@@ -94,25 +79,20 @@ pub fn lower(model: &ModelSpec) -> Result<Program, LowerError> {
     lower_for(model, Framework::Pytorch)
 }
 
-/// Lowers a model to a program with the module layout of `framework`.
-///
-/// They differ for transformers: burn-nn's `TransformerEncoder` (pre-norm) has no final
-/// LayerNorm after its last block, and its head is a `Linear` with a bias (the PyTorch
-/// layout ends with a final norm and a bias-free language-model head).
+/// Lowers a model to a program with the module layout of `framework`: its profile's
+/// [`Lowering`] (integer and value-target dtypes, a transformer's final norm and head bias).
 pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, LowerError> {
+    let layout = &FrameworkProfile::of(framework).lowering;
     let p = match model {
-        ModelSpec::Mlp(m) => lower_mlp(m, framework),
-        ModelSpec::Cnn(c) => lower_cnn(c, framework)?,
-        ModelSpec::Transformer(t) => lower_transformer(t, framework),
-        ModelSpec::Layers(l) => lower_layers(l, framework)?,
+        ModelSpec::Mlp(m) => lower_mlp(m, layout),
+        ModelSpec::Cnn(c) => lower_cnn(c, layout)?,
+        ModelSpec::Transformer(t) => lower_transformer(t, layout),
+        ModelSpec::Layers(l) => lower_layers(l, layout)?,
     };
     p.map_err(|e| LowerError(e.to_string()))
 }
 
-fn lower_mlp(
-    m: &MlpSpec,
-    framework: Framework,
-) -> Result<Program, trainmem_autograd::ProgramError> {
+fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autograd::ProgramError> {
     let mut b = ProgramBuilder::new();
     let mut x = b.input(m.input, ValueDtype::Compute);
     let mut width = m.input;
@@ -137,13 +117,13 @@ fn lower_mlp(
         ps.push(b.param(m.output, "head.bias"));
     }
     let out = b.op(OpKind::Linear, &[x], m.output, &ps);
-    add_loss(&mut b, m.loss, out, m.output, framework);
+    add_loss(&mut b, m.loss, out, m.output, layout);
     b.finish()
 }
 
 fn lower_cnn(
     c: &CnnSpec,
-    framework: Framework,
+    layout: &Lowering,
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     let shapes = cnn_shapes(c).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
@@ -213,15 +193,14 @@ fn lower_cnn(
     let w = b.param(fin * c.classes, "head.weight");
     let bias = b.param(c.classes, "head.bias");
     let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
-    add_loss(&mut b, c.loss, logits, c.classes, framework);
+    add_loss(&mut b, c.loss, logits, c.classes, layout);
     Ok(b.finish())
 }
 
 fn lower_transformer(
     t: &TransformerSpec,
-    framework: Framework,
+    layout: &Lowering,
 ) -> Result<Program, trainmem_autograd::ProgramError> {
-    let burn = framework == Framework::Burn;
     let (s, h) = (t.seq_len, t.hidden);
     let head_dim = h / t.heads;
     let kv = head_dim * t.kv_head_count();
@@ -232,7 +211,7 @@ fn lower_transformer(
         NormKind::RmsNorm => OpKind::RmsNorm,
     };
     let mut b = ProgramBuilder::new();
-    let ids = ValueDtype::Fixed(int_dtype(framework));
+    let ids = ValueDtype::Fixed(layout.int_dtype);
     let tokens = b.input(s, ids);
     b.begin_layer("embed");
     let tok = b.param(t.vocab * h, "embed.tokens");
@@ -302,10 +281,10 @@ fn lower_transformer(
         x = b.op(OpKind::Add, &[x, d], s * h, &[]);
     }
     b.begin_layer("head");
-    let n = if burn {
-        x
-    } else {
+    let n = if layout.transformer_final_norm {
         norm(&mut b, x, "final_norm".into())
+    } else {
+        x
     };
     match t.kind {
         TransformerKind::Decoder => {
@@ -315,7 +294,7 @@ fn lower_transformer(
                 b.param(t.vocab * h, "lm_head.weight")
             };
             let mut ps = vec![w];
-            if burn {
+            if layout.lm_head_bias {
                 ps.push(b.param(t.vocab, "lm_head.bias"));
             }
             let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &ps);
@@ -337,7 +316,7 @@ fn lower_transformer(
 
 fn lower_layers(
     l: &LayersSpec,
-    framework: Framework,
+    layout: &Lowering,
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     check_layers(l).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
@@ -367,7 +346,7 @@ fn lower_layers(
     }
     b.begin_layer("loss");
     let out = layer_out(l, l.layers.len() - 1);
-    add_loss(&mut b, l.loss, x, out, framework);
+    add_loss(&mut b, l.loss, x, out, layout);
     Ok(b.finish())
 }
 

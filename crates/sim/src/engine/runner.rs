@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 
 use trainmem_autograd::checkpoint::{self, CheckpointPolicy};
 use trainmem_autograd::{
-    Dtype, Framework, GradMode, Graph, LayerHooks, OpKind, ParamId, Pass, Program, SavedTable,
-    Tape, TensorId, TensorStore, ValueDtype,
+    Dtype, GradMode, Graph, LayerHooks, OpKind, ParamId, Pass, Program, Tape, TensorId,
+    TensorStore, ValueDtype,
 };
 use trainmem_optim::{OptimizerConfig, OptimizerKind, Sharding, model_state_bytes};
 use trainmem_probe::Category;
@@ -15,6 +15,9 @@ use super::memory::{SimMemory, SimOom};
 use super::{Fragmentation, OomReport, SimOptions, SimResult, Summary, When};
 use crate::SimError;
 use crate::plan::{CheckpointPolicyKind, DeviceKind, EmptyCachePolicy, MetricRetention, Plan};
+use crate::profile::{
+    Checkpointing, DroppedGraphs, FrameworkProfile, ParamUpdate, RetainGraph, StateDtype,
+};
 use crate::timeline::{CategoryBytes, DeviceBytes, Phase, Sample, Source, Timeline, TimelineMeta};
 
 /// ZeRO layer hooks: gather sharded parameters around each layer (stage 3) and
@@ -104,76 +107,25 @@ struct Runner<'p> {
     peak_breakdown: CategoryBytes,
     rng: u64,
     resolved: Option<(u32, u32)>,
-    /// The plan trains under burn (see [`BurnRules`]).
-    burn: Option<BurnRules>,
-    /// Old parameter buffers still referenced by kept graphs (burn), with the layer of the
+    /// The framework's rules.
+    profile: &'static FrameworkProfile,
+    /// The tensors live on a CPU device.
+    cpu: bool,
+    /// Per parameter: a graph kept without backward references it (the weight of a linear
+    /// layer whose input requires grad).
+    saved_by_graph: Vec<bool>,
+    /// Old parameter buffers still referenced by kept graphs, with the layer of the
     /// parameter (the layer whose graph node references them).
     pinned: Vec<(u32, TensorId)>,
-    /// Kept graphs dropped by the loop but not yet freed by burn-autodiff (see
-    /// [`OrphanedGraphs`]).
+    /// Kept graphs dropped by the loop but not yet freed (see [`OrphanedGraphs`]).
     orphans: Vec<OrphanedGraphs>,
-    /// burn-optim's per-parameter bookkeeping, from the first step on (burn).
-    burn_records: Option<TensorId>,
+    /// The optimizer's bookkeeping, from the first step on.
+    optimizer_records: Option<TensorId>,
 }
 
-/// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
-/// (burn-nn's `Param` wrapper with its id and lazy-init state, the tensor handle and its
-/// layout, the autodiff leaf node of a parameter that requires grad), tagged `parameter`
-/// from model construction on.
-///
-/// This is a *measured* per-structure constant, not derived from burn's types: trainmem-burn's
-/// `twin_check` reports the measured `parameter` category minus the parameter tensors'
-/// bytes as 1,475–1,542 bytes per parameter tensor on MLPs of 4 to 16 tensors and 1,496 on
-/// a 36-tensor transformer (burn-nn `TransformerEncoder`); some larger MLPs and the CNN
-/// plan measure up to ≈ 2.2 KB per tensor (a few KB per model more, not per tensor, and not
-/// modelled).
-pub const BURN_PARAM_BOOKKEEPING: u64 = 1_500;
-
-/// What burn 0.21 does differently from PyTorch around a step, as far as memory goes
-/// (measured with trainmem-burn; see its `burn_facts` docs).
-///
-/// * The batch is moved into the model (`model.forward(batch)`): an input tensor is freed
-///   at its last use unless an op saved it (the MSE target goes during forward, the first
-///   layer keeps the features until backward).
-/// * The training loop holds the logits (returned beside the loss) until the step's metrics
-///   are recorded, after backward. Metrics are recorded (and sampled) per micro-batch right
-///   after its backward pass, before the optimizer step; metric tensors keep the loss
-///   (`loss.clone().detach()` shares its buffer) and, with `metrics.keep_outputs` only, the
-///   logits.
-/// * There is no `zero_grad`: the optimizer step consumes `GradientsParams`, so gradients
-///   are freed inside the step.
-/// * Optimizer state takes the parameters' dtype (burn-optim builds the moments from the
-///   gradient tensors).
-/// * Momentum's first velocity is the gradient tensor itself (`grad.clone()`, a reference):
-///   with allocation-time tags its bytes stay under `gradient` until the second step makes a
-///   new velocity under `optimizer_state`.
-/// * The optimizer updates a parameter in place only when its buffer is uniquely owned.
-///   AdamW's decoupled decay starts from `tensor.clone()`, so every step writes the
-///   parameter into a new buffer, allocated inside the step (`optimizer_state`), and frees
-///   the old one. A graph kept without backward still references the weights its matmuls
-///   saved (the right operand of every linear layer whose input is tracked), so those
-///   weights are copied too and the old buffers stay with the kept graph.
-/// * Outputs kept with their graph come from a forward pass of their own (the loss forward
-///   is backwarded as usual); that graph saves no loss tensors.
-#[derive(Debug, Clone)]
-struct BurnRules {
-    /// Tensors are host memory (Flex CPU backend): the loaded batch is the one host copy.
-    cpu: bool,
-    /// Per parameter: a kept graph references it (the weight of a linear layer whose input
-    /// requires grad).
-    saved_by_graph: Vec<bool>,
-}
-
-/// Kept graphs the training loop dropped (`leak.clear_every`) that burn has not freed yet.
-///
-/// burn-autodiff keeps every graph in a process-wide registry. Dropping a kept output frees
-/// the output's own buffer at once, but its graph's saved tensors (and the old weight buffers
-/// the graph references) are freed only by the cleanup after a later backward pass, which
-/// frees one layer of an orphaned graph per pass, from the input side: on the 2-layer MLP
-/// (trainmem-burn `burn_facts`, "Dropping kept graphs frees them late", and the
-/// retained-leak plan with `clear_every = 2`) the first backward after the drop frees the
-/// first layer's saved batch and ReLU state, the second frees the second linear layer's saved
-/// input and the pinned old weights.
+/// Kept graphs the training loop dropped (`leak.clear_every`) that are not freed yet
+/// ([`DroppedGraphs::OneLayerPerBackward`]): each later backward pass frees one more layer
+/// of them, from the input side.
 #[derive(Debug)]
 struct OrphanedGraphs {
     /// The dropped graphs (their held outputs already released).
@@ -211,25 +163,21 @@ impl<'p> Runner<'p> {
         stages: u64,
         opts: &SimOptions,
     ) -> Result<Runner<'p>, SimError> {
+        let profile = FrameworkProfile::of(plan.framework);
+        let cpu = plan.device.kind == DeviceKind::Cpu;
         let compute = plan.precision.compute;
-        let table = SavedTable::for_framework(plan.framework);
+        let table = profile.saved_table();
         let mut graph = Graph::new(program, &table, compute);
-        let burn = (plan.framework == Framework::Burn).then(|| {
-            let mut saved_by_graph = vec![false; program.params.len()];
-            for op in &program.ops {
-                if op.kind == OpKind::Linear
-                    && program.values[op.inputs[0] as usize].requires_grad
-                    && let Some(&w) = program.params_of(op).first()
-                {
-                    saved_by_graph[w as usize] = true;
-                }
+        let mut saved_by_graph = vec![false; program.params.len()];
+        for op in &program.ops {
+            if op.kind == OpKind::Linear
+                && program.values[op.inputs[0] as usize].requires_grad
+                && let Some(&w) = program.params_of(op).first()
+            {
+                saved_by_graph[w as usize] = true;
             }
-            BurnRules {
-                cpu: plan.device.kind == DeviceKind::Cpu,
-                saved_by_graph,
-            }
-        });
-        graph.owns_inputs = burn.is_some();
+        }
+        graph.owns_inputs = profile.autograd.forward_owns_batch;
         let micro = plan.micro_batch_size();
         let policy = match plan.checkpointing.policy {
             CheckpointPolicyKind::None => CheckpointPolicy::None,
@@ -242,15 +190,17 @@ impl<'p> Runner<'p> {
             }
         };
         let mut resolved = None;
-        if policy != CheckpointPolicy::None && burn.is_some() {
-            // burn has one checkpointing strategy, `BalancedCheckpointing` (a measured run maps
-            // every policy but `none` to it): per op, not per segment — compute-bound outputs
-            // are kept, memory-bound (element-wise) ones recomputed in backward.
-            graph.set_op_tables(checkpoint::burn_balanced_tables(program, &table));
-        } else if policy != CheckpointPolicy::None {
-            let r = checkpoint::resolve(program, policy, &table, compute, micro);
-            resolved = Some((r.k, r.recomputed));
-            graph.set_segments(r.segments);
+        if policy != CheckpointPolicy::None {
+            match profile.autograd.checkpointing {
+                Checkpointing::Balanced => {
+                    graph.set_op_tables(checkpoint::burn_balanced_tables(program, &table));
+                }
+                Checkpointing::Segments => {
+                    let r = checkpoint::resolve(program, policy, &table, compute, micro);
+                    resolved = Some((r.k, r.recomputed));
+                    graph.set_segments(r.segments);
+                }
+            }
         }
         let sharding = Sharding {
             world_size: plan.parallel.world_size,
@@ -302,11 +252,9 @@ impl<'p> Runner<'p> {
             kind: plan.optimizer.kind,
             allocation: plan.optimizer.state,
             implementation: plan.optimizer.implementation,
-            // burn-optim's state is built from the gradients: the parameters' dtype
-            state_dtype: if burn.is_some() {
-                grad_dtype
-            } else {
-                plan.optimizer.state_dtype
+            state_dtype: match profile.optimizer.state_dtype {
+                StateDtype::Gradients => grad_dtype,
+                StateDtype::Plan => plan.optimizer.state_dtype,
             },
             amsgrad: plan.optimizer.amsgrad,
             param_dtype: compute,
@@ -316,14 +264,14 @@ impl<'p> Runner<'p> {
             || crate::lower::input_bytes_per_sample_for(&plan.model, plan.framework),
             |b| b.0,
         );
-        let kernel_scratch = plan.kernel_scratch_bytes(opts.machine.gemm_packing_bytes());
+        let kernel_scratch = profile.kernel_scratch_bytes(plan, &opts.machine);
         let mut host = HostModel::new(plan, sample_bytes, kernel_scratch);
-        if plan.framework == Framework::Burn
-            && plan.device.kind == DeviceKind::Cpu
+        if profile.cpu.trainmem_loader
+            && cpu
             && !matches!(plan.model, crate::model::ModelSpec::Transformer(_))
         {
-            // a burn run reads vector and image models through trainmem-loader (token models
-            // from a synthetic source without a sampler)
+            // vector and image models are read through trainmem-loader (token models from a
+            // synthetic source without a sampler)
             host = host.with_epoch_order(plan.data.samples);
             // trainmem-loader's batches are two columns: f32 features and i64 labels
             // (trainmem-burn `data.rs`), pooled in page-rounded blocks when pinned
@@ -345,10 +293,7 @@ impl<'p> Runner<'p> {
         notes.insert("batch_size".into(), plan.training.batch_size.to_string());
         notes.insert("micro_batch_size".into(), micro.to_string());
         notes.insert("allocator".into(), plan.device.allocator.clone());
-        notes.insert(
-            "framework".into(),
-            format!("{:?}", plan.framework).to_lowercase(),
-        );
+        notes.insert("framework".into(), profile.name.to_string());
         if stages > 1 {
             notes.insert("pipeline_stage".into(), format!("{stage} of {stages}"));
         }
@@ -373,7 +318,11 @@ impl<'p> Runner<'p> {
         let hold = program
             .ops
             .last()
-            .filter(|_| plan.leak.retain_outputs || plan.metrics.keep_outputs || burn.is_some())
+            .filter(|_| {
+                plan.leak.retain_outputs
+                    || plan.metrics.keep_outputs
+                    || profile.metrics.loop_holds_outputs
+            })
             .map(|op| vec![op.inputs[0]])
             .unwrap_or_default();
         Ok(Runner {
@@ -407,10 +356,12 @@ impl<'p> Runner<'p> {
             peak_breakdown: CategoryBytes::ZERO,
             rng: plan.seed ^ 0x5EED_0000_0000_0000 ^ stage,
             resolved,
-            burn,
+            profile,
+            cpu,
+            saved_by_graph,
             pinned: Vec::new(),
             orphans: Vec::new(),
-            burn_records: None,
+            optimizer_records: None,
         })
     }
 
@@ -476,8 +427,9 @@ impl<'p> Runner<'p> {
                 self.model_state.push(t);
             }
         }
-        if self.burn.is_some() && !self.program.params.is_empty() {
-            let b = BURN_PARAM_BOOKKEEPING * self.program.params.len() as u64;
+        let per_tensor = self.profile.bookkeeping.per_param_tensor;
+        if per_tensor > 0 && !self.program.params.is_empty() {
+            let b = per_tensor * self.program.params.len() as u64;
             let t = self.store.alloc(b, Category::Parameter)?;
             self.model_state.push(t);
         }
@@ -489,11 +441,11 @@ impl<'p> Runner<'p> {
     }
 
     fn alloc_state(&mut self) -> Result<(), SimOom> {
-        if self.burn.is_some()
+        if self.profile.optimizer.momentum_first_velocity_is_gradient
             && self.opt.kind == OptimizerKind::Momentum
             && self.optimizer_state.is_empty()
         {
-            // burn: the first velocity is the gradient tensor itself (a reference, tagged
+            // the first velocity is the gradient tensor itself (a reference, tagged
             // `gradient`); the next step replaces it with a new tensor (below).
             for g in self.graph.param_grads.iter().flatten() {
                 self.store.retain(*g);
@@ -517,17 +469,17 @@ impl<'p> Runner<'p> {
         Ok(())
     }
 
-    /// burn: parameters the step writes into new buffers (see [`BurnRules`]): every
-    /// parameter under AdamW, and the weights a kept graph references. The new buffer is
-    /// allocated inside the step (`optimizer_state`); the old one is freed, or stays with the
-    /// kept graphs until they are released.
-    fn burn_rewrite_params(&mut self) -> Result<(), SimOom> {
-        let Some(rules) = &self.burn else {
+    /// Parameters the step writes into new buffers ([`ParamUpdate::WhenUniquelyOwned`]):
+    /// every parameter under AdamW, and the weights a graph kept without backward
+    /// references. The new buffer is allocated inside the step (`optimizer_state`); the old
+    /// one is freed, or stays with the kept graphs until they are released.
+    fn rewrite_params(&mut self) -> Result<(), SimOom> {
+        if self.profile.optimizer.param_update != ParamUpdate::WhenUniquelyOwned {
             return Ok(());
-        };
+        }
         let adamw = self.opt.kind == OptimizerKind::AdamW;
-        let kept_graphs = self.plan.leak.retain_outputs && self.plan.leak.retain_graph;
-        let pinned_now: Vec<bool> = rules
+        let kept_graphs = self.keeps_graphs_without_backward();
+        let pinned_now: Vec<bool> = self
             .saved_by_graph
             .iter()
             .map(|&saved| kept_graphs && saved)
@@ -591,8 +543,8 @@ impl<'p> Runner<'p> {
         )
     }
 
-    /// burn: the forward of an output kept with its graph (no loss; the caller's
-    /// references to `inputs` are taken over).
+    /// The forward of an output kept with its graph ([`RetainGraph::SeparateForward`]: no
+    /// loss; the caller's references to `inputs` are taken over).
     fn forward_kept(&mut self, inputs: &[TensorId], scale: f64) -> Result<Tape, SimOom> {
         let micro = self.plan.micro_batch_size();
         self.graph.forward_without_loss(
@@ -605,10 +557,18 @@ impl<'p> Runner<'p> {
         )
     }
 
+    /// Outputs are kept with a graph of their own that is never backwarded.
+    fn keeps_graphs_without_backward(&self) -> bool {
+        self.plan.leak.retain_outputs
+            && self.plan.leak.retain_graph
+            && self.profile.kept_graph_is_separate_forward()
+    }
+
     fn backward(&mut self, tape: &mut Tape) -> Result<(), SimOom> {
-        // burn has no retain_graph: the kept graph is a forward of its own, and the loss
-        // graph is backwarded (and freed) as usual
-        let retain = self.plan.leak.retain_graph && self.burn.is_none();
+        // without retain_graph (a kept graph is a forward of its own) the loss graph is
+        // backwarded and freed as usual
+        let retain = self.plan.leak.retain_graph
+            && self.profile.autograd.retain_graph == RetainGraph::BackwardKeepsSaved;
         match self
             .graph
             .backward(&mut self.store, tape, retain, &mut self.hooks)
@@ -623,8 +583,8 @@ impl<'p> Runner<'p> {
         }
     }
 
-    /// burn: after a backward pass burn-autodiff frees one more layer of every dropped kept
-    /// graph (see [`OrphanedGraphs`]).
+    /// After a backward pass one more layer of every dropped kept graph is freed (see
+    /// [`OrphanedGraphs`]).
     fn free_orphaned_layer(&mut self) {
         let layers = self.program.layers.len() as u32;
         let mut left = Vec::with_capacity(self.orphans.len());
@@ -687,9 +647,9 @@ impl<'p> Runner<'p> {
                 self.begin(Phase::BatchLoaded);
                 let scale = self.next_scale();
                 self.moment.scale = scale;
-                // burn on a CPU backend: the batch tensors are the loader's host batch (one
+                // on a CPU backend the batch tensors may be the loader's host batch (one
                 // copy, counted by the store), not a host copy beside a device copy
-                self.moment.batch_on_host = !self.burn.as_ref().is_some_and(|b| b.cpu);
+                self.moment.batch_on_host = !(self.cpu && self.profile.cpu.batch_is_host_batch);
                 self.moment.samples_read += samples_per_micro;
                 self.moment.batches_loaded += 1;
                 self.moment.epoch_batches_taken += 1;
@@ -698,11 +658,8 @@ impl<'p> Runner<'p> {
                 self.moment.batch_on_host = false;
                 self.moment.batches_since_start += 1;
                 self.begin(Phase::Forward);
-                if self.burn.is_some()
-                    && self.plan.leak.retain_outputs
-                    && self.plan.leak.retain_graph
-                {
-                    // burn: the kept output comes from a forward of its own, never backwarded
+                if self.keeps_graphs_without_backward() {
+                    // the kept output comes from a forward of its own, never backwarded
                     for &t in &inputs {
                         self.store.retain(t);
                     }
@@ -719,7 +676,7 @@ impl<'p> Runner<'p> {
             self.micro = (m > 1).then_some(mi);
             self.begin(Phase::Backward);
             self.backward(&mut tape)?;
-            if self.burn.is_some() {
+            if self.profile.autograd.dropped_graphs == DroppedGraphs::OneLayerPerBackward {
                 self.free_orphaned_layer();
             }
             if self.ddp_buckets.is_empty()
@@ -742,15 +699,16 @@ impl<'p> Runner<'p> {
                     left -= b;
                 }
             }
-            if self.burn.is_none() {
-                // (under burn the forward pass took the batch over)
+            if !self.profile.autograd.forward_owns_batch {
+                // (otherwise the forward pass took the batch over)
                 for t in inputs {
                     self.store.release(t);
                 }
             }
             self.sample(Phase::Backward);
-            let burn_kept_graph = self.burn.is_some() && self.plan.leak.retain_graph;
-            if self.plan.leak.retain_outputs && !burn_kept_graph {
+            let kept_separately =
+                self.profile.kept_graph_is_separate_forward() && self.plan.leak.retain_graph;
+            if self.plan.leak.retain_outputs && !kept_separately {
                 self.kept_tapes.push(tape);
             } else if self.plan.metrics.retention == MetricRetention::Tensors {
                 // the loss is kept per step; the outputs only with `keep_outputs`
@@ -761,9 +719,9 @@ impl<'p> Runner<'p> {
             } else {
                 tape.release(&mut self.store);
             }
-            if self.burn.is_some() {
-                // burn: metrics are recorded per micro-batch right after its backward pass,
-                // before the optimizer step (the logits are dropped then; see `BurnRules`)
+            if self.profile.metrics_after_backward() {
+                // per micro-batch right after its backward pass, before the optimizer step
+                // (the held logits are dropped then)
                 self.record_metrics();
             }
             done_b += 1;
@@ -773,16 +731,15 @@ impl<'p> Runner<'p> {
         if !self.state_ready {
             self.alloc_state()?;
         }
-        if self.burn.is_some() && self.burn_records.is_none() {
-            // burn-optim's per-parameter records map and step bookkeeping, made at the
-            // first step and kept for the optimizer's life (see the function's docs)
-            let b = trainmem_optim::burn_step_bookkeeping_bytes(
-                self.opt.kind,
-                self.program.params.len() as u64,
-            );
-            self.burn_records = Some(self.store.alloc(b, Category::OptimizerState)?);
+        if let Some(records) = self.profile.bookkeeping.optimizer_records
+            && self.optimizer_records.is_none()
+        {
+            // the optimizer's bookkeeping, made at the first step and kept for the
+            // optimizer's life
+            let b = (records.bytes)(self.opt.kind, self.program.params.len() as u64);
+            self.optimizer_records = Some(self.store.alloc(b, Category::OptimizerState)?);
         }
-        self.burn_rewrite_params()?;
+        self.rewrite_params()?;
         let elems: Vec<u64> = self
             .program
             .params
@@ -810,12 +767,13 @@ impl<'p> Runner<'p> {
                 }
             }
         }
-        if self.burn.is_some() {
-            // burn: the step consumed the gradients (there is no zero_grad)
+        let consumes_grads = self.profile.optimizer.step_consumes_grads;
+        if consumes_grads {
+            // the step consumed the gradients (there is no zero_grad)
             self.graph.drop_param_grads(&mut self.store);
         }
         self.sample(Phase::OptimizerStep);
-        if self.plan.training.grads_to_none && self.burn.is_none() {
+        if self.plan.training.grads_to_none && !consumes_grads {
             self.begin(Phase::ZeroGrad);
             self.graph.drop_param_grads(&mut self.store);
             for s in self.hooks.grad_is_shard.iter_mut() {
@@ -823,15 +781,15 @@ impl<'p> Runner<'p> {
             }
             self.sample(Phase::ZeroGrad);
         }
-        if self.burn.is_none() {
-            // PyTorch: metrics are recorded once per step, after the optimizer step
+        if !self.profile.metrics_after_backward() {
+            // once per step, after the optimizer step
             self.record_metrics();
         }
         let ce = self.plan.leak.clear_every;
         if ce > 0 && (self.step + 1).is_multiple_of(ce) {
-            if self.burn.is_some() {
-                // burn: dropping the outputs frees their buffers now; their graphs go later,
-                // one layer per backward pass (see `OrphanedGraphs`)
+            if self.profile.autograd.dropped_graphs == DroppedGraphs::OneLayerPerBackward {
+                // dropping the outputs frees their buffers now; their graphs go later, one
+                // layer per backward pass (see `OrphanedGraphs`)
                 let mut tapes: Vec<Tape> = self.kept_tapes.drain(..).collect();
                 for t in &mut tapes {
                     t.release_held(&mut self.store);
@@ -869,9 +827,9 @@ impl<'p> Runner<'p> {
                     .collect::<Vec<_>>(),
             );
             let _ = compute;
-            if self.burn.as_ref().is_some_and(|b| b.cpu) {
-                // burn: `into_record().into_item::<FullPrecisionSettings>()` holds a host copy
-                // of every parameter in f32 (no optimizer state) while the recorder writes it
+            if self.cpu && self.profile.cpu.checkpoint_record_f32 {
+                // a host copy of every parameter in f32 (no optimizer state) while the
+                // recorder writes it
                 let elems: u64 = self.program.params.iter().map(|p| p.elems).sum();
                 let t = self
                     .store
@@ -951,7 +909,7 @@ impl<'p> Runner<'p> {
             .pinned
             .drain(..)
             .map(|(_, t)| t)
-            .chain(self.burn_records.take())
+            .chain(self.optimizer_records.take())
         {
             self.store.release(t);
         }

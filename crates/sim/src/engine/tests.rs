@@ -346,7 +346,7 @@ fn burn_parameters_carry_per_tensor_bookkeeping() {
     // 4 parameter tensors, each with burn's measured per-tensor bookkeeping
     assert_eq!(
         peaks.get(Category::Parameter),
-        params + 4 * super::runner::BURN_PARAM_BOOKKEEPING
+        params + 4 * crate::profile::burn::PARAM_BOOKKEEPING
     );
 }
 
