@@ -7,7 +7,7 @@
 //! and `retain_graph` mean, when a dropped graph is freed, the optimizer state's dtype and
 //! lifetime, the bookkeeping bytes a framework keeps beside parameters and optimizer state,
 //! when metrics are recorded, what a CPU backend changes on the host, and the words
-//! [`explain`](crate::explain) uses.
+//! [`explain`](mod@crate::explain) uses.
 //!
 //! Two profiles ship, one module each: [`pytorch::PROFILE`] and [`burn::PROFILE`];
 //! [`FrameworkProfile::of`] picks a plan's. The numbers in them were measured (each field
