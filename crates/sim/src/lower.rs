@@ -197,51 +197,67 @@ fn lower_cnn(
     Ok(b.finish())
 }
 
-fn lower_transformer(
-    t: &TransformerSpec,
-    layout: &Lowering,
-) -> Result<Program, trainmem_autograd::ProgramError> {
-    let (s, h) = (t.seq_len, t.hidden);
-    let head_dim = h / t.heads;
-    let kv = head_dim * t.kv_head_count();
-    let f = t.ffn_size();
-    let bias = t.norm == NormKind::LayerNorm;
-    let norm_op = match t.norm {
-        NormKind::LayerNorm => OpKind::LayerNorm,
-        NormKind::RmsNorm => OpKind::RmsNorm,
-    };
-    let mut b = ProgramBuilder::new();
-    let ids = ValueDtype::Fixed(layout.int_dtype);
-    let tokens = b.input(s, ids);
-    b.begin_layer("embed");
-    let tok = b.param(t.vocab * h, "embed.tokens");
-    let mut ps = vec![tok];
-    if t.learned_positions {
-        ps.push(b.param(s * h, "embed.positions"));
+/// The sizes a transformer's ops share, and how its linear layers and norms are built.
+struct TransformerDims {
+    /// Sequence length.
+    s: u64,
+    /// Hidden size.
+    h: u64,
+    /// Key/value width (head size × key/value heads).
+    kv: u64,
+    /// Feed-forward size.
+    f: u64,
+    /// Linear layers and norms have biases (LayerNorm models).
+    bias: bool,
+    norm_op: OpKind,
+}
+
+impl TransformerDims {
+    fn new(t: &TransformerSpec) -> TransformerDims {
+        let head_dim = t.hidden / t.heads;
+        TransformerDims {
+            s: t.seq_len,
+            h: t.hidden,
+            kv: head_dim * t.kv_head_count(),
+            f: t.ffn_size(),
+            bias: t.norm == NormKind::LayerNorm,
+            norm_op: match t.norm {
+                NormKind::LayerNorm => OpKind::LayerNorm,
+                NormKind::RmsNorm => OpKind::RmsNorm,
+            },
+        }
     }
-    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
-    if t.dropout > 0.0 {
-        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
-    }
-    let linear = |b: &mut ProgramBuilder, x: ValueId, fin: u64, fout: u64, name: String| {
+
+    /// A linear layer `fin → fout` per token.
+    fn linear(
+        &self,
+        b: &mut ProgramBuilder,
+        x: ValueId,
+        fin: u64,
+        fout: u64,
+        name: String,
+    ) -> ValueId {
         let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
-        if bias {
+        if self.bias {
             ps.push(b.param(fout, format!("{name}.bias")));
         }
-        b.op(OpKind::Linear, &[x], s * fout, &ps)
-    };
-    let norm = |b: &mut ProgramBuilder, x: ValueId, name: String| {
-        let mut ps = vec![b.param(h, format!("{name}.weight"))];
-        if bias {
-            ps.push(b.param(h, format!("{name}.bias")));
+        b.op(OpKind::Linear, &[x], self.s * fout, &ps)
+    }
+
+    /// A norm over the hidden size, per token.
+    fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
+        let mut ps = vec![b.param(self.h, format!("{name}.weight"))];
+        if self.bias {
+            ps.push(b.param(self.h, format!("{name}.bias")));
         }
-        b.op_rows(norm_op, &[x], s * h, &ps, s)
-    };
-    for i in 0..t.layers {
-        b.begin_block(format!("block{i}"));
-        let n1 = norm(&mut b, x, format!("block{i}.norm1"));
-        let qkv = linear(&mut b, n1, h, h + 2 * kv, format!("block{i}.attn.qkv"));
-        let ctx = match t.attention {
+        b.op_rows(self.norm_op, &[x], self.s * self.h, &ps, self.s)
+    }
+
+    /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
+    /// fused.
+    fn attention(&self, b: &mut ProgramBuilder, t: &TransformerSpec, qkv: ValueId) -> ValueId {
+        let (s, h) = (self.s, self.h);
+        match t.attention {
             AttentionImpl::Eager => {
                 let scores = b.op(OpKind::Matmul, &[qkv, qkv], t.heads * s * s, &[]);
                 let scaled = b.op(OpKind::Scale, &[scores], t.heads * s * s, &[]);
@@ -261,28 +277,61 @@ fn lower_transformer(
             AttentionImpl::Fused => {
                 b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s)
             }
-        };
-        let mut o = linear(&mut b, ctx, h, h, format!("block{i}.attn.out"));
+        }
+    }
+
+    /// Pre-norm block `i`: attention and feed-forward, each with a residual connection.
+    fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
+        let (s, h, f) = (self.s, self.h, self.f);
+        let n1 = self.norm(b, x, format!("block{i}.norm1"));
+        let qkv = self.linear(b, n1, h, h + 2 * self.kv, format!("block{i}.attn.qkv"));
+        let ctx = self.attention(b, t, qkv);
+        let mut o = self.linear(b, ctx, h, h, format!("block{i}.attn.out"));
         if t.dropout > 0.0 {
             o = b.op(OpKind::Dropout, &[o], s * h, &[]);
         }
-        x = b.op(OpKind::Add, &[x, o], s * h, &[]);
-        let n2 = norm(&mut b, x, format!("block{i}.norm2"));
-        let a = linear(&mut b, n2, h, f, format!("block{i}.ffn.up"));
+        let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
+        let n2 = self.norm(b, x, format!("block{i}.norm2"));
+        let a = self.linear(b, n2, h, f, format!("block{i}.ffn.up"));
         let mut g = b.op(act_op(t.activation), &[a], s * f, &[]);
         if t.gated_ffn {
-            let gate = linear(&mut b, n2, h, f, format!("block{i}.ffn.gate"));
+            let gate = self.linear(b, n2, h, f, format!("block{i}.ffn.gate"));
             g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
         }
-        let mut d = linear(&mut b, g, f, h, format!("block{i}.ffn.down"));
+        let mut d = self.linear(b, g, f, h, format!("block{i}.ffn.down"));
         if t.dropout > 0.0 {
             d = b.op(OpKind::Dropout, &[d], s * h, &[]);
         }
-        x = b.op(OpKind::Add, &[x, d], s * h, &[]);
+        b.op(OpKind::Add, &[x, d], s * h, &[])
+    }
+}
+
+fn lower_transformer(
+    t: &TransformerSpec,
+    layout: &Lowering,
+) -> Result<Program, trainmem_autograd::ProgramError> {
+    let dims = TransformerDims::new(t);
+    let (s, h) = (dims.s, dims.h);
+    let mut b = ProgramBuilder::new();
+    let ids = ValueDtype::Fixed(layout.int_dtype);
+    let tokens = b.input(s, ids);
+    b.begin_layer("embed");
+    let tok = b.param(t.vocab * h, "embed.tokens");
+    let mut ps = vec![tok];
+    if t.learned_positions {
+        ps.push(b.param(s * h, "embed.positions"));
+    }
+    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
+    if t.dropout > 0.0 {
+        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
+    }
+    for i in 0..t.layers {
+        b.begin_block(format!("block{i}"));
+        x = dims.block(&mut b, t, x, i);
     }
     b.begin_layer("head");
     let n = if layout.transformer_final_norm {
-        norm(&mut b, x, "final_norm".into())
+        dims.norm(&mut b, x, "final_norm".into())
     } else {
         x
     };
