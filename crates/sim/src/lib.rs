@@ -7,7 +7,9 @@
 //! CPU device), with a host-memory model of the loader ([`engine::host`]). The result is the
 //! shared [`Timeline`] ([`timeline`]: bytes per category at every phase boundary, host and
 //! device) plus a [`Summary`] (peaks and when, the breakdown at the peak, fragmentation, a
-//! predicted OOM with the allocator's message). The facts of the machine the run is predicted
+//! predicted OOM with the allocator's message). What differs between frameworks (PyTorch,
+//! burn) is data in one [`FrameworkProfile`] per framework ([`profile`]), which the engine,
+//! lowering and explanations ask. The facts of the machine the run is predicted
 //! for come in [`SimOptions::machine`] ([`Machine`]): a simulation reads nothing of the
 //! machine it runs on. [`explain`](mod@explain) names the patterns in words,
 //! [`fit`](mod@fit) searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
