@@ -205,14 +205,6 @@ impl SavedTable {
         t
     }
 
-    /// The table of a framework.
-    pub fn for_framework(f: Framework) -> SavedTable {
-        match f {
-            Framework::Pytorch => SavedTable::pytorch(),
-            Framework::Burn => SavedTable::burn(),
-        }
-    }
-
     /// What an op saves.
     pub fn get(&self, kind: OpKind) -> &[Saved] {
         &self.entries[kind as usize]

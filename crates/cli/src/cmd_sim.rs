@@ -7,7 +7,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_sim::bytes::{human, parse_bytes};
 use trainmem_sim::export::{chrome, json, pickle, svg};
-use trainmem_sim::{FitTarget, Plan, SimOptions, SimResult};
+use trainmem_sim::{FitTarget, Machine, Plan, SimOptions, SimResult};
 
 /// Arguments of `trainmem simulate`.
 #[derive(Debug, clap::Args)]
@@ -110,6 +110,8 @@ fn run_sim(
         }
     };
     let opts = SimOptions {
+        // the run is predicted for the machine the command runs on
+        machine: Machine::detect(),
         trace_entries: trace,
         progress: Some(&mut tick),
         max_steps: steps,
@@ -182,7 +184,7 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
         None if plan.accumulation_steps() > 1 => FitTarget::MicroBatch,
         None => FitTarget::Batch,
     };
-    let r = trainmem_sim::fit(&plan, target, capacity, args.max.max(1))?;
+    let r = trainmem_sim::fit(&plan, target, capacity, args.max.max(1), Machine::detect())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(if r.largest.is_some() {

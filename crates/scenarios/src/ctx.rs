@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
 use trainmem_sim::timeline::{Domain, Source, Timeline};
-use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
+use trainmem_sim::{Machine, Plan, SimOptions, SimResult, simulate};
 
 use super::report::{Figure, Verdict, VerdictKind};
 
@@ -256,6 +256,8 @@ impl Ctx {
             bar.set_position(done);
         };
         let opts = SimOptions {
+            // the twin predicts the run measured on this machine
+            machine: Machine::detect(),
             trace_entries: Some(20_000),
             progress: Some(&mut on_step),
             max_steps: None,

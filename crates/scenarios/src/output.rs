@@ -11,7 +11,7 @@ use trainmem_probe::Category;
 use trainmem_sim::export::{chrome::chrome_trace, pickle::snapshot_pickle, svg::render_svg};
 use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::Source;
-use trainmem_sim::{SimOptions, simulate};
+use trainmem_sim::{Machine, SimOptions, simulate};
 
 use super::Scenario;
 use super::ctx::{Ctx, RunRecord};
@@ -219,6 +219,7 @@ fn memory_viz(report: &ScenarioReport) -> anyhow::Result<Option<(Vec<u8>, String
     let sim = simulate(
         &plan,
         SimOptions {
+            machine: Machine::detect(),
             trace_entries: Some(20_000),
             progress: None,
             max_steps: None,

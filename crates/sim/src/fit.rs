@@ -3,12 +3,13 @@
 //! Each probe simulates a few optimizer steps (enough for lazily created optimizer state and
 //! one steady step) with the candidate size; a probe fits when no allocation fails. The
 //! search doubles until a size fails, then bisects, so the answer `n` fits and `n + 1` does
-//! not (given the probe's steps).
+//! not (given the probe's steps). Every probe is simulated for the same [`Machine`].
 
 use serde::Serialize;
 
 use crate::SimError;
 use crate::engine::{SimOptions, simulate};
+use crate::machine::Machine;
 use crate::plan::Plan;
 
 /// What `fit` varies.
@@ -65,32 +66,40 @@ pub fn probe_plan(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Plan
     p
 }
 
-/// Outcome of one probe: `Ok((peak allocated, peak reserved))` or `Err(message)`.
+/// Outcome of one probe on `machine`: `Ok((peak allocated, peak reserved))` or
+/// `Err(message)`.
 pub fn probe(
     plan: &Plan,
     target: FitTarget,
     n: u64,
     capacity: u64,
+    machine: Machine,
 ) -> Result<Result<(u64, u64), String>, SimError> {
     let p = probe_plan(plan, target, n, capacity);
-    let r = simulate(&p, SimOptions::default())?;
+    let opts = SimOptions {
+        machine,
+        ..SimOptions::default()
+    };
+    let r = simulate(&p, opts)?;
     Ok(match r.summary.oom {
         None => Ok((r.summary.peak_allocated, r.summary.peak_reserved)),
         Some(o) => Err(o.message),
     })
 }
 
-/// Finds the largest size of `target` that fits `capacity`, searching up to `limit`.
+/// Finds the largest size of `target` that fits `capacity` on `machine`, searching up to
+/// `limit`.
 pub fn fit(
     plan: &Plan,
     target: FitTarget,
     capacity: u64,
     limit: u64,
+    machine: Machine,
 ) -> Result<FitResult, SimError> {
     let mut probes = 0u32;
     let mut run = |n: u64| {
         probes += 1;
-        probe(plan, target, n, capacity)
+        probe(plan, target, n, capacity, machine)
     };
     let mut result = FitResult {
         target,

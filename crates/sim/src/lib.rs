@@ -7,7 +7,11 @@
 //! CPU device), with a host-memory model of the loader ([`engine::host`]). The result is the
 //! shared [`Timeline`] ([`timeline`]: bytes per category at every phase boundary, host and
 //! device) plus a [`Summary`] (peaks and when, the breakdown at the peak, fragmentation, a
-//! predicted OOM with the allocator's message). [`explain`](mod@explain) names the patterns in words,
+//! predicted OOM with the allocator's message). What differs between frameworks (PyTorch,
+//! burn) is data in one [`FrameworkProfile`] per framework ([`profile`]), which the engine,
+//! lowering and explanations ask. The facts of the machine the run is predicted
+//! for come in [`SimOptions::machine`] ([`Machine`]): a simulation reads nothing of the
+//! machine it runs on. [`explain`](mod@explain) names the patterns in words,
 //! [`fit`](mod@fit) searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
 //! counters (Perfetto), a memory_viz snapshot pickle and an SVG chart.
 //!
@@ -43,14 +47,18 @@ pub mod explain;
 pub mod export;
 pub mod fit;
 pub mod lower;
+pub mod machine;
+pub mod profile;
 pub mod report;
 
 pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
 pub use fit::{FitResult, FitTarget, fit};
+pub use machine::Machine;
 pub use model::ModelSpec;
 pub use plan::{Plan, PlanError};
+pub use profile::FrameworkProfile;
 pub use report::{Report, render_text, report};
 pub use timeline::{
     CategoryBytes, DeviceBytes, Domain, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,

@@ -4,6 +4,7 @@
 use trainmem_autograd::{Dtype, Framework, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
 
 use crate::model::*;
+use crate::profile::{FrameworkProfile, Lowering};
 pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
 
 /// Errors lowering a model.
@@ -27,16 +28,10 @@ pub fn input_bytes_per_sample(model: &ModelSpec) -> u64 {
     input_bytes_per_sample_for(model, Framework::Pytorch)
 }
 
-/// The element type of integer tensors (token ids, class targets) under `framework`.
-///
-/// PyTorch indexes with `int64`. burn's integer tensors take the backend's `IntElem`, which
-/// is `i32` on Flex (burn-flex 0.21 `backend.rs`: `type IntElem = i32`), and a burn run
-/// builds its token and class tensors as `i32` data (trainmem-burn `Batch::from_host`).
+/// The element type of integer tensors (token ids, class targets) under `framework` (its
+/// profile's [`Lowering::int_dtype`]: `int64` under PyTorch, `i32` under burn on Flex).
 pub fn int_dtype(framework: Framework) -> Dtype {
-    match framework {
-        Framework::Pytorch => Dtype::I64,
-        Framework::Burn => Dtype::I32,
-    }
+    FrameworkProfile::of(framework).lowering.int_dtype
 }
 
 /// [`input_bytes_per_sample`] under `framework`: token ids take [`int_dtype`] (under burn
@@ -65,22 +60,12 @@ fn target_bytes(loss: Loss, outputs: u64) -> u64 {
     }
 }
 
-/// Adds the loss. Regression targets are f32 under PyTorch; a burn run casts the whole batch
-/// (features and value targets) to the compute dtype, so under burn they take it.
-fn add_loss(
-    b: &mut ProgramBuilder,
-    loss: Loss,
-    logits: ValueId,
-    outputs: u64,
-    framework: Framework,
-) {
-    let value_dtype = match framework {
-        Framework::Burn => ValueDtype::Compute,
-        Framework::Pytorch => ValueDtype::Fixed(Dtype::F32),
-    };
+/// Adds the loss. Value targets take the layout's [`Lowering::value_target`] dtype, class
+/// targets its [`Lowering::int_dtype`].
+fn add_loss(b: &mut ProgramBuilder, loss: Loss, logits: ValueId, outputs: u64, layout: &Lowering) {
     let target = match loss {
-        Loss::Mse => b.input(outputs, value_dtype),
-        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(int_dtype(framework))),
+        Loss::Mse => b.input(outputs, layout.value_target),
+        Loss::CrossEntropy => b.input(1, ValueDtype::Fixed(layout.int_dtype)),
     };
     let kind = match loss {
         Loss::Mse => OpKind::MseLoss,
@@ -94,25 +79,20 @@ pub fn lower(model: &ModelSpec) -> Result<Program, LowerError> {
     lower_for(model, Framework::Pytorch)
 }
 
-/// Lowers a model to a program with the module layout of `framework`.
-///
-/// They differ for transformers: burn-nn's `TransformerEncoder` (pre-norm) has no final
-/// LayerNorm after its last block, and its head is a `Linear` with a bias (the PyTorch
-/// layout ends with a final norm and a bias-free language-model head).
+/// Lowers a model to a program with the module layout of `framework`: its profile's
+/// [`Lowering`] (integer and value-target dtypes, a transformer's final norm and head bias).
 pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, LowerError> {
+    let layout = &FrameworkProfile::of(framework).lowering;
     let p = match model {
-        ModelSpec::Mlp(m) => lower_mlp(m, framework),
-        ModelSpec::Cnn(c) => lower_cnn(c, framework)?,
-        ModelSpec::Transformer(t) => lower_transformer(t, framework),
-        ModelSpec::Layers(l) => lower_layers(l, framework)?,
+        ModelSpec::Mlp(m) => lower_mlp(m, layout),
+        ModelSpec::Cnn(c) => lower_cnn(c, layout)?,
+        ModelSpec::Transformer(t) => lower_transformer(t, layout),
+        ModelSpec::Layers(l) => lower_layers(l, layout)?,
     };
     p.map_err(|e| LowerError(e.to_string()))
 }
 
-fn lower_mlp(
-    m: &MlpSpec,
-    framework: Framework,
-) -> Result<Program, trainmem_autograd::ProgramError> {
+fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autograd::ProgramError> {
     let mut b = ProgramBuilder::new();
     let mut x = b.input(m.input, ValueDtype::Compute);
     let mut width = m.input;
@@ -137,13 +117,13 @@ fn lower_mlp(
         ps.push(b.param(m.output, "head.bias"));
     }
     let out = b.op(OpKind::Linear, &[x], m.output, &ps);
-    add_loss(&mut b, m.loss, out, m.output, framework);
+    add_loss(&mut b, m.loss, out, m.output, layout);
     b.finish()
 }
 
 fn lower_cnn(
     c: &CnnSpec,
-    framework: Framework,
+    layout: &Lowering,
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     let shapes = cnn_shapes(c).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
@@ -213,56 +193,71 @@ fn lower_cnn(
     let w = b.param(fin * c.classes, "head.weight");
     let bias = b.param(c.classes, "head.bias");
     let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
-    add_loss(&mut b, c.loss, logits, c.classes, framework);
+    add_loss(&mut b, c.loss, logits, c.classes, layout);
     Ok(b.finish())
 }
 
-fn lower_transformer(
-    t: &TransformerSpec,
-    framework: Framework,
-) -> Result<Program, trainmem_autograd::ProgramError> {
-    let burn = framework == Framework::Burn;
-    let (s, h) = (t.seq_len, t.hidden);
-    let head_dim = h / t.heads;
-    let kv = head_dim * t.kv_head_count();
-    let f = t.ffn_size();
-    let bias = t.norm == NormKind::LayerNorm;
-    let norm_op = match t.norm {
-        NormKind::LayerNorm => OpKind::LayerNorm,
-        NormKind::RmsNorm => OpKind::RmsNorm,
-    };
-    let mut b = ProgramBuilder::new();
-    let ids = ValueDtype::Fixed(int_dtype(framework));
-    let tokens = b.input(s, ids);
-    b.begin_layer("embed");
-    let tok = b.param(t.vocab * h, "embed.tokens");
-    let mut ps = vec![tok];
-    if t.learned_positions {
-        ps.push(b.param(s * h, "embed.positions"));
+/// The sizes a transformer's ops share, and how its linear layers and norms are built.
+struct TransformerDims {
+    /// Sequence length.
+    s: u64,
+    /// Hidden size.
+    h: u64,
+    /// Key/value width (head size × key/value heads).
+    kv: u64,
+    /// Feed-forward size.
+    f: u64,
+    /// Linear layers and norms have biases (LayerNorm models).
+    bias: bool,
+    norm_op: OpKind,
+}
+
+impl TransformerDims {
+    fn new(t: &TransformerSpec) -> TransformerDims {
+        let head_dim = t.hidden / t.heads;
+        TransformerDims {
+            s: t.seq_len,
+            h: t.hidden,
+            kv: head_dim * t.kv_head_count(),
+            f: t.ffn_size(),
+            bias: t.norm == NormKind::LayerNorm,
+            norm_op: match t.norm {
+                NormKind::LayerNorm => OpKind::LayerNorm,
+                NormKind::RmsNorm => OpKind::RmsNorm,
+            },
+        }
     }
-    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
-    if t.dropout > 0.0 {
-        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
-    }
-    let linear = |b: &mut ProgramBuilder, x: ValueId, fin: u64, fout: u64, name: String| {
+
+    /// A linear layer `fin → fout` per token.
+    fn linear(
+        &self,
+        b: &mut ProgramBuilder,
+        x: ValueId,
+        fin: u64,
+        fout: u64,
+        name: String,
+    ) -> ValueId {
         let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
-        if bias {
+        if self.bias {
             ps.push(b.param(fout, format!("{name}.bias")));
         }
-        b.op(OpKind::Linear, &[x], s * fout, &ps)
-    };
-    let norm = |b: &mut ProgramBuilder, x: ValueId, name: String| {
-        let mut ps = vec![b.param(h, format!("{name}.weight"))];
-        if bias {
-            ps.push(b.param(h, format!("{name}.bias")));
+        b.op(OpKind::Linear, &[x], self.s * fout, &ps)
+    }
+
+    /// A norm over the hidden size, per token.
+    fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
+        let mut ps = vec![b.param(self.h, format!("{name}.weight"))];
+        if self.bias {
+            ps.push(b.param(self.h, format!("{name}.bias")));
         }
-        b.op_rows(norm_op, &[x], s * h, &ps, s)
-    };
-    for i in 0..t.layers {
-        b.begin_block(format!("block{i}"));
-        let n1 = norm(&mut b, x, format!("block{i}.norm1"));
-        let qkv = linear(&mut b, n1, h, h + 2 * kv, format!("block{i}.attn.qkv"));
-        let ctx = match t.attention {
+        b.op_rows(self.norm_op, &[x], self.s * self.h, &ps, self.s)
+    }
+
+    /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
+    /// fused.
+    fn attention(&self, b: &mut ProgramBuilder, t: &TransformerSpec, qkv: ValueId) -> ValueId {
+        let (s, h) = (self.s, self.h);
+        match t.attention {
             AttentionImpl::Eager => {
                 let scores = b.op(OpKind::Matmul, &[qkv, qkv], t.heads * s * s, &[]);
                 let scaled = b.op(OpKind::Scale, &[scores], t.heads * s * s, &[]);
@@ -282,30 +277,63 @@ fn lower_transformer(
             AttentionImpl::Fused => {
                 b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s)
             }
-        };
-        let mut o = linear(&mut b, ctx, h, h, format!("block{i}.attn.out"));
+        }
+    }
+
+    /// Pre-norm block `i`: attention and feed-forward, each with a residual connection.
+    fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
+        let (s, h, f) = (self.s, self.h, self.f);
+        let n1 = self.norm(b, x, format!("block{i}.norm1"));
+        let qkv = self.linear(b, n1, h, h + 2 * self.kv, format!("block{i}.attn.qkv"));
+        let ctx = self.attention(b, t, qkv);
+        let mut o = self.linear(b, ctx, h, h, format!("block{i}.attn.out"));
         if t.dropout > 0.0 {
             o = b.op(OpKind::Dropout, &[o], s * h, &[]);
         }
-        x = b.op(OpKind::Add, &[x, o], s * h, &[]);
-        let n2 = norm(&mut b, x, format!("block{i}.norm2"));
-        let a = linear(&mut b, n2, h, f, format!("block{i}.ffn.up"));
+        let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
+        let n2 = self.norm(b, x, format!("block{i}.norm2"));
+        let a = self.linear(b, n2, h, f, format!("block{i}.ffn.up"));
         let mut g = b.op(act_op(t.activation), &[a], s * f, &[]);
         if t.gated_ffn {
-            let gate = linear(&mut b, n2, h, f, format!("block{i}.ffn.gate"));
+            let gate = self.linear(b, n2, h, f, format!("block{i}.ffn.gate"));
             g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
         }
-        let mut d = linear(&mut b, g, f, h, format!("block{i}.ffn.down"));
+        let mut d = self.linear(b, g, f, h, format!("block{i}.ffn.down"));
         if t.dropout > 0.0 {
             d = b.op(OpKind::Dropout, &[d], s * h, &[]);
         }
-        x = b.op(OpKind::Add, &[x, d], s * h, &[]);
+        b.op(OpKind::Add, &[x, d], s * h, &[])
+    }
+}
+
+fn lower_transformer(
+    t: &TransformerSpec,
+    layout: &Lowering,
+) -> Result<Program, trainmem_autograd::ProgramError> {
+    let dims = TransformerDims::new(t);
+    let (s, h) = (dims.s, dims.h);
+    let mut b = ProgramBuilder::new();
+    let ids = ValueDtype::Fixed(layout.int_dtype);
+    let tokens = b.input(s, ids);
+    b.begin_layer("embed");
+    let tok = b.param(t.vocab * h, "embed.tokens");
+    let mut ps = vec![tok];
+    if t.learned_positions {
+        ps.push(b.param(s * h, "embed.positions"));
+    }
+    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
+    if t.dropout > 0.0 {
+        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
+    }
+    for i in 0..t.layers {
+        b.begin_block(format!("block{i}"));
+        x = dims.block(&mut b, t, x, i);
     }
     b.begin_layer("head");
-    let n = if burn {
-        x
+    let n = if layout.transformer_final_norm {
+        dims.norm(&mut b, x, "final_norm".into())
     } else {
-        norm(&mut b, x, "final_norm".into())
+        x
     };
     match t.kind {
         TransformerKind::Decoder => {
@@ -315,7 +343,7 @@ fn lower_transformer(
                 b.param(t.vocab * h, "lm_head.weight")
             };
             let mut ps = vec![w];
-            if burn {
+            if layout.lm_head_bias {
                 ps.push(b.param(t.vocab, "lm_head.bias"));
             }
             let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &ps);
@@ -337,7 +365,7 @@ fn lower_transformer(
 
 fn lower_layers(
     l: &LayersSpec,
-    framework: Framework,
+    layout: &Lowering,
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     check_layers(l).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
@@ -367,7 +395,7 @@ fn lower_layers(
     }
     b.begin_layer("loss");
     let out = layer_out(l, l.layers.len() - 1);
-    add_loss(&mut b, l.loss, x, out, framework);
+    add_loss(&mut b, l.loss, x, out, layout);
     Ok(b.finish())
 }
 

@@ -41,10 +41,28 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Formats a report for a terminal.
+/// Formats a report for a terminal: what was simulated, the peaks, the breakdown at the
+/// peak, model state and fragmentation, the pipeline stages, a predicted OOM, the findings.
 pub fn render_text(plan: &Plan, rep: &Report) -> String {
-    let s = &rep.summary;
     let mut o = String::new();
+    write_header(&mut o, plan, rep);
+    write_peaks(&mut o, plan, &rep.summary);
+    write_state(&mut o, &rep.summary);
+    write_stages(&mut o, rep);
+    if let Some(oom) = &rep.summary.oom {
+        let _ = writeln!(
+            o,
+            "\nPREDICTED OUT OF MEMORY at step {} ({}):\n  {}",
+            oom.when.step, oom.when.phase, oom.message
+        );
+    }
+    write_findings(&mut o, rep);
+    o
+}
+
+/// What was simulated: the plan's name, model, batch, dtype, optimizer and device.
+fn write_header(o: &mut String, plan: &Plan, rep: &Report) {
+    let s = &rep.summary;
     let name = if rep.name.is_empty() {
         "plan"
     } else {
@@ -70,6 +88,10 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
         s.steps,
         s.allocations
     );
+}
+
+/// The peaks (allocated with when, reserved, host RSS) and the breakdown at the peak.
+fn write_peaks(o: &mut String, plan: &Plan, s: &Summary) {
     let cap = plan.device.capacity.0;
     let when = s
         .peak_when
@@ -114,6 +136,10 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
             );
         }
     }
+}
+
+/// Model state per device and fragmentation at the end.
+fn write_state(o: &mut String, s: &Summary) {
     let ms = &s.model_state;
     let _ = writeln!(
         o,
@@ -132,6 +158,10 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
         human(f.releasable),
         human(f.non_releasable)
     );
+}
+
+/// One line per pipeline stage (with more than one).
+fn write_stages(o: &mut String, rep: &Report) {
     if rep.stages.len() > 1 {
         let _ = writeln!(o, "\nper device (pipeline stages):");
         for st in &rep.stages {
@@ -145,13 +175,10 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
             );
         }
     }
-    if let Some(oom) = &s.oom {
-        let _ = writeln!(
-            o,
-            "\nPREDICTED OUT OF MEMORY at step {} ({}):\n  {}",
-            oom.when.step, oom.when.phase, oom.message
-        );
-    }
+}
+
+/// The findings, one line each with the pattern's name.
+fn write_findings(o: &mut String, rep: &Report) {
     if !rep.findings.is_empty() {
         let _ = writeln!(o, "\nwhat the timeline shows:");
         for fd in &rep.findings {
@@ -166,5 +193,4 @@ pub fn render_text(plan: &Plan, rep: &Report) -> String {
             );
         }
     }
-    o
 }

@@ -9,9 +9,10 @@
 //!   refills at a time. Non-persistent workers are respawned every epoch, so every epoch
 //!   starts with the burst: the epoch spike. Persistent workers keep their queues full
 //!   across the epoch boundary, so only the first epoch bursts.
-//! * Kernel scratch ([`Plan::kernel_scratch_bytes`]: by default gemm's thread-local packing
-//!   buffer for burn on a CPU device, [`super::kernel_scratch`]) is `other` at every sample,
-//!   `start` to `end`: the training thread makes it before the `start` sample and keeps it.
+//! * Kernel scratch (given to [`HostModel::new`]: by default gemm's thread-local packing
+//!   buffer for burn on a CPU device, sized for the target machine, [`super::kernel_scratch`])
+//!   is `other` at every sample, `start` to `end`: the training thread makes it before the
+//!   `start` sample and keeps it.
 //!   Not modelled under `other`: the measuring probe's own sample buffers (reserved before
 //!   `start`, about 0.3 KiB per expected sample; `twin_check` prints them) and a few hundred
 //!   bytes of runtime bookkeeping freed between `start` and the first forward.
@@ -124,8 +125,9 @@ pub fn pinned_size(bytes: u64) -> u64 {
 }
 
 impl HostModel {
-    /// The model of a plan; `sample_bytes` is the host bytes of one decoded sample.
-    pub fn new(plan: &Plan, sample_bytes: u64) -> HostModel {
+    /// The model of a plan; `sample_bytes` is the host bytes of one decoded sample,
+    /// `kernel_scratch` the bytes of kernel scratch kept from `start` to `end` (`other`).
+    pub fn new(plan: &Plan, sample_bytes: u64, kernel_scratch: u64) -> HostModel {
         let stored_sample = plan.data.stored_sample_bytes.map_or(sample_bytes, |b| b.0);
         HostModel {
             batch_bytes: sample_bytes * plan.micro_batch_size(),
@@ -139,8 +141,7 @@ impl HostModel {
             scratch: plan.data.augmentation_scratch,
             overhead: plan.loader.worker_overhead.0,
             baseline: plan.host.baseline.0,
-            kernel_scratch: plan
-                .kernel_scratch_bytes(crate::engine::kernel_scratch::gemm_l2_slab_bytes()),
+            kernel_scratch,
             epoch_order: 0,
             staging_block: None,
             loader_epoch_batches: None,
@@ -316,38 +317,31 @@ mod tests {
     }
 
     #[test]
-    fn kernel_scratch_is_other_from_start_to_end_for_burn_on_a_cpu() {
-        let base = "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n";
-        let m = HostMoment::at_start();
-        let other = |text: &str| {
-            let plan = Plan::from_toml_str(text).expect("plan");
-            HostModel::new(&plan, 24)
+    fn kernel_scratch_is_other_at_every_moment_beside_the_baseline() {
+        let text = "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n[host]\nbaseline = 1000\n";
+        let plan = Plan::from_toml_str(text).expect("plan");
+        let h = HostModel::new(&plan, 24, 2 << 20);
+        let other = |m: &HostMoment| h.at(m, None).categories.get(Category::Other);
+        let mut m = HostMoment::at_start();
+        assert_eq!(other(&m), (2 << 20) + 1000);
+        m.epoch_open = true;
+        m.batch_on_host = true;
+        assert_eq!(other(&m), (2 << 20) + 1000);
+        // none given, none counted
+        assert_eq!(
+            HostModel::new(&plan, 24, 0)
                 .at(&m, None)
                 .categories
-                .get(Category::Other)
-        };
-        // PyTorch plans (and burn on a GPU) carry none by default
-        assert_eq!(other(base), 0);
-        let burn_cuda = format!("framework = \"burn\"\n{base}");
-        assert_eq!(other(&burn_cuda), 0);
-        // burn on a CPU: gemm's packing buffer as sized on this machine
-        let burn_cpu = format!("{burn_cuda}[device]\nkind = \"cpu\"\n");
-        assert_eq!(
-            other(&burn_cpu),
-            crate::engine::kernel_scratch::gemm_l2_slab_bytes()
+                .get(Category::Other),
+            1000
         );
-        // an explicit size wins, for any framework, beside the baseline
-        let explicit = format!("{burn_cpu}[host]\nkernel_scratch = \"2MiB\"\nbaseline = 1000\n");
-        assert_eq!(other(&explicit), (2 << 20) + 1000);
-        let torch = format!("{base}[host]\nkernel_scratch = \"1KiB\"\n");
-        assert_eq!(other(&torch), 1024);
     }
 
     #[test]
     fn the_epoch_order_is_input_while_an_epoch_is_open() {
         let plan = Plan::from_toml_str("[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n")
             .expect("plan");
-        let h = HostModel::new(&plan, 24).with_epoch_order(plan.data.samples);
+        let h = HostModel::new(&plan, 24, 0).with_epoch_order(plan.data.samples);
         let mut m = HostMoment {
             epoch_open: true,
             ..HostMoment::at_start()
@@ -360,7 +354,7 @@ mod tests {
         assert_eq!(h.at(&m, None).categories.get(Category::Input), 0);
         // without the loader's order (the default) nothing is added
         m.epoch_open = true;
-        let plain = HostModel::new(&plan, 24);
+        let plain = HostModel::new(&plan, 24, 0);
         assert_eq!(plain.at(&m, None).categories.get(Category::Input), 0);
     }
 
@@ -371,7 +365,7 @@ mod tests {
                     [loader]\nworkers = 2\nprefetch_factor = 2\npin_memory = true\n";
         let plan = Plan::from_toml_str(text).expect("plan");
         // features 64 × 3000 f32 = 768,000 B → 188 pages; labels 64 × 8 = 512 B → 1 page
-        let h = HostModel::new(&plan, 12_008).with_staging_pool(&[12_000, 8], 64);
+        let h = HostModel::new(&plan, 12_008, 0).with_staging_pool(&[12_000, 8], 64);
         let block = 189 * 4096;
         let mut m = HostMoment {
             workers_alive: true,
@@ -387,7 +381,7 @@ mod tests {
         // without pin_memory the pool is not used: the batches in flight only
         let mut unpinned = plan.clone();
         unpinned.loader.pin_memory = false;
-        let u = HostModel::new(&unpinned, 12_008).with_staging_pool(&[12_000, 8], 64);
+        let u = HostModel::new(&unpinned, 12_008, 0).with_staging_pool(&[12_000, 8], 64);
         m.workers_alive = true;
         assert_eq!(
             u.at(&m, None).categories.get(Category::Input),
@@ -402,7 +396,7 @@ mod tests {
                     [training]\nbatch_size = 64\n\
                     [loader]\nworkers = 2\nprefetch_factor = 2\n";
         let plan = Plan::from_toml_str(text).expect("plan");
-        let h = HostModel::new(&plan, 100).with_trainmem_loader(6);
+        let h = HostModel::new(&plan, 100, 0).with_trainmem_loader(6);
         let batch = 64 * 100;
         let input = |m: &HostMoment| h.at(m, None).categories.get(Category::Input);
         let mut m = HostMoment {
@@ -426,7 +420,7 @@ mod tests {
         // persistent workers build ahead into the next epoch: the queues stay full
         let mut p = plan.clone();
         p.loader.persistent_workers = true;
-        let hp = HostModel::new(&p, 100).with_trainmem_loader(6);
+        let hp = HostModel::new(&p, 100, 0).with_trainmem_loader(6);
         assert_eq!(hp.at(&m, None).categories.get(Category::Input), 4 * batch);
         // a memory map's pages are touched by the batches taken and those in flight
         m.samples_read = 4 * 64;

@@ -8,7 +8,8 @@
 //! sample, under `other`, so a burn run on a CPU device carries it from `start` to `end`.
 //!
 //! How gemm derives "the L2 cache bytes of one CPU" (gemm-common `cache.rs`), and how
-//! [`gemm_l2_slab_bytes`] reproduces it on the machine running the simulation:
+//! [`gemm_l2_slab_bytes`] reproduces it on the machine running the code (the detector behind
+//! [`crate::Machine::detect`]; a simulation takes the size as an input, [`crate::Machine`]):
 //!
 //! * **Linux**: every `/sys/devices/system/cpu/cpu*/cache/index*` directory whose `type` is
 //!   `Data` or `Unified` and whose `level` is 2 gives `size` (suffix `K`, `M` or `G` in powers

@@ -12,11 +12,15 @@ use serde::{Deserialize, Serialize};
 use trainmem_alloc::Snapshot;
 use trainmem_optim::ModelStateBytes;
 
+use crate::machine::Machine;
 use crate::timeline::{CategoryBytes, Phase, Timeline};
 
 /// Options of a simulation run.
 #[derive(Default)]
 pub struct SimOptions<'a> {
+    /// Facts of the machine the run is predicted for (default: [`Machine::DEFAULT`]; the
+    /// simulation reads nothing of the machine it runs on).
+    pub machine: Machine,
     /// Record the allocator's event trace (for the memory_viz export), keeping at most this
     /// many entries (the most recent).
     pub trace_entries: Option<usize>,
@@ -29,6 +33,7 @@ pub struct SimOptions<'a> {
 impl std::fmt::Debug for SimOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimOptions")
+            .field("machine", &self.machine)
             .field("trace_entries", &self.trace_entries)
             .field("max_steps", &self.max_steps)
             .finish()

@@ -179,14 +179,15 @@ capacity = "1GiB"
             let text = plan_text(&widths, 1, 1, "adam", false, false, "none", false, 0.0);
             let plan = Plan::from_toml_str(&text).unwrap();
             let cap = cap_mib << 20;
-            let r = fit(&plan, FitTarget::Batch, cap, 4096).unwrap();
+            let m = crate::Machine::default();
+            let r = fit(&plan, FitTarget::Batch, cap, 4096, m).unwrap();
             if let Some(n) = r.largest {
-                prop_assert!(probe(&plan, FitTarget::Batch, n, cap).unwrap().is_ok());
+                prop_assert!(probe(&plan, FitTarget::Batch, n, cap, m).unwrap().is_ok());
                 if n < 4096 {
-                    prop_assert!(probe(&plan, FitTarget::Batch, n + 1, cap).unwrap().is_err());
+                    prop_assert!(probe(&plan, FitTarget::Batch, n + 1, cap, m).unwrap().is_err());
                 }
             } else {
-                prop_assert!(probe(&plan, FitTarget::Batch, 1, cap).unwrap().is_err());
+                prop_assert!(probe(&plan, FitTarget::Batch, 1, cap, m).unwrap().is_err());
             }
         }
     }
@@ -345,7 +346,7 @@ fn burn_parameters_carry_per_tensor_bookkeeping() {
     // 4 parameter tensors, each with burn's measured per-tensor bookkeeping
     assert_eq!(
         peaks.get(Category::Parameter),
-        params + 4 * super::runner::BURN_PARAM_BOOKKEEPING
+        params + 4 * crate::profile::burn::PARAM_BOOKKEEPING
     );
 }
 
@@ -441,5 +442,43 @@ fn burn_frees_dropped_kept_graphs_one_layer_per_backward() {
     assert_eq!(
         activation_at(&t, 3, Phase::Backward),
         activation_at(&t, 1, Phase::Backward)
+    );
+}
+
+#[test]
+fn kernel_scratch_comes_from_the_machine_given_not_the_one_running() {
+    // burn on a CPU device keeps gemm's packing buffer (the L2 bytes of one CPU) as `other`
+    // from `start` to `end`, sized for the machine in the options
+    let text = format!("framework = \"burn\"\n{TINY}");
+    let plan = Plan::from_toml_str(&text).unwrap();
+    let other_at_start = |machine: crate::Machine| {
+        let opts = SimOptions {
+            machine,
+            ..SimOptions::default()
+        };
+        let r = simulate(&plan, opts).unwrap();
+        let first = r.timeline.samples.first().unwrap();
+        assert_eq!(first.phase, Phase::Start);
+        first.host.categories.get(Category::Other)
+    };
+    let big = crate::Machine {
+        l2_bytes_per_cpu: 3 << 20,
+    };
+    assert_eq!(other_at_start(big), 3 << 20);
+    assert_eq!(
+        other_at_start(crate::Machine::default()),
+        crate::engine::kernel_scratch::DEFAULT_L2_BYTES
+    );
+    // a plan that names its kernel scratch keeps it whatever the machine
+    let explicit =
+        Plan::from_toml_str(&format!("{text}\n[host]\nkernel_scratch = \"1KiB\"\n")).unwrap();
+    let opts = SimOptions {
+        machine: big,
+        ..SimOptions::default()
+    };
+    let r = simulate(&explicit, opts).unwrap();
+    assert_eq!(
+        r.timeline.samples[0].host.categories.get(Category::Other),
+        1024
     );
 }

@@ -1,0 +1,288 @@
+//! Model state: the parameters and what is kept beside them, the optimizer's state and
+//! bookkeeping, and DDP's gradient buckets — allocated, replaced and freed.
+
+use trainmem_autograd::{Dtype, OpKind, Program, TensorId, TensorStore};
+use trainmem_optim::{
+    ModelStateBytes, OptimizerConfig, OptimizerKind, Sharding, StateAllocation, model_state_bytes,
+};
+use trainmem_probe::Category;
+
+use super::RunSpec;
+use crate::engine::memory::{SimMemory, SimOom};
+use crate::profile::{ParamUpdate, StateDtype};
+
+/// Size of one DDP gradient bucket (PyTorch's default `bucket_cap_mb`, 25 MiB).
+const DDP_BUCKET_BYTES: u64 = 25 << 20;
+
+/// The tensors of model state and the optimizer configuration that sizes them.
+pub(super) struct ModelState {
+    /// The optimizer, as far as memory goes.
+    pub(super) opt: OptimizerConfig,
+    /// ZeRO sharding of parameters, gradients and state.
+    pub(super) sharding: Sharding,
+    /// The gradients' dtype.
+    pub(super) grad_dtype: Dtype,
+    /// The parameter tensors (shards under ZeRO-3), in program order.
+    pub(super) params: Vec<TensorId>,
+    /// Tensors kept beside the parameters: f32 master weights and the framework's
+    /// per-tensor bookkeeping.
+    pub(super) beside_params: Vec<TensorId>,
+    /// The optimizer's state buffers.
+    pub(super) optimizer_state: Vec<TensorId>,
+    /// The state buffers of their own exist (not only aliased gradients).
+    state_ready: bool,
+    /// DDP's gradient buckets, from the first backward on.
+    pub(super) ddp_buckets: Vec<TensorId>,
+    /// The optimizer's bookkeeping, from the first step on.
+    optimizer_records: Option<TensorId>,
+    /// Per parameter: a graph kept without backward references it (the weight of a linear
+    /// layer whose input requires grad).
+    saved_by_graph: Vec<bool>,
+}
+
+/// Per parameter of `program`: whether a graph that is kept references it (the weight of
+/// a linear layer whose input requires grad: the matmul saves it).
+fn saved_by_graph(program: &Program) -> Vec<bool> {
+    let mut saved = vec![false; program.params.len()];
+    for op in &program.ops {
+        if op.kind == OpKind::Linear
+            && program.values[op.inputs[0] as usize].requires_grad
+            && let Some(&w) = program.params_of(op).first()
+        {
+            saved[w as usize] = true;
+        }
+    }
+    saved
+}
+
+impl ModelState {
+    /// Nothing allocated yet; the optimizer and sharding of `spec`'s plan, state in the
+    /// dtype the framework gives it.
+    pub(super) fn new(spec: &RunSpec<'_>) -> ModelState {
+        let plan = spec.plan;
+        let compute = plan.precision.compute;
+        let grad_dtype = plan.precision.grads.unwrap_or(compute);
+        let opt = OptimizerConfig {
+            kind: plan.optimizer.kind,
+            allocation: plan.optimizer.state,
+            implementation: plan.optimizer.implementation,
+            state_dtype: match spec.profile.optimizer.state_dtype {
+                StateDtype::Gradients => grad_dtype,
+                StateDtype::Plan => plan.optimizer.state_dtype,
+            },
+            amsgrad: plan.optimizer.amsgrad,
+            param_dtype: compute,
+            master_weights: plan.precision.master_weights,
+        };
+        ModelState {
+            opt,
+            sharding: Sharding {
+                world_size: plan.parallel.world_size,
+                zero_stage: plan.parallel.zero_stage,
+            },
+            grad_dtype,
+            params: Vec::new(),
+            beside_params: Vec::new(),
+            optimizer_state: Vec::new(),
+            state_ready: false,
+            ddp_buckets: Vec::new(),
+            optimizer_records: None,
+            saved_by_graph: saved_by_graph(spec.program),
+        }
+    }
+
+    /// Model construction: each parameter (and its master copy), the framework's
+    /// per-tensor bookkeeping, and the optimizer state if it is made eagerly.
+    pub(super) fn construct(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+    ) -> Result<(), SimOom> {
+        let compute = spec.plan.precision.compute;
+        let program = spec.program;
+        for p in &program.params {
+            let t = store.alloc(
+                self.sharding.param_elems(p.elems) * compute.size(),
+                Category::Parameter,
+            )?;
+            self.params.push(t);
+            let master = self.opt.master_bytes(self.sharding.state_elems(p.elems));
+            if master > 0 {
+                let t = store.alloc(master, Category::Parameter)?;
+                self.beside_params.push(t);
+            }
+        }
+        let per_tensor = spec.profile.bookkeeping.per_param_tensor;
+        if per_tensor > 0 && !program.params.is_empty() {
+            let b = per_tensor * program.params.len() as u64;
+            let t = store.alloc(b, Category::Parameter)?;
+            self.beside_params.push(t);
+        }
+        if self.opt.allocation == StateAllocation::Eager {
+            self.alloc_state(store, spec, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Makes the optimizer state if the buffers of its own do not exist yet (`grads` are
+    /// the parameters' current gradients).
+    pub(super) fn ensure_state(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+        grads: &[Option<TensorId>],
+    ) -> Result<(), SimOom> {
+        if self.state_ready {
+            return Ok(());
+        }
+        self.alloc_state(store, spec, grads)
+    }
+
+    fn alloc_state(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+        grads: &[Option<TensorId>],
+    ) -> Result<(), SimOom> {
+        if spec.profile.optimizer.momentum_first_velocity_is_gradient
+            && self.opt.kind == OptimizerKind::Momentum
+            && self.optimizer_state.is_empty()
+        {
+            // the first velocity is the gradient tensor itself (a reference, tagged
+            // `gradient`); the next step replaces it with a new tensor (below).
+            for g in grads.iter().flatten() {
+                store.retain(*g);
+                self.optimizer_state.push(*g);
+            }
+            return Ok(());
+        }
+        let aliased: Vec<TensorId> = self.optimizer_state.drain(..).collect();
+        for p in &spec.program.params {
+            for _ in self.opt.state_roles() {
+                let b = self.sharding.state_elems(p.elems) * self.opt.state_dtype.size();
+                let t = store.alloc(b, Category::OptimizerState)?;
+                self.optimizer_state.push(t);
+            }
+        }
+        for t in aliased {
+            store.release(t);
+        }
+        self.state_ready = true;
+        Ok(())
+    }
+
+    /// Makes the optimizer's bookkeeping at the first step, kept for the optimizer's life
+    /// (if the framework keeps any).
+    pub(super) fn ensure_records(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+    ) -> Result<(), SimOom> {
+        if let Some(records) = spec.profile.bookkeeping.optimizer_records
+            && self.optimizer_records.is_none()
+        {
+            let b = (records.bytes)(self.opt.kind, spec.program.params.len() as u64);
+            self.optimizer_records = Some(store.alloc(b, Category::OptimizerState)?);
+        }
+        Ok(())
+    }
+
+    /// Parameters the step writes into new buffers ([`ParamUpdate::WhenUniquelyOwned`]):
+    /// every parameter under AdamW, and, when `kept_graphs` (graphs kept without backward
+    /// exist), the weights they reference. The new buffer is allocated inside the step
+    /// (`optimizer_state`); the old one is freed, or returned with its parameter's layer
+    /// (it stays with the kept graphs until they are released).
+    pub(super) fn rewrite_params(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+        kept_graphs: bool,
+    ) -> Result<Vec<(u32, TensorId)>, SimOom> {
+        let mut pinned = Vec::new();
+        if spec.profile.optimizer.param_update != ParamUpdate::WhenUniquelyOwned {
+            return Ok(pinned);
+        }
+        let adamw = self.opt.kind == OptimizerKind::AdamW;
+        for i in 0..self.params.len() {
+            let pin = kept_graphs && self.saved_by_graph[i];
+            if !(adamw || pin) {
+                continue;
+            }
+            let old = self.params[i];
+            let new = store.alloc(store.size(old), Category::OptimizerState)?;
+            self.params[i] = new;
+            if pin {
+                pinned.push((spec.program.params[i].layer, old));
+            } else {
+                store.release(old);
+            }
+        }
+        Ok(pinned)
+    }
+
+    /// DDP's gradient buckets (25 MiB each, as large as the gradients together), made at
+    /// the first backward of a data-parallel run without ZeRO.
+    pub(super) fn ensure_ddp_buckets(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        spec: &RunSpec<'_>,
+    ) -> Result<(), SimOom> {
+        let parallel = &spec.plan.parallel;
+        if !self.ddp_buckets.is_empty() || parallel.world_size <= 1 || parallel.zero_stage != 0 {
+            return Ok(());
+        }
+        let total: u64 = spec
+            .program
+            .params
+            .iter()
+            .map(|p| p.elems * self.grad_dtype.size())
+            .sum();
+        let mut left = total;
+        while left > 0 {
+            let b = left.min(DDP_BUCKET_BYTES);
+            let t = store.alloc(b, Category::Gradient)?;
+            self.ddp_buckets.push(t);
+            left -= b;
+        }
+        Ok(())
+    }
+
+    /// Steady-state model-state bytes of `program`'s parameters (parameters, gradients,
+    /// optimizer state).
+    pub(super) fn bytes(&self, program: &Program) -> ModelStateBytes {
+        let elems: Vec<u64> = program.params.iter().map(|p| p.elems).collect();
+        model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems)
+    }
+
+    /// Bytes of the model-state tensors alive now, besides the gradients.
+    pub(super) fn live_bytes(&self, store: &TensorStore<SimMemory>) -> u64 {
+        self.params
+            .iter()
+            .chain(&self.beside_params)
+            .chain(&self.optimizer_state)
+            .chain(&self.ddp_buckets)
+            .map(|&t| store.size(t))
+            .sum()
+    }
+
+    /// Frees the optimizer's bookkeeping.
+    pub(super) fn release_records(&mut self, store: &mut TensorStore<SimMemory>) {
+        if let Some(t) = self.optimizer_records.take() {
+            store.release(t);
+        }
+    }
+
+    /// Frees the parameters, what is kept beside them, the optimizer state and the DDP
+    /// buckets.
+    pub(super) fn release(&mut self, store: &mut TensorStore<SimMemory>) {
+        for t in self
+            .params
+            .drain(..)
+            .chain(self.beside_params.drain(..))
+            .chain(self.optimizer_state.drain(..))
+            .chain(self.ddp_buckets.drain(..))
+        {
+            store.release(t);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! burn 0.21's profile (burn-autodiff, burn-nn, burn-optim; the Flex CPU backend), as
+//! measured with trainmem-burn (see its `burn_facts` docs and `twin_check`).
+
+use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
+
+use super::{
+    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile,
+    KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRecords, OptimizerRules,
+    ParamUpdate, RetainGraph, StateDtype, Vocabulary,
+};
+
+/// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
+/// (burn-nn's `Param` wrapper with its id and lazy-init state, the tensor handle and its
+/// layout, the autodiff leaf node of a parameter that requires grad), tagged `parameter`
+/// from model construction on.
+///
+/// This is a *measured* per-structure constant, not derived from burn's types: trainmem-burn's
+/// `twin_check` reports the measured `parameter` category minus the parameter tensors'
+/// bytes as 1,475–1,542 bytes per parameter tensor on MLPs of 4 to 16 tensors and 1,496 on
+/// a 36-tensor transformer (burn-nn `TransformerEncoder`); some larger MLPs and the CNN
+/// plan measure up to ≈ 2.2 KB per tensor (a few KB per model more, not per tensor, and not
+/// modelled).
+pub const PARAM_BOOKKEEPING: u64 = 1_500;
+
+/// What burn 0.21 does differently from PyTorch around a step, as far as memory goes
+/// (measured with trainmem-burn; see its `burn_facts` docs).
+///
+/// Lowering:
+///
+/// * burn's integer tensors take the backend's `IntElem`, which is `i32` on Flex
+///   (burn-flex 0.21 `backend.rs`: `type IntElem = i32`), and a burn run builds its token
+///   and class tensors as `i32` data (trainmem-burn `Batch::from_host`). (The synthetic
+///   token source's host values are `f32` and its tensors `i32`: 4 bytes either way.)
+/// * A burn run casts the whole batch (features and value targets) to the compute dtype, so
+///   value targets take it.
+/// * burn-nn's `TransformerEncoder` (pre-norm) has no final LayerNorm after its last block,
+///   and its head is a `Linear` with a bias.
+///
+/// Autograd:
+///
+/// * [`SavedTable::burn`] (burn-autodiff's ops, with their graph nodes).
+/// * The batch is moved into the model (`model.forward(batch)`): an input tensor is freed
+///   at its last use unless an op saved it (the MSE target goes during forward, the first
+///   layer keeps the features until backward).
+/// * burn has one checkpointing strategy, `BalancedCheckpointing` (a measured run maps every
+///   policy but `none` to it): per op, not per segment — compute-bound outputs are kept,
+///   memory-bound (element-wise) ones recomputed in backward.
+/// * There is no `retain_graph`: outputs kept with their graph come from a forward pass of
+///   their own (the loss forward is backwarded as usual); that graph saves no loss tensors.
+/// * Kept graphs the training loop drops (`leak.clear_every`) are freed late. burn-autodiff
+///   keeps every graph in a process-wide registry. Dropping a kept output frees the
+///   output's own buffer at once, but its graph's saved tensors (and the old weight buffers
+///   the graph references) are freed only by the cleanup after a later backward pass, which
+///   frees one layer of an orphaned graph per pass, from the input side: on the 2-layer MLP
+///   (trainmem-burn `burn_facts`, "Dropping kept graphs frees them late", and the
+///   retained-leak plan with `clear_every = 2`) the first backward after the drop frees the
+///   first layer's saved batch and ReLU state, the second frees the second linear layer's
+///   saved input and the pinned old weights.
+///
+/// Optimizer:
+///
+/// * Optimizer state takes the parameters' dtype (burn-optim builds the moments from the
+///   gradient tensors).
+/// * Momentum's first velocity is the gradient tensor itself (`grad.clone()`, a reference):
+///   with allocation-time tags its bytes stay under `gradient` until the second step makes a
+///   new velocity under `optimizer_state`.
+/// * The optimizer updates a parameter in place only when its buffer is uniquely owned.
+///   AdamW's decoupled decay starts from `tensor.clone()`, so every step writes the
+///   parameter into a new buffer, allocated inside the step (`optimizer_state`), and frees
+///   the old one. A graph kept without backward still references the weights its matmuls
+///   saved (the right operand of every linear layer whose input is tracked), so those
+///   weights are copied too and the old buffers stay with the kept graph.
+/// * There is no `zero_grad`: the optimizer step consumes `GradientsParams`, so gradients
+///   are freed inside the step.
+///
+/// Bookkeeping: [`PARAM_BOOKKEEPING`] per parameter tensor from construction on, and
+/// burn-optim's per-parameter records from the first step on
+/// ([`trainmem_optim::burn_step_bookkeeping_bytes`]).
+///
+/// Metrics: the training loop holds the logits (returned beside the loss) until the step's
+/// metrics are recorded, after backward. Metrics are recorded (and sampled) per micro-batch
+/// right after its backward pass, before the optimizer step; metric tensors keep the loss
+/// (`loss.clone().detach()` shares its buffer) and, with `metrics.keep_outputs` only, the
+/// logits.
+///
+/// On a CPU device (Flex):
+///
+/// * Tensors are host memory: the loaded batch is the one host copy.
+/// * A burn run reads vector and image models through trainmem-loader (token models from a
+///   synthetic source without a sampler).
+/// * A checkpoint is `into_record().into_item::<FullPrecisionSettings>()`: it holds a host
+///   copy of every parameter in f32 (no optimizer state) while the recorder writes it.
+/// * gemm's thread-local packing buffer is kernel scratch for the whole run
+///   ([`crate::engine::kernel_scratch`]).
+pub const PROFILE: FrameworkProfile = FrameworkProfile {
+    name: "burn",
+    lowering: Lowering {
+        int_dtype: Dtype::I32,
+        value_target: ValueDtype::Compute,
+        transformer_final_norm: false,
+        lm_head_bias: true,
+    },
+    autograd: AutogradRules {
+        saved_table: SavedTable::burn,
+        forward_owns_batch: true,
+        checkpointing: Checkpointing::Balanced,
+        retain_graph: RetainGraph::SeparateForward,
+        dropped_graphs: DroppedGraphs::OneLayerPerBackward,
+    },
+    optimizer: OptimizerRules {
+        state_dtype: StateDtype::Gradients,
+        momentum_first_velocity_is_gradient: true,
+        param_update: ParamUpdate::WhenUniquelyOwned,
+        step_consumes_grads: true,
+    },
+    bookkeeping: Bookkeeping {
+        per_param_tensor: PARAM_BOOKKEEPING,
+        optimizer_records: Some(OptimizerRecords {
+            what: "burn-optim's per-parameter records",
+            bytes: trainmem_optim::burn_step_bookkeeping_bytes,
+        }),
+    },
+    metrics: MetricsRules {
+        recorded: MetricsAt::AfterEachBackward,
+        loop_holds_outputs: true,
+    },
+    cpu: CpuRules {
+        batch_is_host_batch: true,
+        trainmem_loader: true,
+        checkpoint_record_f32: true,
+        kernel_scratch: KernelScratch::GemmPacking,
+    },
+    vocabulary: Vocabulary {
+        stop_the_leak: " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \
+                        the list to stop it.",
+    },
+};

@@ -1,0 +1,63 @@
+//! PyTorch's profile: eager autograd, `torch.optim`, a `DataLoader` feeding a device.
+
+use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
+
+use super::{
+    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile,
+    KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRules, ParamUpdate, RetainGraph,
+    StateDtype, Vocabulary,
+};
+
+/// PyTorch, as far as memory goes.
+///
+/// * Lowering: integer tensors (token ids, class targets) are `int64`; value targets are
+///   f32 whatever the compute dtype; a transformer ends with a final norm and a bias-free
+///   language-model head.
+/// * Autograd: [`SavedTable::pytorch`]; the caller keeps its references to the batch until
+///   it frees it after backward; checkpointing follows the plan's policy, per segment;
+///   `retain_graph` keeps the loss graph's saved tensors through backward; dropping a kept
+///   output frees its graph at once.
+/// * Optimizer: the state takes `optimizer.state_dtype`, is made of tensors of its own and
+///   updates parameters in place; gradients stay until `zero_grad` (or are set to `None`
+///   with `training.grads_to_none`).
+/// * No bookkeeping bytes are modelled; metrics are recorded once per step, after the
+///   optimizer step; the loop holds outputs only when the plan keeps them.
+pub const PROFILE: FrameworkProfile = FrameworkProfile {
+    name: "pytorch",
+    lowering: Lowering {
+        int_dtype: Dtype::I64,
+        value_target: ValueDtype::Fixed(Dtype::F32),
+        transformer_final_norm: true,
+        lm_head_bias: false,
+    },
+    autograd: AutogradRules {
+        saved_table: SavedTable::pytorch,
+        forward_owns_batch: false,
+        checkpointing: Checkpointing::Segments,
+        retain_graph: RetainGraph::BackwardKeepsSaved,
+        dropped_graphs: DroppedGraphs::Immediately,
+    },
+    optimizer: OptimizerRules {
+        state_dtype: StateDtype::Plan,
+        momentum_first_velocity_is_gradient: false,
+        param_update: ParamUpdate::InPlace,
+        step_consumes_grads: false,
+    },
+    bookkeeping: Bookkeeping {
+        per_param_tensor: 0,
+        optimizer_records: None,
+    },
+    metrics: MetricsRules {
+        recorded: MetricsAt::AfterOptimizerStep,
+        loop_holds_outputs: false,
+    },
+    cpu: CpuRules {
+        batch_is_host_batch: false,
+        trainmem_loader: false,
+        checkpoint_record_f32: false,
+        kernel_scratch: KernelScratch::None,
+    },
+    vocabulary: Vocabulary {
+        stop_the_leak: " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",
+    },
+};
