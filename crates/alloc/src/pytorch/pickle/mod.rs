@@ -32,10 +32,10 @@ pub const PICKLE_MAGIC: u8 = 0x80;
 pub enum PickleError {
     /// The bytes are not a pickle serde-pickle can read.
     #[error("the data starts like a pickle (byte 0x80) but could not be read as one: {0}")]
-    Decode(#[source] serde_pickle::Error),
+    Decode(serde_pickle::Error),
     /// The pickle could not be written.
     #[error("writing the pickle: {0}")]
-    Encode(#[source] serde_pickle::Error),
+    Encode(serde_pickle::Error),
     /// The pickle holds something other than a snapshot dict (e.g. the segment list
     /// `torch.cuda.memory_snapshot()` returns).
     #[error("the pickle is not a memory snapshot: expected a dict with \"device_traces\"")]

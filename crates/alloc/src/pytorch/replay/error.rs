@@ -11,15 +11,14 @@ use super::op::Origin;
 pub enum ReplayError {
     /// The trace could not be read.
     #[error("reading the trace: {0}")]
-    Io(#[source] std::io::Error),
+    Io(std::io::Error),
     /// A line of a JSON-lines trace could not be read.
-    #[error("reading line {line}: {source}")]
+    #[error("reading line {line}: {error}")]
     ReadLine {
         /// 1-based line number.
         line: u64,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A line of a JSON-lines trace is not an op.
     #[error(

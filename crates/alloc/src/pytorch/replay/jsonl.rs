@@ -64,10 +64,10 @@ impl<R: BufRead> Iterator for JsonLines<R> {
             let n = match self.reader.read_line(&mut self.buf) {
                 Ok(0) => return None,
                 Ok(n) => n,
-                Err(source) => {
+                Err(error) => {
                     return Some(Err(ReplayError::ReadLine {
                         line: self.line_no,
-                        source,
+                        error,
                     }));
                 }
             };
