@@ -6,10 +6,11 @@ use std::sync::Arc;
 ///
 /// Cloning is cheap: a `&'static str` is copied, a shared string bumps a reference count.
 /// Build one with `Label::from("activation")` (static) or `Label::from(String)` / `Arc<str>`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Labels compare and hash by their text, however they were built.
+#[derive(Clone, Debug)]
 pub struct Label(Repr);
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 enum Repr {
     Static(&'static str),
     Shared(Arc<str>),
@@ -27,6 +28,20 @@ impl Label {
             Repr::Static(s) => s,
             Repr::Shared(s) => s,
         }
+    }
+}
+
+impl PartialEq for Label {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Label {}
+
+impl std::hash::Hash for Label {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
     }
 }
 
@@ -60,6 +75,12 @@ impl serde::Serialize for Label {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Label {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Label::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +90,9 @@ mod tests {
         let a = Label::from("activation");
         let b = Label::from(String::from("activation"));
         assert_eq!(a.as_str(), b.as_str());
+        assert_eq!(a, b);
+        let back: Label = serde_json::from_str("\"activation\"").unwrap();
+        assert_eq!(back, a);
         assert_eq!(a.to_string(), "activation");
         assert_eq!(serde_json::to_string(&b).unwrap(), "\"activation\"");
     }

@@ -100,6 +100,14 @@
 //! `"allocated_bytes.all.current"`-style keys. [`Snapshot`] and [`TraceEntry`] serialise with
 //! the field names of PyTorch's snapshot dict.
 //!
+//! ## PyTorch's formats and replay
+//!
+//! [`pytorch`] holds PyTorch's memory-snapshot formats in one place: the snapshot dict
+//! ([`pytorch::MemorySnapshot`]), memory_viz pickles read and written
+//! ([`pytorch::pickle`]), and the one replay engine ([`pytorch::replay::Replayer`]) that
+//! applies JSON-lines traces, a snapshot's `device_traces`, or a caller's own events to a
+//! [`CachingAllocator`] over any device.
+//!
 //! ## Threads
 //!
 //! [`CachingAllocator`] takes `&mut self` (no locking, the fastest form) and is `Send`.
@@ -119,6 +127,7 @@ mod device;
 mod error;
 mod host;
 mod label;
+pub mod pytorch;
 mod shared;
 mod size;
 mod snapshot;

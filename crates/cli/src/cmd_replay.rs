@@ -10,26 +10,27 @@
 //! {"op":"empty_cache"}
 //! ```
 //!
-//! (`stream` is optional, default 0; blank lines and lines starting with `#` are skipped), or a
-//! PyTorch memory snapshot pickle (`torch.cuda.memory._dump_snapshot`), recognised by its first
-//! byte 0x80, whose `device_traces` are replayed by address.
+//! (`stream` is optional, default 0; an alloc may name its block with `"label":"activation"`;
+//! blank lines and lines starting with `#` are skipped), or a PyTorch memory snapshot pickle
+//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, whose
+//! `device_traces` are replayed by address.
+//!
+//! Reading and replaying is trainmem-alloc's (`trainmem_alloc::pytorch::replay`); this module
+//! parses the arguments and prints the report.
 
 use std::fs::File;
-use std::io::{BufReader, IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::io::{BufReader, IsTerminal};
+use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use trainmem_alloc::{AllocatorConfig, format_size};
+use trainmem_alloc::pytorch::replay::{Progress, ReplayError, Replayer, TraceFormat, replay_trace};
+use trainmem_alloc::{AllocatorConfig, SimulatedDevice, format_size};
 
-#[path = "replay/engine.rs"]
-mod engine;
-#[path = "replay/trace.rs"]
-mod trace;
-
-use engine::Replay;
-use trace::{JsonLines, PICKLE_MAGIC, SnapshotInfo};
+/// The replay: trainmem-alloc's engine on a simulated device.
+type Replay = Replayer<SimulatedDevice>;
 
 /// Arguments of `trainmem replay`.
 #[derive(Debug, clap::Args)]
@@ -65,12 +66,6 @@ const PROGRESS_MIN_BYTES: u64 = 8 << 20;
 /// Ops between progress bar updates.
 const PROGRESS_EVERY: u64 = 1 << 14;
 
-/// Which format the trace had.
-enum Format {
-    JsonLines,
-    Snapshot(SnapshotInfo),
-}
-
 /// Runs `trainmem replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let config = AllocatorConfig::parse(&args.allocator_conf)
@@ -105,84 +100,73 @@ fn progress_bar(total: u64, trace_bytes: u64, unit_is_bytes: bool) -> ProgressBa
     bar
 }
 
-/// Replays the file at `path`.
+/// Replays the file at `path` (JSON lines, or a snapshot pickle by its first byte) with a
+/// progress bar.
 fn replay_file(
     path: &Path,
     capacity: u64,
     config: AllocatorConfig,
     device: usize,
-) -> anyhow::Result<(Replay, Format)> {
+) -> anyhow::Result<(Replay, TraceFormat)> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut reader = BufReader::with_capacity(1 << 16, file);
-    let mut replay = Replay::new(capacity, config);
-
-    let mut first = [0u8; 1];
-    let is_pickle = {
-        use std::io::BufRead;
-        let buf = reader
-            .fill_buf()
-            .with_context(|| format!("reading {}", path.display()))?;
-        if let Some(&b) = buf.first() {
-            first[0] = b;
+    let reader = BufReader::with_capacity(1 << 16, file);
+    let mut replay = Replayer::simulated(capacity, config);
+    let mut bar: Option<ProgressBar> = None;
+    let result = replay_trace(reader, &mut replay, device, |p: Progress| {
+        if !p.ops.is_multiple_of(PROGRESS_EVERY) {
+            return;
         }
-        !buf.is_empty() && first[0] == PICKLE_MAGIC
-    };
-
-    if is_pickle {
-        let mut bytes = Vec::with_capacity(len as usize);
-        reader
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let (ops, info) = trace::ops_from_snapshot(&bytes, device)
-            .with_context(|| format!("{}: PyTorch snapshot", path.display()))?;
-        drop(bytes);
-        let bar = progress_bar(ops.len() as u64, len, false);
-        for (n, (origin, op)) in ops.into_iter().enumerate() {
-            replay
-                .apply(origin, op)
-                .with_context(|| format!("replaying {}", path.display()))?;
-            if (n as u64).is_multiple_of(PROGRESS_EVERY) {
-                bar.set_position(n as u64);
-            }
-        }
+        let bar = bar.get_or_insert_with(|| match p.total_ops {
+            Some(total) => progress_bar(total, len, false),
+            None => progress_bar(len, len, true),
+        });
+        bar.set_position(if p.total_ops.is_some() {
+            p.ops
+        } else {
+            p.bytes_read
+        });
+    });
+    if let Some(bar) = bar {
         bar.finish_and_clear();
-        return Ok((replay, Format::Snapshot(info)));
     }
+    let format = result.map_err(|err| in_file(err, path))?;
+    Ok((replay, format))
+}
 
-    let bar = progress_bar(len, len, true);
-    let mut lines = JsonLines::new(reader);
-    let mut n = 0u64;
-    while let Some(item) = lines.next() {
-        let (origin, op) = item.with_context(|| format!("{}", path.display()))?;
-        replay
-            .apply(origin, op)
-            .with_context(|| format!("replaying {}", path.display()))?;
-        n += 1;
-        if n.is_multiple_of(PROGRESS_EVERY) {
-            bar.set_position(lines.bytes_read());
+/// Says which file (and, for snapshots, which format) an error is about.
+fn in_file(err: ReplayError, path: &Path) -> anyhow::Error {
+    let p = path.display();
+    match err {
+        ReplayError::Io(io) => anyhow::Error::new(io).context(format!("reading {p}")),
+        ReplayError::Pickle(_)
+        | ReplayError::NoSuchDevice { .. }
+        | ReplayError::AddressAlreadyLive { .. } => {
+            anyhow::Error::new(err).context(format!("{p}: PyTorch snapshot"))
         }
+        ReplayError::Malformed { .. } | ReplayError::ReadLine { .. } => {
+            anyhow::Error::new(err).context(format!("{p}"))
+        }
+        _ => anyhow::Error::new(err).context(format!("replaying {p}")),
     }
-    bar.finish_and_clear();
-    Ok((replay, Format::JsonLines))
 }
 
 /// The `--json` object: the flattened stats at the top level, the replay's figures under
 /// `"replay"`.
-fn json_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> serde_json::Value {
+fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serde_json::Value {
     let mut top = serde_json::Map::new();
     for (key, value) in replay.allocator().memory_stats() {
         top.insert(key, serde_json::Value::from(value));
     }
     let mut r = serde_json::json!({
         "trace": args.trace.display().to_string(),
-        "format": match format { Format::JsonLines => "jsonl", Format::Snapshot(_) => "pytorch_snapshot" },
+        "format": match format { TraceFormat::JsonLines => "jsonl", TraceFormat::Snapshot(_) => "pytorch_snapshot" },
         "capacity": args.capacity,
         "allocator_conf": args.allocator_conf,
         "counts": replay.counts(),
         "ooms": replay.ooms(),
     });
-    if let (Format::Snapshot(info), Some(obj)) = (format, r.as_object_mut()) {
+    if let (TraceFormat::Snapshot(info), Some(obj)) = (format, r.as_object_mut()) {
         obj.insert(
             "snapshot".into(),
             serde_json::json!({
@@ -203,7 +187,7 @@ fn json_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> serde_jso
 /// OOMs listed in full in the text report; the rest are counted.
 const OOMS_SHOWN: usize = 20;
 
-fn text_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> String {
+fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> String {
     use std::fmt::Write as _;
     let c = replay.counts();
     let mut out = String::new();
@@ -217,8 +201,8 @@ fn text_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> String {
         "replayed {} ({}) on a simulated device of {}, allocator config: {conf}",
         args.trace.display(),
         match format {
-            Format::JsonLines => "JSON lines".to_string(),
-            Format::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
+            TraceFormat::JsonLines => "JSON lines".to_string(),
+            TraceFormat::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
         },
         format_size(args.capacity)
     );
@@ -232,7 +216,7 @@ fn text_report(replay: &Replay, format: &Format, args: &ReplayArgs) -> String {
         format_size(c.empty_cache_released_bytes),
         c.live_at_end
     );
-    if let Format::Snapshot(info) = format {
+    if let TraceFormat::Snapshot(info) = format {
         let _ = writeln!(
             out,
             "snapshot: {} device trace(s); {} entries on device {}; frees taken from `{}`; {} frees of \

@@ -1,0 +1,167 @@
+//! Writing a [`MemorySnapshot`] as a pickle PyTorch's viewers open.
+//!
+//! Written with serde-pickle (protocol 3) from strings, integers, floats, booleans, lists,
+//! tuples and dicts only: no bytes, sets or globals, which the web viewer's unpickler does not
+//! read (see [`first_unsupported_opcode`](super::first_unsupported_opcode)). Integers above
+//! `i64::MAX` are written as `i64::MAX`.
+
+use std::collections::BTreeMap;
+
+use serde_pickle::{HashableValue, SerOptions, Value};
+
+use super::PickleError;
+use crate::pytorch::model::Action;
+use crate::pytorch::model::{BlockRecord, Frame, MemorySnapshot, SegmentRecord, TraceEvent};
+use crate::snapshot::{AllocatorSettings, Snapshot};
+
+fn s(x: &str) -> Value {
+    Value::String(x.to_string())
+}
+
+fn i(x: u64) -> Value {
+    Value::I64(x.min(i64::MAX as u64) as i64)
+}
+
+fn dict(entries: Vec<(&str, Value)>) -> Value {
+    let mut m = BTreeMap::new();
+    for (k, v) in entries {
+        m.insert(HashableValue::String(k.to_string()), v);
+    }
+    Value::Dict(m)
+}
+
+fn frames(frames: &[Frame]) -> Value {
+    Value::List(
+        frames
+            .iter()
+            .map(|f| {
+                dict(vec![
+                    ("filename", s(&f.filename)),
+                    ("line", Value::I64(f.line)),
+                    ("name", s(&f.name)),
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn block(b: &BlockRecord) -> Value {
+    let mut e = vec![
+        ("address", i(b.address)),
+        ("size", i(b.size)),
+        ("requested_size", i(b.requested_size)),
+        ("state", s(b.state.as_str())),
+        ("frames", frames(&b.frames)),
+    ];
+    if let Some(c) = &b.category {
+        e.push(("category", s(c)));
+    }
+    dict(e)
+}
+
+fn segment(seg: &SegmentRecord) -> Value {
+    dict(vec![
+        ("device", i(seg.device)),
+        ("address", i(seg.address)),
+        ("total_size", i(seg.total_size)),
+        ("allocated_size", i(seg.allocated_size)),
+        ("active_size", i(seg.active_size)),
+        ("requested_size", i(seg.requested_size)),
+        ("stream", i(seg.stream)),
+        ("segment_type", s(seg.segment_type.as_str())),
+        (
+            "segment_pool_id",
+            Value::Tuple(vec![i(seg.segment_pool_id.0), i(seg.segment_pool_id.1)]),
+        ),
+        ("is_expandable", Value::Bool(seg.is_expandable)),
+        ("frames", frames(&seg.frames)),
+        (
+            "blocks",
+            Value::List(seg.blocks.iter().map(block).collect()),
+        ),
+    ])
+}
+
+fn event(t: &TraceEvent) -> Value {
+    let addr_key = if t.action == Action::Oom {
+        "device_free"
+    } else {
+        "addr"
+    };
+    let mut e = vec![
+        ("action", s(t.action.as_str())),
+        (addr_key, i(t.addr)),
+        ("size", i(t.size)),
+        ("stream", i(t.stream)),
+    ];
+    if let Some(time) = t.time_us {
+        e.push(("time_us", i(time)));
+    }
+    e.push(("frames", frames(&t.frames)));
+    if let Some(c) = &t.category {
+        e.push(("category", s(c)));
+    }
+    dict(e)
+}
+
+fn settings(st: &AllocatorSettings) -> Value {
+    let divisions = st
+        .roundup_power2_divisions
+        .iter()
+        .map(|(k, v)| (HashableValue::String(k.clone()), i(*v)))
+        .collect();
+    dict(vec![
+        ("PYTORCH_CUDA_ALLOC_CONF", s(&st.conf)),
+        ("max_split_size", Value::I64(st.max_split_size)),
+        (
+            "garbage_collection_threshold",
+            Value::F64(st.garbage_collection_threshold),
+        ),
+        ("expandable_segments", Value::Bool(st.expandable_segments)),
+        ("roundup_power2_divisions", Value::Dict(divisions)),
+    ])
+}
+
+fn value_of(snap: &MemorySnapshot) -> Value {
+    let traces = snap
+        .device_traces
+        .iter()
+        .map(|trace| Value::List(trace.iter().map(event).collect()))
+        .collect();
+    let mut top = vec![
+        (
+            "segments",
+            Value::List(snap.segments.iter().map(segment).collect()),
+        ),
+        ("device_traces", Value::List(traces)),
+    ];
+    if let Some(st) = &snap.allocator_settings {
+        top.push(("allocator_settings", settings(st)));
+    }
+    dict(top)
+}
+
+/// The snapshot dict as a pickle value: keys `segments`, `device_traces` and (when present)
+/// `allocator_settings`. A snapshot that
+/// [needs an `"unknown"` category](MemorySnapshot::needs_unknown_category) gets one
+/// ([`MemorySnapshot::add_unknown_category`]) so pytorch.org/memory_viz can draw it.
+pub fn to_value(snap: &MemorySnapshot) -> Value {
+    if snap.needs_unknown_category() {
+        let mut fixed = snap.clone();
+        fixed.add_unknown_category();
+        value_of(&fixed)
+    } else {
+        value_of(snap)
+    }
+}
+
+/// The snapshot as pickle bytes (protocol 3), as [`to_value`] builds it.
+pub fn to_bytes(snap: &MemorySnapshot) -> Result<Vec<u8>, PickleError> {
+    serde_pickle::value_to_vec(&to_value(snap), SerOptions::new()).map_err(PickleError::Encode)
+}
+
+/// The allocator's snapshot as a memory_viz pickle: [`MemorySnapshot::from`] then
+/// [`to_bytes`].
+pub fn write_snapshot(snap: &Snapshot) -> Result<Vec<u8>, PickleError> {
+    to_bytes(&MemorySnapshot::from(snap))
+}

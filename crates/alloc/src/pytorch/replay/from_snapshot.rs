@@ -1,0 +1,183 @@
+//! A snapshot's device trace as replay ops. Blocks are keyed by address: an `alloc` at an
+//! address gets a fresh id, the matching free at the same address frees it.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use super::error::ReplayError;
+use super::op::{Op, Origin};
+use crate::label::Label;
+use crate::pytorch::model::{Action, MemorySnapshot};
+
+/// What a snapshot's trace held besides the ops to replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotTraceInfo {
+    /// Number of devices with a trace.
+    pub devices: usize,
+    /// Entries in the replayed device's trace.
+    pub entries: usize,
+    /// Which free action was replayed: `free_completed` (preferred) or `free_requested`.
+    pub free_action: &'static str,
+    /// Frees of addresses whose `alloc` is not in the trace (recording usually starts
+    /// part-way through a run, and the trace is a ring buffer); they are skipped.
+    pub frees_of_unknown_blocks: u64,
+    /// `oom` entries recorded by PyTorch.
+    pub recorded_ooms: u64,
+    /// `segment_*` entries (not replayed: the allocator makes its own).
+    pub segment_entries: u64,
+}
+
+/// Turns the trace of `device` into ops: each `alloc` (with its label, if trainmem wrote one)
+/// and each free of a block allocated in the trace, using `free_completed` entries when the
+/// trace has any, else `free_requested`.
+pub fn ops_from_trace(
+    snapshot: &MemorySnapshot,
+    device: usize,
+) -> Result<(Vec<(Origin, Op)>, SnapshotTraceInfo), ReplayError> {
+    let devices = snapshot.device_traces.len();
+    let entries = snapshot
+        .device_traces
+        .get(device)
+        .ok_or(ReplayError::NoSuchDevice { device, devices })?;
+    let has_completed = entries.iter().any(|e| e.action == Action::FreeCompleted);
+    let free_action = if has_completed {
+        Action::FreeCompleted
+    } else {
+        Action::FreeRequested
+    };
+    let mut info = SnapshotTraceInfo {
+        devices,
+        entries: entries.len(),
+        free_action: if has_completed {
+            "free_completed"
+        } else {
+            "free_requested"
+        },
+        ..SnapshotTraceInfo::default()
+    };
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut next_id = 0u64;
+    let mut ops = Vec::new();
+    for (index, e) in entries.iter().enumerate() {
+        let at = Origin::Entry { device, index };
+        match &e.action {
+            Action::Alloc => {
+                match live.entry(e.addr) {
+                    Entry::Occupied(_) => {
+                        return Err(ReplayError::AddressAlreadyLive { at, addr: e.addr });
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert(next_id);
+                    }
+                }
+                let op = Op::Alloc {
+                    id: next_id,
+                    size: e.size,
+                    stream: e.stream,
+                    label: e.label().map(|l| Label::from(l.to_string())),
+                };
+                ops.push((at, op));
+                next_id += 1;
+            }
+            a if *a == free_action => match live.remove(&e.addr) {
+                Some(id) => ops.push((at, Op::Free { id })),
+                None => info.frees_of_unknown_blocks += 1,
+            },
+            Action::Oom => info.recorded_ooms += 1,
+            a if a.as_str().starts_with("segment_") => info.segment_entries += 1,
+            _ => {}
+        }
+    }
+    Ok((ops, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pytorch::model::TraceEvent;
+
+    fn entry(action: &str, addr: u64, size: u64) -> TraceEvent {
+        TraceEvent {
+            action: Action::parse(action),
+            addr,
+            size,
+            stream: 0,
+            time_us: None,
+            frames: Vec::new(),
+            category: None,
+        }
+    }
+
+    fn snapshot(traces: Vec<Vec<TraceEvent>>) -> MemorySnapshot {
+        MemorySnapshot {
+            device_traces: traces,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn snapshot_is_keyed_by_address() {
+        let mut labelled = entry("alloc", 0x1200, 300);
+        labelled.category = Some("activation".into());
+        let s = snapshot(vec![vec![
+            entry("free_completed", 0x999, 64), // alloc cut off by the ring buffer
+            entry("segment_alloc", 0x1000, 2 << 20),
+            entry("alloc", 0x1000, 100),
+            labelled,
+            entry("free_requested", 0x1000, 100),
+            entry("free_completed", 0x1000, 100),
+            entry("alloc", 0x1000, 50), // the address is reused: a new block
+            entry("oom", 0, 1 << 40),
+        ]]);
+        let (ops, info) = ops_from_trace(&s, 0).unwrap();
+        let ops: Vec<Op> = ops.into_iter().map(|(_, op)| op).collect();
+        assert_eq!(
+            ops,
+            vec![
+                Op::alloc(0, 100, 0),
+                Op::Alloc {
+                    id: 1,
+                    size: 300,
+                    stream: 0,
+                    label: Some(Label::from("activation"))
+                },
+                Op::Free { id: 0 },
+                Op::alloc(2, 50, 0),
+            ]
+        );
+        assert_eq!(info.free_action, "free_completed");
+        assert_eq!(info.frees_of_unknown_blocks, 1);
+        assert_eq!(info.recorded_ooms, 1);
+        assert_eq!(info.segment_entries, 1);
+        assert_eq!(info.entries, 8);
+    }
+
+    #[test]
+    fn snapshot_without_completed_frees_uses_requested() {
+        let s = snapshot(vec![vec![
+            entry("alloc", 0x10, 1),
+            entry("free_requested", 0x10, 1),
+        ]]);
+        let (ops, info) = ops_from_trace(&s, 0).unwrap();
+        assert_eq!(info.free_action, "free_requested");
+        assert_eq!(ops.len(), 2);
+        assert_eq!(ops[1].1, Op::Free { id: 0 });
+    }
+
+    #[test]
+    fn bad_device_and_double_alloc_are_errors() {
+        let s = snapshot(vec![vec![entry("alloc", 0x10, 1)]]);
+        assert!(
+            ops_from_trace(&s, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("device 3")
+        );
+        let double = snapshot(vec![vec![entry("alloc", 0x10, 1), entry("alloc", 0x10, 1)]]);
+        let msg = ops_from_trace(&double, 0).unwrap_err().to_string();
+        assert!(
+            msg.contains("entry 1") && msg.contains("already live"),
+            "{msg}"
+        );
+    }
+}
