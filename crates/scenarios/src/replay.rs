@@ -8,10 +8,9 @@
 //! timeline (device domain: allocated, reserved, bytes per category, cache) and the allocator's
 //! snapshot with its trace, which becomes the scenario's memory_viz pickle.
 
-use std::collections::HashMap;
-
 use anyhow::{Context, bail};
-use trainmem_alloc::{AllocatorConfig, BlockId, CachingAllocator, HostDevice, Snapshot, StreamId};
+use trainmem_alloc::pytorch::replay::{Applied, Op, Origin, ReplayPolicy, Replayer};
+use trainmem_alloc::{AllocatorConfig, CachingAllocator, HostDevice, Label, Snapshot};
 use trainmem_burn::MeasuredRun;
 use trainmem_probe::{Category, TraceKind};
 use trainmem_sim::Plan;
@@ -61,9 +60,10 @@ pub struct Replay {
 }
 
 fn empty_cache_checked(
-    alloc: &mut CachingAllocator<HostDevice>,
+    r: &mut Replayer<HostDevice>,
+    at: Origin,
 ) -> anyhow::Result<EmptyCacheCheck> {
-    let snap = alloc.snapshot();
+    let snap = r.allocator().snapshot();
     let fully_free_before = snap
         .segments
         .iter()
@@ -71,33 +71,38 @@ fn empty_cache_checked(
         .map(|s| s.total_size)
         .sum();
     let segments_with_live_blocks = snap.segments.iter().filter(|s| !s.is_free()).count() as u64;
-    let reserved_before = alloc.memory_reserved();
-    let allocated = alloc.memory_allocated();
-    let released = alloc.empty_cache().context("empty_cache")?.bytes;
+    let reserved_before = r.allocator().memory_reserved();
+    let allocated = r.allocator().memory_allocated();
+    let released = match r.apply(at, Op::EmptyCache).context("empty_cache")? {
+        Applied::Released(m) => m.bytes,
+        _ => 0,
+    };
     Ok(EmptyCacheCheck {
         reserved_before,
         allocated,
         released,
         fully_free_before,
-        reserved_after: alloc.memory_reserved(),
+        reserved_after: r.allocator().memory_reserved(),
         segments_with_live_blocks,
-        non_releasable_after: alloc.snapshot().non_releasable(),
+        non_releasable_after: r.allocator().snapshot().non_releasable(),
     })
 }
 
 fn device_sample(
-    alloc: &CachingAllocator<HostDevice>,
-    live: &HashMap<u64, (BlockId, Category, u64)>,
+    r: &Replayer<HostDevice>,
     template: &trainmem_burn::ProbeSample,
     phase: Phase,
 ) -> Sample {
+    let alloc = r.allocator();
     let mut device = DeviceBytes {
         allocated: alloc.memory_allocated(),
         reserved: alloc.memory_reserved(),
         ..Default::default()
     };
-    for (_, c, size) in live.values() {
-        device.categories.add(*c, *size);
+    for (name, bytes) in r.live_bytes_by_label() {
+        if let Some(c) = Category::from_name(name) {
+            device.categories.add(c, *bytes);
+        }
     }
     device.categories.set(
         Category::Cache,
@@ -134,7 +139,7 @@ pub fn replay(
     let config_text = format!("{config:?}");
     let mut alloc = CachingAllocator::with_config(HostDevice::new(REPLAY_CAPACITY), config);
     alloc.enable_trace(Some(TRACE_ENTRIES));
-    let mut live: HashMap<u64, (BlockId, Category, u64)> = HashMap::new();
+    let mut r = Replayer::new(alloc).with_policy(ReplayPolicy::RECORDED);
     let mut meta = TimelineMeta {
         name: plan.name.clone(),
         producer: format!(
@@ -148,7 +153,6 @@ pub fn replay(
     meta.notes.insert("allocator".into(), config_text);
     let mut t = Timeline::new(Source::Measured, meta);
     let mut check = None;
-    let mut unmatched_frees = 0u64;
     let mut cursor = 0usize;
     let events = &run.allocation_trace;
     for s in &run.samples {
@@ -156,34 +160,38 @@ pub fn replay(
             bail!("the measured run has no trace marks (run it with trace_allocations)");
         };
         let mark = mark.min(events.len());
-        for e in &events[cursor..mark] {
+        for (n, e) in events.iter().enumerate().take(mark).skip(cursor) {
             if e.thread != run.training_thread {
                 continue;
             }
-            match e.kind {
-                TraceKind::Alloc => {
-                    let block = alloc
-                        .malloc_labeled(e.size, StreamId::DEFAULT, e.category.name())
-                        .map_err(|err| anyhow::anyhow!("replaying an allocation: {err}"))?;
-                    live.insert(e.addr, (block.id, e.category, block.size));
-                }
-                TraceKind::Free => match live.remove(&e.addr) {
-                    Some((id, _, _)) => alloc.free(id).context("replaying a free")?,
-                    None => unmatched_frees += 1,
+            let op = match e.kind {
+                TraceKind::Alloc => Op::Alloc {
+                    id: e.addr,
+                    size: e.size,
+                    stream: 0,
+                    label: Some(Label::from(e.category.name())),
                 },
+                TraceKind::Free => Op::Free { id: e.addr },
+            };
+            let at = Origin::Event(n as u64);
+            if r.apply(at, op).context("replaying the allocation trace")? == Applied::OutOfMemory {
+                bail!(
+                    "replaying an allocation: {}",
+                    r.ooms().last().map_or("", |o| o.message.as_str())
+                );
             }
         }
         cursor = cursor.max(mark);
-        t.push(device_sample(&alloc, &live, s, s.phase));
+        t.push(device_sample(&r, s, s.phase));
         if empty_cache_after_epoch0 && s.phase == Phase::EpochEnd && s.epoch == 0 {
-            check = Some(empty_cache_checked(&mut alloc)?);
-            t.push(device_sample(&alloc, &live, s, Phase::EmptyCache));
+            check = Some(empty_cache_checked(&mut r, Origin::Event(mark as u64))?);
+            t.push(device_sample(&r, s, Phase::EmptyCache));
         }
     }
     Ok(Replay {
         timeline: t,
         check,
-        unmatched_frees,
-        snapshot: alloc.snapshot(),
+        unmatched_frees: r.counts().frees_of_unknown_ids,
+        snapshot: r.allocator().snapshot(),
     })
 }
