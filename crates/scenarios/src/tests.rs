@@ -26,10 +26,48 @@ fn run_with_json(name: &str, mode: Mode) -> (ScenarioReport, serde_json::Value) 
     for f in ["report.md", "timeline.json", "timeline.svg", "trace.json"] {
         assert!(dir.join(f).is_file(), "{name}: {f} written");
     }
+    let pickle = std::fs::read(dir.join("memory_viz.pickle")).expect("memory_viz.pickle read");
+    assert_viewer_can_draw(name, &pickle);
     let text = std::fs::read_to_string(dir.join("timeline.json")).expect("timeline.json read");
     let json: serde_json::Value = serde_json::from_str(&text).expect("timeline.json parses");
     let _ = std::fs::remove_dir_all(&dir);
     (report, json)
+}
+
+/// Checks a written memory_viz pickle for what PyTorch's viewers read: segments with their
+/// blocks, a device trace, allocator settings, trace categories named after trainmem's, and
+/// the `unknown` category without which the web page draws nothing.
+fn assert_viewer_can_draw(name: &str, pickle: &[u8]) {
+    let snap = trainmem_alloc::pytorch::pickle::from_bytes(pickle)
+        .unwrap_or_else(|e| panic!("{name}: memory_viz.pickle does not read back: {e}"));
+    assert!(!snap.segments.is_empty(), "{name}: no segments");
+    for seg in &snap.segments {
+        let tiled: u64 = seg.blocks.iter().map(|b| b.size).sum();
+        assert_eq!(
+            tiled, seg.total_size,
+            "{name}: blocks tile segment {:#x}",
+            seg.address
+        );
+    }
+    assert!(
+        snap.device_traces.iter().any(|t| !t.is_empty()),
+        "{name}: no device trace"
+    );
+    assert!(
+        snap.allocator_settings.is_some(),
+        "{name}: no allocator_settings"
+    );
+    let categories = snap.categories();
+    assert!(
+        categories.contains(&"unknown"),
+        "{name}: no `unknown` category: {categories:?}"
+    );
+    assert!(
+        categories
+            .iter()
+            .any(|c| trainmem_probe::Category::ALL.iter().any(|k| k.name() == *c)),
+        "{name}: no trainmem category in the trace: {categories:?}"
+    );
 }
 
 /// Reads the twin-error rows of run `run` from a scenario's JSON report and checks that the
