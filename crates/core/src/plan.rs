@@ -35,7 +35,8 @@
 //! `[host]` has `capacity` (reported against, not enforced), `baseline` (resident bytes before
 //! training, under `other`) and `kernel_scratch` (bytes a compute library keeps for the
 //! training thread's life, under `other` from `start` to `end`; by default gemm's L2-sized
-//! packing buffer for framework `burn` on a CPU device, 0 otherwise: [`Plan::kernel_scratch_bytes`]).
+//! packing buffer for framework `burn` on a CPU device, 0 otherwise; trainmem-sim's framework
+//! profile applies the rule).
 //!
 //! The loader section is trainmem-sim's own [`LoaderPlan`] (worker count, prefetch factor,
 //! persistence, pinning); it mirrors the knobs of trainmem-loader's configuration.
@@ -412,8 +413,8 @@ pub struct HostPlan {
     /// Kernel scratch the compute library keeps for the training thread's whole life,
     /// counted under `other` from `start` to `end` (e.g. `"1MiB"`). Absent: for framework
     /// `burn` on a CPU device, the `gemm` crate's thread-local packing buffer as gemm sizes
-    /// it on the machine running the simulation (its L2 cache bytes per CPU, see
-    /// [`crate::engine::kernel_scratch`]); otherwise 0.
+    /// it on the machine the run is predicted for (a machine fact trainmem-sim takes as an
+    /// input: its `Machine`); otherwise 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_scratch: Option<ByteSize>,
 }
@@ -812,20 +813,6 @@ impl Plan {
             }
         }
         Ok(())
-    }
-
-    /// Bytes of kernel scratch kept from `start` to `end` under `other`: `host.kernel_scratch`
-    /// when given; otherwise `gemm_packing` (the machine's gemm packing buffer, a fact of the
-    /// machine the run is predicted for, which trainmem-sim takes as an input) for framework
-    /// `burn` on a CPU device; 0 otherwise.
-    pub fn kernel_scratch_bytes(&self, gemm_packing: u64) -> u64 {
-        match self.host.kernel_scratch {
-            Some(b) => b.0,
-            None if self.framework == Framework::Burn && self.device.kind == DeviceKind::Cpu => {
-                gemm_packing
-            }
-            None => 0,
-        }
     }
 
     /// Samples per forward/backward.

@@ -189,8 +189,8 @@ fn main() -> ExitCode {
                 .map_or(0, |s| s.host.categories.get(Category::Other))
         };
         let m_start = other_at(&measured.timeline, "start");
-        let scratch =
-            plan.kernel_scratch_bytes(trainmem_sim::engine::kernel_scratch::gemm_l2_slab_bytes());
+        let scratch = trainmem_sim::profile::FrameworkProfile::of(plan.framework)
+            .kernel_scratch_bytes(&plan, &trainmem_sim::Machine::detect());
         let rest = m_start as i64 - scratch as i64 - probe_own as i64;
         println!(
             "  other at start: measured {m_start} = kernel scratch {} (twin: {}) + probe's own \
