@@ -10,6 +10,8 @@ an ignored directory, never committed:
 
     python3 -m venv /work/venv-torch
     /work/venv-torch/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
+    # where that index cannot be reached, the PyPI wheel works too (larger: CUDA libraries)
+    /work/venv-torch/bin/pip install torch
 
 Use:
 
