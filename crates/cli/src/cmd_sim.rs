@@ -238,5 +238,10 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             println!("* {}\n", f.text);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    // A plan that does not fit is a predicted OOM, exit code 2, as under `simulate` and `fit`.
+    Ok(if r.summary.oom.is_some() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
