@@ -46,12 +46,12 @@ pub fn fixture_text(name: &str) -> String {
     std::fs::read_to_string(fixture_plan(name)).expect("reading a fixture plan")
 }
 
-/// An empty directory of the test's own (`tag` tells the tests apart), under cargo's
-/// temporary directory for integration tests.
+/// An empty directory of the test's own (each test passes its own `tag`), under cargo's
+/// temporary directory for integration tests; emptied at the start of each run.
 pub fn empty_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join("cli-tests")
-        .join(format!("{tag}-{}", std::process::id()));
+        .join(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("creating a test directory");
     dir
