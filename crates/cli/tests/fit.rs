@@ -194,3 +194,25 @@ fn a_zero_capacity_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--capacity"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_search_limit_of_0_is_a_usage_error() {
+    // It searched 1 anyway and said "every size up to --max 0 fits".
+    let path = fixture_plan("retained-leak");
+    let out = trainmem(&["fit", s(&path), "--max", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(out.stdout.is_empty(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("--max"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
+    let out = trainmem(&["fit", s(&path), "--max", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("(every size up to --max 1 fits)"),
+        "{}",
+        stdout(&out)
+    );
+}
