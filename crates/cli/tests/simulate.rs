@@ -494,3 +494,34 @@ fn steps_limits_the_simulation() {
         .max();
     assert_eq!(last, Some(2));
 }
+
+#[test]
+fn a_cpu_device_has_no_allocator_snapshot_and_says_so() {
+    // optimizer-jump runs on a CPU device: exact counting, no caching allocator to snapshot
+    let dir = empty_dir("sim-cpu-out");
+    let path = fixture_plan("optimizer-jump");
+    let (_, r) = library(&path, true);
+    assert!(r.snapshot.is_none());
+    let out = trainmem(&["simulate", s(&path), "--out", s(&dir)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("{timeline.json, report.json, report.txt, trace.json, memory.svg}"),
+        "{}",
+        stderr(&out)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "memory.svg",
+            "report.json",
+            "report.txt",
+            "timeline.json",
+            "trace.json"
+        ]
+    );
+}
