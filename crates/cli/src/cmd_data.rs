@@ -22,7 +22,9 @@ pub struct CheckArgs {
     /// Also require every file to have the same number of samples (columns of one data set).
     #[arg(long)]
     pub same_length: bool,
-    /// Print one JSON object per file instead of text.
+    /// Print JSON lines instead of text: one object per file (`"ok"`, and `"error"` or the
+    /// description), then, with `--same-length`, one `{"ok": false, "error": ...}` if the
+    /// sample counts differ.
     #[arg(long)]
     pub json: bool,
 }
@@ -89,7 +91,13 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|(p, n)| format!("{}={n}", p.display()))
             .collect();
-        println!("error: sample counts differ: {}", counts.join(", "));
+        let message = format!("sample counts differ: {}", counts.join(", "));
+        if args.json {
+            // every line of --json is JSON, the mismatch too
+            println!("{}", serde_json::json!({ "ok": false, "error": message }));
+        } else {
+            println!("error: {message}");
+        }
     }
     Ok(if all_ok {
         ExitCode::SUCCESS

@@ -44,8 +44,8 @@ pub struct FitArgs {
     /// micro-batch when the plan accumulates gradients, else batch.
     #[arg(long, value_enum)]
     pub what: Option<FitWhat>,
-    /// Largest size to try.
-    #[arg(long, default_value_t = 1 << 16)]
+    /// Largest size to try (at least 1).
+    #[arg(long, default_value_t = 1 << 16, value_parser = parse_limit)]
     pub max: u64,
     /// Print JSON.
     #[arg(long)]
@@ -78,6 +78,13 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
     match parse_bytes(s)? {
         0 => Err("capacity must be more than 0 bytes".into()),
         b => Ok(b),
+    }
+}
+
+fn parse_limit(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>().map_err(|e| e.to_string())? {
+        0 => Err("the largest size to try must be at least 1".into()),
+        n => Ok(n),
     }
 }
 
@@ -184,7 +191,7 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
         None if plan.accumulation_steps() > 1 => FitTarget::MicroBatch,
         None => FitTarget::Batch,
     };
-    let r = trainmem_sim::fit(&plan, target, capacity, args.max.max(1), Machine::detect())?;
+    let r = trainmem_sim::fit(&plan, target, capacity, args.max, Machine::detect())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(if r.largest.is_some() {
@@ -240,5 +247,10 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             println!("* {}\n", f.text);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    // A plan that does not fit is a predicted OOM, exit code 2, as under `simulate` and `fit`.
+    Ok(if r.summary.oom.is_some() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -60,7 +60,8 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         })
         .collect();
     let cols = columns(&totals, 1500);
-    let ymax = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let peak = totals.iter().copied().max().unwrap_or(0);
+    let ymax = peak.max(1) as f64;
     let n = cols.len().max(2) as f64;
     let x = |k: usize| LEFT + (W - LEFT - 20.0) * k as f64 / (n - 1.0);
     let y = |b: f64| y0 + PANEL_H - PANEL_H * b / ymax;
@@ -110,7 +111,13 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
             base[k] += v;
         }
     }
-    for f in [0.0, 0.25, 0.5, 0.75, 1.0] {
+    // A panel without bytes gets its baseline only, not a made-up scale of 0 to 1 B.
+    let ticks: &[f64] = if peak == 0 {
+        &[0.0]
+    } else {
+        &[0.0, 0.25, 0.5, 0.75, 1.0]
+    };
+    for &f in ticks {
         let yy = y(ymax * f);
         let _ = writeln!(
             o,
@@ -156,10 +163,21 @@ pub fn render_svg(t: &Timeline) -> String {
     o
 }
 
+/// Escapes character data; control characters, which XML 1.0 does not allow even escaped,
+/// become U+FFFD.
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .chars()
+        .map(|c| {
+            if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

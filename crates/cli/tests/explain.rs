@@ -1,0 +1,263 @@
+//! `trainmem explain` end to end: which patterns it names for the pattern plans, in which
+//! words and with which figures.
+
+mod common;
+
+use std::path::Path;
+
+use common::{empty_dir, fixture_plan, fixture_text, s, stderr, stdout, trainmem, write};
+use serde_json::Value;
+use trainmem_sim::bytes::{human, human_signed};
+use trainmem_sim::timeline::Phase;
+use trainmem_sim::{Finding, PatternKind, Plan, SimOptions, SimResult};
+
+fn library(path: &Path) -> (Plan, SimResult, Vec<Finding>) {
+    let plan = Plan::load(path).expect("the plan loads");
+    let opts = SimOptions {
+        machine: trainmem_sim::Machine::detect(),
+        ..SimOptions::default()
+    };
+    let r = trainmem_sim::simulate(&plan, opts).expect("the plan simulates");
+    let f = trainmem_sim::explain(&plan, &r.timeline, &r.summary);
+    (plan, r, f)
+}
+
+/// Runs `explain`, expects `code`, and returns the bullet texts after the title line.
+fn explain(path: &Path, code: i32) -> (String, Vec<String>) {
+    let out = trainmem(&["explain", s(path)]);
+    assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (title, rest) = text.split_once("\n\n").expect("a title line");
+    let bullets = rest
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|b| {
+            b.strip_prefix("* ")
+                .unwrap_or_else(|| panic!("a bullet: {b:?}"))
+                .to_string()
+        })
+        .collect();
+    (title.to_string(), bullets)
+}
+
+/// The bullets are the library's findings for the same plan, in order.
+fn same_as_library(bullets: &[String], findings: &[Finding]) {
+    let texts: Vec<&str> = findings.iter().map(|f| f.text.as_str()).collect();
+    assert_eq!(bullets, texts);
+}
+
+fn kinds(findings: &[Finding]) -> Vec<PatternKind> {
+    findings.iter().map(|f| f.kind).collect()
+}
+
+#[test]
+fn retained_leak_names_growth_per_step_and_its_cause() {
+    let path = fixture_plan("retained-leak");
+    let (title, bullets) = explain(&path, 0);
+    assert_eq!(title, "retained-leak: what memory does, and why");
+    let (_, r, findings) = library(&path);
+    same_as_library(&bullets, &findings);
+    assert_eq!(
+        kinds(&findings),
+        [
+            PatternKind::Startup,
+            PatternKind::Jump,
+            PatternKind::ActivationRetention,
+            PatternKind::GrowthPerStep,
+            PatternKind::CacheOverhead
+        ]
+    );
+    // 512→2048→2048→512 with biases: 6,296,064 parameters, 4 bytes each
+    let params: u64 = 512 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 512 + 512;
+    assert_eq!(params, 6_296_064);
+    assert_eq!(
+        bullets[0],
+        format!(
+            "{} of parameters exist before the first step ({params} elements in f32).",
+            human(params * 4)
+        )
+    );
+    assert_eq!(
+        bullets[1],
+        "Plain SGD keeps no state: no jump at the first step."
+    );
+    // The growth: what allocated memory gains from one step's end to the next. Every step
+    // keeps the same tensors, so every difference is the same and is the figure named.
+    let ends: Vec<u64> = r
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| x.phase == Phase::OptimizerStep)
+        .map(|x| x.device.allocated)
+        .collect();
+    assert_eq!(ends.len(), 12);
+    let per_step: Vec<u64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(per_step.iter().all(|&d| d == per_step[0]), "{per_step:?}");
+    assert!(per_step[0] > 0);
+    let growth = bullets
+        .iter()
+        .find(|b| b.starts_with("Memory grows by "))
+        .expect("growth is named");
+    assert!(
+        growth.starts_with(&format!(
+            "Memory grows by {} per step: each step's output is kept and backward ran with retain_graph, so every step's saved activations stay alive with it.",
+            human_signed(per_step[0] as i128)
+        )),
+        "{growth}"
+    );
+    assert!(growth.contains("`loss.item()`"), "{growth}");
+    assert!(
+        !bullets.iter().any(|b| b.contains("flat")),
+        "no plateau: {bullets:?}"
+    );
+}
+
+#[test]
+fn clearing_the_leak_names_the_sawtooth() {
+    let dir = empty_dir("explain-clear");
+    let plan = write(
+        &dir,
+        "clear.toml",
+        fixture_text("retained-leak").replace(
+            "retain_graph = true\n",
+            "retain_graph = true\nclear_every = 4\n",
+        ),
+    );
+    let (_, bullets) = explain(&plan, 0);
+    let (_, _, findings) = library(&plan);
+    same_as_library(&bullets, &findings);
+    let growth = bullets
+        .iter()
+        .find(|b| b.starts_with("Memory grows by "))
+        .expect("growth within each period is named");
+    assert!(
+        growth.contains("Clearing them every 4 steps drops it back (a sawtooth)."),
+        "{growth}"
+    );
+}
+
+#[test]
+fn optimizer_jump_names_adams_two_buffers_per_parameter() {
+    let path = fixture_plan("optimizer-jump");
+    let (title, bullets) = explain(&path, 0);
+    assert_eq!(title, "optimizer-jump: what memory does, and why");
+    let (_, _, findings) = library(&path);
+    same_as_library(&bullets, &findings);
+    assert_eq!(
+        kinds(&findings),
+        [
+            PatternKind::Startup,
+            PatternKind::Jump,
+            PatternKind::ActivationRetention,
+            PatternKind::Plateau
+        ]
+    );
+    // 1024→4096→1024 with biases, f32, on a CPU device (exact bytes): Adam keeps two f32
+    // moments per parameter, created at the first step.
+    let params: u64 = 1024 * 4096 + 4096 + 4096 * 1024 + 1024;
+    assert_eq!(
+        bullets[0],
+        format!(
+            "{} of parameters exist before the first step ({params} elements in f32).",
+            human(params * 4)
+        )
+    );
+    assert_eq!(
+        bullets[1],
+        format!(
+            "+{} of optimizer state appears at the first optimizer step (step 0): adam keeps 2 buffer(s) per parameter in f32 (2.00× the parameter count in that dtype), created lazily on first use; it stays flat afterwards.",
+            human(2 * params * 4)
+        )
+    );
+    assert_eq!(human(2 * params * 4), "64.04 MiB");
+    assert!(
+        bullets[3].starts_with("After the first step, memory per step is flat")
+            && bullets[3].contains("varying by 0 B at most"),
+        "{}",
+        bullets[3]
+    );
+}
+
+#[test]
+fn epoch_spike_names_the_epochs_and_the_knob() {
+    let path = fixture_plan("epoch-spike");
+    let (_, bullets) = explain(&path, 0);
+    let (_, _, findings) = library(&path);
+    same_as_library(&bullets, &findings);
+    let spike = findings
+        .iter()
+        .find(|f| f.kind == PatternKind::EpochSpike)
+        .expect("the spike is named");
+    assert!(spike.bytes > 0);
+    assert_eq!(
+        spike.text,
+        format!(
+            "Host memory (anonymous RSS) peaks in the first batches of epoch(s) 0, 1, 2 by up to {} above the steady state: 4 worker(s) start together, each filling 2 prefetch slot(s) and holding augmentation scratch at once. Workers are respawned every epoch (persistent_workers = false), so the spike repeats; persistent workers flatten later epochs.",
+            human(spike.bytes as u64)
+        )
+    );
+
+    // the knob: persistent workers spike in the first epoch only
+    let dir = empty_dir("explain-persistent");
+    let plan = write(
+        &dir,
+        "persistent.toml",
+        fixture_text("epoch-spike")
+            .replace("persistent_workers = false", "persistent_workers = true"),
+    );
+    let (_, bullets) = explain(&plan, 0);
+    let spike = bullets
+        .iter()
+        .find(|b| b.starts_with("Host memory (anonymous RSS) peaks"))
+        .expect("the first epoch still spikes");
+    assert!(
+        spike.contains("in the first batches of epoch(s) 0 by up to"),
+        "{spike}"
+    );
+    assert!(
+        spike.contains(
+            "Persistent workers keep their queues across epochs, so later epochs stay flat."
+        ),
+        "{spike}"
+    );
+}
+
+#[test]
+fn json_prints_the_librarys_findings() {
+    let path = fixture_plan("retained-leak");
+    let out = trainmem(&["explain", s(&path), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let (_, _, findings) = library(&path);
+    assert_eq!(v, serde_json::to_value(&findings).unwrap());
+    assert_eq!(v[3]["kind"], "growth_per_step");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_names_the_oom_and_exits_2() {
+    let dir = empty_dir("explain-oom");
+    let plan = write(
+        &dir,
+        "gpt2-1gib.toml",
+        fixture_text("gpt2-small").replace("capacity = \"24GiB\"", "capacity = \"1GiB\""),
+    );
+    let (_, r, findings) = library(&plan);
+    let oom = r.summary.oom.as_ref().expect("an OOM");
+    let (_, bullets) = explain(&plan, 2);
+    same_as_library(&bullets, &findings);
+    let last = bullets.last().unwrap();
+    assert!(
+        last.starts_with(&format!(
+            "Out of memory at step {} during {} allocating {} of {}.",
+            oom.when.step,
+            oom.when.phase,
+            human(oom.requested),
+            oom.category
+        )),
+        "{last}"
+    );
+    assert!(last.ends_with(&oom.message), "{last}");
+    // --json too
+    let out = trainmem(&["explain", s(&plan), "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
