@@ -16,7 +16,7 @@ an ignored directory, never committed:
 Use:
 
     cargo run -p trainmem -- simulate fixtures/plans/gpt2-small.toml --out /tmp/o
-    /work/venv-torch/bin/python validation/pytorch/memviz_check.py /tmp/o/snapshot.pickle
+    /work/venv-torch/bin/python validation/pytorch/memviz_check.py /tmp/o/memory_viz.pickle
 
 The other views (``segments``, ``memory``) need ``flamegraph.pl``, which torch downloads, and
 ``compare`` is broken in torch itself for current snapshots, so they are not run. The web

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_sim::bytes::{human, parse_bytes};
-use trainmem_sim::export::{chrome, json, pickle, svg};
+use trainmem_sim::export::{chrome, files, json, pickle, svg};
 use trainmem_sim::{FitTarget, Machine, Plan, SimOptions, SimResult};
 
 /// Arguments of `trainmem simulate`.
@@ -143,25 +143,28 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
         };
         write(
-            "timeline.json",
+            files::TIMELINE_JSON,
             json::timeline_json(&r.timeline)?.as_bytes(),
         )?;
-        write("report.json", json::report_json(&rep)?.as_bytes())?;
+        write(files::REPORT_JSON, json::report_json(&rep)?.as_bytes())?;
         write(
-            "report.txt",
+            files::REPORT_TXT,
             trainmem_sim::render_text(&plan, &rep).as_bytes(),
         )?;
-        write("trace.json", chrome::chrome_trace(&r.timeline)?.as_bytes())?;
-        write("memory.svg", svg::render_svg(&r.timeline).as_bytes())?;
+        write(
+            files::TRACE_JSON,
+            chrome::chrome_trace(&r.timeline)?.as_bytes(),
+        )?;
+        write(files::TIMELINE_SVG, svg::render_svg(&r.timeline).as_bytes())?;
         if let Some(snap) = &r.snapshot {
-            write("snapshot.pickle", &pickle::snapshot_pickle(snap)?)?;
+            write(files::MEMORY_VIZ_PICKLE, &pickle::snapshot_pickle(snap)?)?;
         }
         if !args.json {
             eprintln!(
-                "wrote {}/{{timeline.json, report.json, report.txt, trace.json, memory.svg{}}}",
+                "wrote {}/{{timeline.json, report.json, report.txt, trace.json, timeline.svg{}}}",
                 dir.display(),
                 if r.snapshot.is_some() {
-                    ", snapshot.pickle"
+                    ", memory_viz.pickle"
                 } else {
                     ""
                 }

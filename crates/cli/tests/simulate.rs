@@ -270,7 +270,7 @@ fn out_writes_every_export_readme_lists() {
     let err = stderr(&out);
     assert!(
         err.contains(
-            "{timeline.json, report.json, report.txt, trace.json, memory.svg, snapshot.pickle}"
+            "{timeline.json, report.json, report.txt, trace.json, timeline.svg, memory_viz.pickle}"
         ),
         "{err}"
     );
@@ -305,14 +305,14 @@ fn out_writes_every_export_readme_lists() {
         serde_json::from_str::<Value>(&chrome::chrome_trace(&t).unwrap()).unwrap()
     );
 
-    // memory.svg
-    let svg_text = String::from_utf8(read("memory.svg")).unwrap();
+    // timeline.svg
+    let svg_text = String::from_utf8(read("timeline.svg")).unwrap();
     assert!(svg_text.starts_with("<svg "), "{svg_text}");
     assert!(svg_text.trim_end().ends_with("</svg>"));
     assert_eq!(svg_text, svg::render_svg(&r.timeline));
 
-    // snapshot.pickle: memory_viz's top-level keys, and the library's snapshot
-    let pk = read("snapshot.pickle");
+    // memory_viz.pickle: memory_viz's top-level keys, and the library's snapshot
+    let pk = read("memory_viz.pickle");
     let pv: serde_pickle::Value =
         serde_pickle::value_from_slice(&pk, Default::default()).expect("a pickle");
     let serde_pickle::Value::Dict(d) = &pv else {
@@ -369,7 +369,7 @@ fn a_plan_that_cannot_fit_exits_2_with_the_allocators_message() {
     let t = Timeline::from_json(&std::fs::read_to_string(outdir.join("timeline.json")).unwrap())
         .unwrap();
     assert_eq!(t.samples.last().unwrap().phase, Phase::OutOfMemory);
-    assert!(outdir.join("memory.svg").is_file());
+    assert!(outdir.join("timeline.svg").is_file());
 
     // --json too
     let out = trainmem(&["simulate", s(&plan), "--json"]);
@@ -506,7 +506,7 @@ fn a_cpu_device_has_no_allocator_snapshot_and_says_so() {
     let out = trainmem(&["simulate", s(&path), "--out", s(&dir)]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("{timeline.json, report.json, report.txt, trace.json, memory.svg}"),
+        stderr(&out).contains("{timeline.json, report.json, report.txt, trace.json, timeline.svg}"),
         "{}",
         stderr(&out)
     );
@@ -518,10 +518,10 @@ fn a_cpu_device_has_no_allocator_snapshot_and_says_so() {
     assert_eq!(
         names,
         [
-            "memory.svg",
             "report.json",
             "report.txt",
             "timeline.json",
+            "timeline.svg",
             "trace.json"
         ]
     );

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde_json::Value;
 use trainmem_alloc::AllocatorConfig;
 use trainmem_probe::Category;
-use trainmem_sim::export::{chrome::chrome_trace, pickle::snapshot_pickle, svg::render_svg};
+use trainmem_sim::export::{chrome::chrome_trace, files, pickle::snapshot_pickle, svg::render_svg};
 use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::Source;
 use trainmem_sim::{Machine, SimOptions, simulate};
@@ -145,7 +145,7 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
 
     // SVG charts: the first run's primary timeline, then every timeline of every run.
     if let Some(t) = report.runs.first().and_then(|r| r.primary()) {
-        files.push(write("timeline.svg", render_svg(t).as_bytes())?);
+        files.push(write(files::TIMELINE_SVG, render_svg(t).as_bytes())?);
     }
     for (i, run) in report.runs.iter().enumerate() {
         for t in [&run.measured, &run.simulated].into_iter().flatten() {
@@ -180,7 +180,7 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
     }
     let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
     files.push(write(
-        "trace.json",
+        files::TRACE_JSON,
         serde_json::to_string(&trace)?.as_bytes(),
     )?);
 
@@ -191,16 +191,16 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
         None => memory_viz(report)?,
     };
     if let Some((pickle, note)) = viz {
-        files.push(write("memory_viz.pickle", &pickle)?);
+        files.push(write(files::MEMORY_VIZ_PICKLE, &pickle)?);
         report.notes.push(note);
     }
 
-    files.push("report.md".into());
-    files.push("timeline.json".into());
+    files.push(files::REPORT_MD.into());
+    files.push(files::TIMELINE_JSON.into());
     report.files = files;
-    write("report.md", report::render_markdown(report).as_bytes())?;
+    write(files::REPORT_MD, report::render_markdown(report).as_bytes())?;
     write(
-        "timeline.json",
+        files::TIMELINE_JSON,
         serde_json::to_string_pretty(report)?.as_bytes(),
     )?;
     Ok(())

@@ -1,7 +1,9 @@
 //! Exports of a simulation: the JSON timeline, Chrome trace-event counters (Perfetto), a
-//! PyTorch memory-snapshot pickle (pytorch.org/memory_viz), and an SVG stacked-area chart.
+//! PyTorch memory-snapshot pickle (pytorch.org/memory_viz), and an SVG stacked-area chart;
+//! [`files`] names the files they are written to.
 
 pub mod chrome;
+pub mod files;
 pub mod json;
 pub mod pickle;
 pub mod svg;
