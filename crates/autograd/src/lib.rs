@@ -177,6 +177,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 pub mod graph;
 mod memory;

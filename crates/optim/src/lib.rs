@@ -115,6 +115,8 @@
 //! assert_eq!(step.step_temporary_peak(&params), 0);
 //! ```
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
 
