@@ -55,15 +55,19 @@ impl CategoryError {
 }
 
 /// The measurement uncertainty of the `input` category for a run of `plan` whose batches are
-/// `batch_bytes` each: one batch when the loader has worker threads (a refill in progress at a
-/// phase boundary is scheduling, not the plan), none when batches are built in the training
-/// loop.
+/// `batch_bytes` each. With loader worker threads, what is in flight when a phase boundary is
+/// sampled depends on how the threads were scheduled, not on the plan: a refill may or may
+/// not have landed (one batch), and the other workers may be in the middle of building a batch
+/// at the same moment, each holding its augmentation scratch (`data.augmentation_scratch`
+/// × batch), where the prediction assumes one busy worker once the queues are full. With no
+/// workers, batches are built in the training loop and nothing is uncertain.
 pub fn loader_slack(plan: &Plan, batch_bytes: u64) -> u64 {
-    if plan.loader.workers > 0 {
-        batch_bytes
-    } else {
-        0
+    let workers = plan.loader.workers;
+    if workers == 0 {
+        return 0;
     }
+    let scratch = (plan.data.augmentation_scratch * batch_bytes as f64).ceil() as u64;
+    batch_bytes.saturating_add(scratch.saturating_mul(workers - 1))
 }
 
 /// The accuracy target of a prediction for a category, as a fraction of the measured peak:
@@ -193,14 +197,25 @@ mod tests {
         assert!(!row.within(), "15% misses the 10% target");
         assert!(!row.clone().with_slack(49).within(), "100 + 49 < 150");
         assert!(row.with_slack(50).within(), "100 + 50 covers 150");
-        let plan = |workers: u64| {
+        let plan = |workers: u64, scratch: f64| {
             Plan::from_toml_str(&format!(
-                "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n[loader]\nworkers = {workers}\n"
+                "[model.mlp]\ninput = 4\nhidden = [8]\noutput = 2\n[loader]\nworkers = {workers}\n\
+                 [data]\naugmentation_scratch = {scratch}\n"
             ))
             .expect("plan")
         };
-        assert_eq!(loader_slack(&plan(2), 4096), 4096);
-        assert_eq!(loader_slack(&plan(0), 4096), 0);
+        assert_eq!(loader_slack(&plan(2, 0.0), 4096), 4096, "one batch");
+        assert_eq!(loader_slack(&plan(0, 2.0), 4096), 0, "no workers");
+        assert_eq!(
+            loader_slack(&plan(1, 2.0), 4096),
+            4096,
+            "one worker: the model already holds its scratch"
+        );
+        assert_eq!(
+            loader_slack(&plan(3, 1.5), 4096),
+            4096 + 2 * 6144,
+            "a batch and two more busy workers' scratch"
+        );
     }
 
     #[test]

@@ -404,10 +404,5 @@ fn out_dir(out: Option<&Path>, default_out: &Path, name: &str, several: bool) ->
     }
 }
 
-/// The unit tests make measured runs, which count host bytes through trainmem-probe.
-#[cfg(test)]
-#[global_allocator]
-static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
-
 #[cfg(test)]
 mod tests;

@@ -396,7 +396,7 @@ pub fn twin_table(run: &RunReport) -> String {
                 if e.within() { "ok ±" } else { "MISS ±" },
                 t * 100.0,
                 if e.slack > 0 {
-                    format!(" + {} (one batch in flight)", mib(e.slack))
+                    format!(" + {} (loader scheduling)", mib(e.slack))
                 } else {
                     String::new()
                 }
