@@ -40,7 +40,7 @@ fn the_catalogues_rules_hold_on_the_fixture_plans() {
             dir.clone(),
             false,
         )
-        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        .unwrap_or_else(|e| panic!("{name}: {}", e.chain()));
         let _ = std::fs::remove_dir_all(&dir);
         assert!(
             report.all_reproduced(),

@@ -48,7 +48,8 @@ fn target_dir() -> std::path::PathBuf {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Scenario(args) => trainmem_scenarios::run(args, &target_dir().join("scenarios")),
+        Command::Scenario(args) => trainmem_scenarios::run(args, &target_dir().join("scenarios"))
+            .map_err(anyhow::Error::from),
         Command::Bench(cmd) => bench::run(cmd),
         Command::GenData(args) => gen_data::run(args),
     };

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Scenario(args) => {
             trainmem_scenarios::run(args, std::path::Path::new("trainmem-scenarios"))
+                .map_err(anyhow::Error::from)
         }
         Command::Replay(args) => cmd_replay::run(args),
         Command::Data(cmd) => cmd_data::run(cmd),

@@ -2,7 +2,6 @@
 //! the forward until the backward pass frees them, every step, and their amount follows the
 //! batch.
 
-use anyhow::bail;
 use trainmem_probe::Category;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
@@ -10,6 +9,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::bytes_at;
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -72,9 +72,9 @@ pub(super) fn act(t: &Timeline, i: usize) -> u64 {
 
 /// What the model legitimately still holds after backward: its logits (f32), until the
 /// run's metrics have read them.
-fn logits_bytes(plan: &Plan) -> anyhow::Result<u64> {
+fn logits_bytes(plan: &Plan) -> Result<u64> {
     let ModelSpec::Transformer(m) = &plan.model else {
-        bail!("the activation-retention plan must describe a transformer");
+        unsuited!("the activation-retention plan must describe a transformer");
     };
     Ok(plan.micro_batch_size() * m.seq_len * m.vocab * 4)
 }
@@ -84,9 +84,9 @@ fn logits_bytes(plan: &Plan) -> anyhow::Result<u64> {
 /// first matrix product, and the attention keeps its softmax output (batch × heads ×
 /// sequence × sequence); the logits (batch × sequence × vocabulary) are alive once the
 /// forward has produced them.
-pub(super) fn transformer_saved_floor(plan: &Plan) -> anyhow::Result<u64> {
+pub(super) fn transformer_saved_floor(plan: &Plan) -> Result<u64> {
     let ModelSpec::Transformer(m) = &plan.model else {
-        bail!("the plan must describe a transformer");
+        unsuited!("the plan must describe a transformer");
     };
     let b = plan.micro_batch_size();
     let per_block = 2 * m.seq_len * m.hidden + m.heads * m.seq_len * m.seq_len;
@@ -167,7 +167,7 @@ fn mean_freed(t: &Timeline) -> f64 {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("activation-retention")?;
     let floor = transformer_saved_floor(&plan)?;
     let logits = logits_bytes(&plan)?;
@@ -187,7 +187,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
     let half_batch = plan.training.batch_size / 2;
     if half_batch == 0 {
-        bail!("the plan's batch must be at least 2 to halve it");
+        unsuited!("the plan's batch must be at least 2 to halve it");
     }
     let half = plan.with_batch(half_batch, None);
     let h = ctx.run(&format!("batch {half_batch} (knob)"), &half)?;

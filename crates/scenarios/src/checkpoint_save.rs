@@ -8,6 +8,7 @@ use super::checks::{
     bytes_at, close, delta, index_of, param_bytes, place, points, series_at, spread,
 };
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -134,7 +135,7 @@ fn copy_is_temporary(t: &Timeline) -> Judgement {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("checkpoint-save")?;
     let every = plan.training.checkpoint_every;
     let expected = plan.total_steps().checked_div(every).unwrap_or(0);

@@ -9,12 +9,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
 use trainmem_sim::timeline::{Domain, Source, Timeline};
 use trainmem_sim::{Machine, Plan, SimOptions, SimResult, simulate};
 
+use super::error::plan_error;
+use super::error::{Result, ScenarioError};
 use super::report::{Figure, Verdict, VerdictKind};
 
 /// Which runs a scenario makes.
@@ -53,17 +54,13 @@ pub enum Backend {
 
 impl Backend {
     /// The trainmem-burn backend, or why it is not available in this build.
-    pub fn choice(self) -> anyhow::Result<BackendChoice> {
+    pub fn choice(self) -> Result<BackendChoice> {
         match self {
             Backend::Flex => Ok(BackendChoice::Flex),
             #[cfg(feature = "cuda")]
             Backend::Cuda => Ok(BackendChoice::Cuda { index: 0 }),
             #[cfg(not(feature = "cuda"))]
-            Backend::Cuda => bail!(
-                "--backend cuda needs a build with CUDA: \
-                 `cargo run -p xtask --features cuda -- scenario ...` or \
-                 `cargo install --path crates/cli --features cuda`"
-            ),
+            Backend::Cuda => Err(ScenarioError::CudaNotBuilt),
         }
     }
 }
@@ -166,15 +163,15 @@ impl Ctx {
 
     /// The scenario plan `NAME` (`crates/scenarios/plans/NAME.toml`, compiled in), or the
     /// plan given in its place ([`Ctx::plan_override`]).
-    pub fn plan(&self, name: &str) -> anyhow::Result<Plan> {
+    pub fn plan(&self, name: &str) -> Result<Plan> {
         if let Some(plan) = &self.plan_override {
             return Ok(plan.clone());
         }
-        crate::plans::load(name).with_context(|| format!("loading the plan `{name}`"))
+        crate::plans::load(name).map_err(plan_error(format!("loading the plan `{name}`")))
     }
 
     /// Runs `plan` as the mode asks and records it; returns its index.
-    pub fn run(&mut self, label: &str, plan: &Plan) -> anyhow::Result<usize> {
+    pub fn run(&mut self, label: &str, plan: &Plan) -> Result<usize> {
         self.run_with(label, plan, |_| {})
     }
 
@@ -184,7 +181,7 @@ impl Ctx {
         label: &str,
         plan: &Plan,
         configure: impl FnOnce(&mut RunOptions<'_>),
-    ) -> anyhow::Result<usize> {
+    ) -> Result<usize> {
         let simulated = if self.mode.simulated() {
             Some(self.simulate(label, plan)?)
         } else {
@@ -206,7 +203,7 @@ impl Ctx {
         plan: &Plan,
         reason: &str,
         configure: impl FnOnce(&mut RunOptions<'_>),
-    ) -> anyhow::Result<Option<usize>> {
+    ) -> Result<Option<usize>> {
         if !self.mode.measured() {
             return Ok(None);
         }
@@ -217,12 +214,7 @@ impl Ctx {
 
     /// Runs `plan` through the twin only, whatever the mode, and says why in the report
     /// (`reason`: what a measured run cannot do here).
-    pub fn run_simulated_only(
-        &mut self,
-        label: &str,
-        plan: &Plan,
-        reason: &str,
-    ) -> anyhow::Result<usize> {
+    pub fn run_simulated_only(&mut self, label: &str, plan: &Plan, reason: &str) -> Result<usize> {
         let simulated = Some(self.simulate(label, plan)?);
         let not_measured = self.mode.measured().then(|| reason.to_string());
         if let Some(reason) = &not_measured {
@@ -249,7 +241,7 @@ impl Ctx {
 
     /// Runs the twin on `plan` without recording a run (for a scenario that assembles its own
     /// runs with [`Ctx::add_run`]).
-    pub fn simulate(&self, label: &str, plan: &Plan) -> anyhow::Result<SimResult> {
+    pub fn simulate(&self, label: &str, plan: &Plan) -> Result<SimResult> {
         let bar = self.bar(label, "twin", plan.total_steps());
         let mut on_step = |done: u64, total: u64| {
             bar.set_length(total.max(1));
@@ -262,7 +254,10 @@ impl Ctx {
             progress: Some(&mut on_step),
             max_steps: None,
         };
-        let result = simulate(plan, opts).with_context(|| format!("simulating `{label}`"));
+        let result = simulate(plan, opts).map_err(|source| ScenarioError::Simulation {
+            label: label.to_string(),
+            source,
+        });
         bar.finish_and_clear();
         result
     }
@@ -272,7 +267,7 @@ impl Ctx {
         label: &str,
         plan: &Plan,
         configure: impl FnOnce(&mut RunOptions<'_>),
-    ) -> anyhow::Result<MeasuredRun> {
+    ) -> Result<MeasuredRun> {
         let bar = self.bar(label, "burn", plan.total_steps());
         let mut on_step = |p: trainmem_burn::Progress| {
             bar.set_length(p.total_steps.max(1));
@@ -288,15 +283,16 @@ impl Ctx {
             ..RunOptions::default()
         };
         configure(&mut opts);
-        let result =
-            run_measured_detailed(plan, opts).with_context(|| format!("measured run `{label}`"));
+        let result = run_measured_detailed(plan, opts).map_err(|source| ScenarioError::Measured {
+            label: label.to_string(),
+            source,
+        });
         bar.finish_and_clear();
         let run = result?;
         if !run.host_counted && self.backend == Backend::Flex {
-            bail!(
-                "measured run `{label}`: no counting allocator is installed, so host bytes per \
-                 category cannot be measured"
-            );
+            return Err(ScenarioError::NotCounting {
+                label: label.to_string(),
+            });
         }
         Ok(run)
     }

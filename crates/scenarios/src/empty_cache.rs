@@ -8,7 +8,6 @@
 //! trace is replayed. The twin simulates the same plan on a GPU. On CUDA, burn's device memory
 //! comes from cubecl's own pools and the measured timeline shows its figures directly.
 
-use anyhow::Context;
 use trainmem_alloc::{
     AllocError, AllocatorConfig, CachingAllocator, HostDevice, LARGE_BUFFER, OutOfMemory, StreamId,
     TraceAction, allocation_size,
@@ -20,6 +19,8 @@ use trainmem_sim::timeline::{Phase, Source, Timeline};
 use trainmem_sim::{Plan, SimResult};
 
 use super::ctx::{Backend, Ctx, Judgement};
+use super::error::alloc_error;
+use super::error::{Result, ScenarioError};
 use super::replay::{MIN_TRACE, replay};
 use super::report::{Figure, VerdictKind, mib};
 
@@ -91,7 +92,7 @@ fn fragmentation(
     config: AllocatorConfig,
     free_pin_first: bool,
     empty_cache_first: bool,
-) -> anyhow::Result<Frag> {
+) -> Result<Frag> {
     // Room for the large segment plus the segment a smaller tensor gets of its own (or half
     // the large size, if more) and 2 MiB: less than two large segments, so the large request
     // cannot get a second segment while the first is pinned, but enough for it once the small
@@ -100,39 +101,44 @@ fn fragmentation(
     let capacity = (big + own_segment.max(big / 2) + 2 * MIB).div_ceil(2 * MIB) * 2 * MIB;
     let mut a = CachingAllocator::with_config(HostDevice::new(capacity), config);
     let s = StreamId::DEFAULT;
-    let b = a.malloc(big, s).context("first large tensor")?;
-    a.free(b.id)?;
+    let b = a
+        .malloc(big, s)
+        .map_err(alloc_error("first large tensor"))?;
+    a.free(b.id).map_err(alloc_error("free"))?;
     let mut smalls = Vec::new();
     for _ in 0..4 {
-        smalls.push(a.malloc(small, s).context("smaller tensor")?);
+        smalls.push(a.malloc(small, s).map_err(alloc_error("smaller tensor"))?);
     }
     let pin = smalls.remove(1);
     for b in smalls {
-        a.free(b.id)?;
+        a.free(b.id).map_err(alloc_error("free"))?;
     }
     if free_pin_first {
-        a.free(pin.id)?;
+        a.free(pin.id).map_err(alloc_error("free"))?;
     }
     if empty_cache_first {
-        a.empty_cache()?;
+        a.empty_cache().map_err(alloc_error("empty_cache"))?;
     }
     let oom = match a.malloc(big, s) {
         Ok(_) => None,
         Err(AllocError::OutOfMemory(report)) => Some(*report),
-        Err(other) => return Err(other).context("the second large request"),
+        Err(other) => return Err(alloc_error("the second large request")(other)),
     };
     Ok(Frag { oom, capacity })
 }
 
-fn split_config(big: u64) -> anyhow::Result<AllocatorConfig> {
+fn split_config(big: u64) -> Result<AllocatorConfig> {
     let mb = (big / MIB).saturating_sub(1).max(20);
     AllocatorConfig::default()
         .with_max_split_size_mb(mb)
-        .with_context(|| format!("max_split_size_mb:{mb}"))
+        .map_err(|source| ScenarioError::AllocatorConfig {
+            context: format!("max_split_size_mb:{mb}"),
+            source,
+        })
 }
 
 /// The fragmentation verdicts for one source's tensor sizes.
-fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> anyhow::Result<()> {
+fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> Result<()> {
     let Some((big, small)) = frag_sizes(sizes) else {
         ctx.push_verdict(
             VerdictKind::Pattern,
@@ -306,7 +312,7 @@ fn cache_verdicts(ctx: &mut Ctx, idx: usize) {
 /// On CUDA the measured run's device memory is cubecl's own (bytes in use and reserved by its
 /// pools, `memory_cleanup` as empty_cache at every epoch end), beside the twin on a GPU; the
 /// fragmentation experiment uses the twin's tensor sizes (host traces are not device tensors).
-fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> anyhow::Result<()> {
+fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> Result<()> {
     let idx = ctx.run("on the GPU (cubecl's pools)", gpu)?;
     ctx.note(
         "on CUDA the measured figures are cubecl's memory_usage (bytes in use / reserved) and \
@@ -321,7 +327,7 @@ fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> anyhow::Result<()> {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("empty-cache")?;
     let mut gpu = plan.clone();
     gpu.device.kind = DeviceKind::Cuda;

@@ -7,6 +7,7 @@ use trainmem_sim::Plan;
 use trainmem_sim::timeline::{Domain, Phase, Source, Timeline};
 
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Host `input` bytes at sample `i`: the loader's batches and the data set live on the host
@@ -231,14 +232,13 @@ fn push_threads(ctx: &mut Ctx, run: usize, name: &str, kind: VerdictKind, expect
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("epoch-spike")?;
     let epochs = plan.training.epochs;
     let workers = plan.loader.workers;
-    anyhow::ensure!(
-        workers > 0 && !plan.loader.persistent_workers && epochs >= 2,
-        "the epoch-spike plan needs workers respawned over at least two epochs"
-    );
+    if !(workers > 0 && !plan.loader.persistent_workers && epochs >= 2) {
+        unsuited!("the epoch-spike plan needs workers respawned over at least two epochs");
+    }
     let base = ctx.run("workers respawned every epoch", &plan)?;
     let p = plan.clone();
     ctx.check(

@@ -7,6 +7,7 @@ use trainmem_sim::timeline::Timeline;
 use super::activation_retention::{act, passes};
 use super::checks::{bytes_at, peak, spread};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 use super::startup::model_parameter_bytes;
 
@@ -85,14 +86,14 @@ fn ratio(a: u64, b: u64) -> f64 {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("grad-accumulation")?;
     let params = model_parameter_bytes(&plan)?;
     let batch = plan.training.batch_size;
     let micro = plan.micro_batch_size();
     let m = plan.accumulation_steps();
     if m < 2 {
-        anyhow::bail!("the grad-accumulation plan must accumulate (micro-batch < batch)");
+        unsuited!("the grad-accumulation plan must accumulate (micro-batch < batch)");
     }
     let acc = ctx.run(&format!("batch {batch} as {m} x {micro}"), &plan)?;
     ctx.check(

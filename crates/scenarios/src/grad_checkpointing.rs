@@ -2,7 +2,6 @@
 //! activation bytes for backward (the element-wise activations' outputs are recomputed in
 //! backward instead of saved); without checkpointing they are all held.
 
-use anyhow::bail;
 use trainmem_probe::Category;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
@@ -11,6 +10,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::{bytes_at, index_of, param_bytes, points};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -31,9 +31,9 @@ pub const EXPLANATION: &[&str] = &[
 
 /// Bytes burn's balanced checkpointing stops saving: one batch x width tensor per hidden layer
 /// (the element-wise activation's output, recomputed in backward).
-fn recomputed_bytes(plan: &Plan) -> anyhow::Result<u64> {
+fn recomputed_bytes(plan: &Plan) -> Result<u64> {
     let ModelSpec::Mlp(mlp) = &plan.model else {
-        bail!("grad-checkpointing expects an MLP plan (its hidden widths size the saving)");
+        unsuited!("grad-checkpointing expects an MLP plan (its hidden widths size the saving)");
     };
     let per_sample: u64 = mlp.hidden.iter().sum();
     Ok(plan.micro_batch_size() * per_sample * plan.precision.compute.size())
@@ -86,7 +86,7 @@ fn drop_matches(none: &Timeline, ckpt: &Timeline, expected: u64, margin: f64) ->
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("grad-checkpointing")?;
     let expected = recomputed_bytes(&plan)?;
     let policy = format!("{:?}", plan.checkpointing.policy).to_lowercase();

@@ -32,11 +32,11 @@
 //! // The prediction only: fast, and no counting allocator needed.
 //! let report = execute(scenario, Mode::Simulated, Backend::Flex, dir, false)?;
 //! assert!(report.all_reproduced());
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), trainmem_scenarios::ScenarioError>(())
 //! ```
 //!
 //! Adding a scenario: write `src/NAME.rs` with `pub fn run(ctx: &mut Ctx) ->
-//! anyhow::Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan as
+//! Result<()>` and `pub const EXPLANATION: &[&str]`, add its plan as
 //! `plans/NAME.toml` (and to [`plans::PLANS`]), and add one entry to [`SCENARIOS`].
 
 #![forbid(unsafe_code)]
@@ -45,9 +45,10 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
 use trainmem_core::Plan;
 
+#[macro_use]
+pub mod error;
 pub mod checks;
 pub mod ctx;
 pub mod output;
@@ -72,6 +73,8 @@ mod retained_leak;
 mod startup;
 
 pub use ctx::{Backend, Ctx, Mode};
+use error::Result;
+pub use error::ScenarioError;
 pub use report::ScenarioReport;
 
 /// One registered scenario.
@@ -86,7 +89,7 @@ pub struct Scenario {
     /// Which bytes cause it and what removes it, in paragraphs.
     pub explanation: &'static [&'static str],
     /// Runs it.
-    pub run: fn(&mut Ctx) -> anyhow::Result<()>,
+    pub run: fn(&mut Ctx) -> Result<()>,
 }
 
 macro_rules! scenario {
@@ -247,7 +250,7 @@ pub fn execute(
     backend: Backend,
     work_dir: PathBuf,
     progress: bool,
-) -> anyhow::Result<ScenarioReport> {
+) -> Result<ScenarioReport> {
     execute_on(scenario, None, mode, backend, work_dir, progress)
 }
 
@@ -260,10 +263,13 @@ pub fn execute_on(
     backend: Backend,
     work_dir: PathBuf,
     progress: bool,
-) -> anyhow::Result<ScenarioReport> {
+) -> Result<ScenarioReport> {
     let mut ctx = Ctx::new(mode, backend, work_dir, progress);
     ctx.plan_override = plan;
-    (scenario.run)(&mut ctx).with_context(|| format!("scenario {}", scenario.name))?;
+    (scenario.run)(&mut ctx).map_err(|e| ScenarioError::InScenario {
+        name: scenario.name,
+        source: Box::new(e),
+    })?;
     Ok(output::build_report(scenario, ctx))
 }
 
@@ -277,7 +283,7 @@ pub const EXIT_TWIN_MISSED: u8 = 3;
 
 /// Runs the scenarios the arguments name; files go under `default_out/NAME/` unless `--out`
 /// says otherwise.
-pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
     if args.list {
         let width = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
         let mut out = std::io::stdout().lock();
@@ -311,7 +317,9 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> anyhow::Result<ExitCode> {
             eprintln!("error: --plan applies to one scenario, not `all`");
             return Ok(ExitCode::from(EXIT_USAGE));
         }
-        Some(path) => Some(Plan::load(path).with_context(|| format!("--plan {}", path.display()))?),
+        Some(path) => Some(
+            Plan::load(path).map_err(error::plan_error(format!("--plan {}", path.display())))?,
+        ),
         None => None,
     };
 

@@ -2,7 +2,6 @@
 //! them later) grows live memory by about one batch of outputs per step; keeping scalars does
 //! not grow it.
 
-use anyhow::bail;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
 use trainmem_sim::plan::MetricRetention;
@@ -10,6 +9,7 @@ use trainmem_sim::timeline::Timeline;
 
 use super::checks::growth_per_step;
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -26,9 +26,9 @@ pub const EXPLANATION: &[&str] = &[
 ];
 
 /// Bytes of one batch of model outputs (the kept logits), from the plan's sizes.
-fn output_batch_bytes(plan: &Plan) -> anyhow::Result<u64> {
+fn output_batch_bytes(plan: &Plan) -> Result<u64> {
     let ModelSpec::Mlp(mlp) = &plan.model else {
-        bail!("logging-growth expects an MLP plan (its outputs size one kept batch)");
+        unsuited!("logging-growth expects an MLP plan (its outputs size one kept batch)");
     };
     Ok(plan.micro_batch_size() * mlp.output * plan.precision.compute.size())
 }
@@ -81,7 +81,7 @@ fn at_most_per_step(t: &Timeline, what: &str, limit: f64, batch_out: u64) -> Jud
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("logging-growth")?;
     let batch_out = output_batch_bytes(&plan)?;
     let base = ctx.run("loss and outputs kept as tensors", &plan)?;

@@ -8,6 +8,7 @@ use trainmem_sim::timeline::{Domain, Phase, Timeline};
 
 use super::checks::index_of;
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Host `input` bytes at sample `i`: the loader's batches and the data set live on the host
@@ -146,12 +147,11 @@ fn expect_preloaded(t: &Timeline, plan: &Plan) -> Judgement {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("memmap-vs-preload")?;
-    anyhow::ensure!(
-        plan.data.storage == DataStorage::Mmap,
-        "the memmap-vs-preload plan starts from data.storage = \"mmap\""
-    );
+    if !(plan.data.storage == DataStorage::Mmap) {
+        unsuited!("the memmap-vs-preload plan starts from data.storage = \"mmap\"");
+    }
     let mapped = ctx.run("memory-mapped data set", &plan)?;
     let p = plan.clone();
     ctx.check(

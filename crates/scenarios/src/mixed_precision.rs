@@ -7,6 +7,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::{bytes_at, index_of, peak, points};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -71,7 +72,7 @@ fn halves(
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("mixed-precision")?;
     let half_name = plan.precision.compute.to_string();
     let half = ctx.run(&format!("{half_name}, no master weights"), &plan)?;

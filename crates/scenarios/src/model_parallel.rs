@@ -3,13 +3,13 @@
 //! holds the embedding, the last the head), while 1F1B scheduling leaves earlier stages
 //! holding more micro-batches of activations.
 
-use anyhow::{Context, anyhow, bail};
 use trainmem_probe::Category;
 use trainmem_sim::timeline::{Source, Timeline};
 use trainmem_sim::{Plan, Summary};
 
 use super::checks::{param_bytes, peak};
 use super::ctx::{Ctx, Judgement};
+use super::error::{Result, ScenarioError};
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -43,16 +43,16 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(plan: &Plan) -> anyhow::Result<Layout> {
+    fn of(plan: &Plan) -> Result<Layout> {
         // the module layout of the plan's framework (burn-nn's differs from PyTorch's), as the
         // twin lowers it
         let program = trainmem_sim::lower::lower_for(&plan.model, plan.framework)
-            .map_err(|e| anyhow!("{e}"))?;
+            .map_err(ScenarioError::Lower)?;
         let blocks: Vec<usize> = (0..program.checkpointable.len())
             .filter(|&l| program.checkpointable[l])
             .collect();
         let (Some(&first), Some(&last)) = (blocks.first(), blocks.last()) else {
-            bail!("the model has no repeated blocks to split");
+            unsuited!("the model has no repeated blocks to split");
         };
         let mut layout = Layout {
             blocks: blocks.len() as u64,
@@ -188,15 +188,15 @@ fn in_flight_judgement(stages: &[Summary], micro_batches: u64) -> Judgement {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("model-parallel")?;
     let n = plan.parallel.pipeline_stages;
     if n < 2 {
-        bail!("model-parallel needs pipeline_stages > 1 in its plan");
+        unsuited!("model-parallel needs pipeline_stages > 1 in its plan");
     }
     let layout = Layout::of(&plan)?;
     if layout.blocks % n != 0 {
-        bail!(
+        unsuited!(
             "model-parallel expects the {} blocks to split evenly over {n} stages",
             layout.blocks
         );
@@ -211,7 +211,9 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
         ctx.record(i)
             .simulated
             .clone()
-            .context("a simulated-only run has the twin's result")
+            .ok_or(ScenarioError::Internal(
+                "a simulated-only run has the twin's result",
+            ))
     };
     let (split_r, single_r) = (sim(ctx, split)?, sim(ctx, single)?);
     let single_s = single_r.summary.clone();

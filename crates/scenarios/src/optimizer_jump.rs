@@ -7,6 +7,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::{bytes_at, index_of, series_at, spread};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -60,7 +61,7 @@ fn expect_jump(t: &Timeline, kind: &str, expected: f64) -> Judgement {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let adam = ctx.plan("optimizer-jump")?;
     let base = ctx.run("adam", &adam)?;
     ctx.check(

@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Context;
 use serde_json::Value;
 use trainmem_alloc::AllocatorConfig;
 use trainmem_probe::Category;
@@ -15,6 +14,7 @@ use trainmem_sim::{Machine, SimOptions, simulate};
 
 use super::Scenario;
 use super::ctx::{Ctx, RunRecord};
+use super::error::{Result, ScenarioError};
 use super::replay::{MIN_TRACE, replay};
 use super::report::{self, RunReport, ScenarioReport, twin_errors};
 
@@ -134,11 +134,14 @@ fn slug(label: &str) -> String {
 }
 
 /// Writes the report's files into `dir` and lists them in the report.
-pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let write = |name: &str, bytes: &[u8]| -> anyhow::Result<String> {
+pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| ScenarioError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let write = |name: &str, bytes: &[u8]| -> Result<String> {
         let path = dir.join(name);
-        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, bytes).map_err(|source| ScenarioError::Io { path, source })?;
         Ok(name.to_string())
     };
     let mut files = Vec::new();
@@ -159,8 +162,8 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
     let mut pid_base = 0u64;
     for run in &report.runs {
         for t in [&run.measured, &run.simulated].into_iter().flatten() {
-            let text = chrome_trace(t)?;
-            let value: Value = serde_json::from_str(&text)?;
+            let text = chrome_trace(t).map_err(ScenarioError::Export)?;
+            let value: Value = serde_json::from_str(&text).map_err(ScenarioError::Json)?;
             if let Some(list) = value.get("traceEvents").and_then(Value::as_array) {
                 for ev in list {
                     let mut ev = ev.clone();
@@ -181,7 +184,9 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
     let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
     files.push(write(
         files::TRACE_JSON,
-        serde_json::to_string(&trace)?.as_bytes(),
+        serde_json::to_string(&trace)
+            .map_err(ScenarioError::Json)?
+            .as_bytes(),
     )?);
 
     // memory_viz pickle: the measured run's tensors through the caching allocator, or else
@@ -201,7 +206,9 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
     write(files::REPORT_MD, report::render_markdown(report).as_bytes())?;
     write(
         files::TIMELINE_JSON,
-        serde_json::to_string_pretty(report)?.as_bytes(),
+        serde_json::to_string_pretty(report)
+            .map_err(ScenarioError::Json)?
+            .as_bytes(),
     )?;
     Ok(())
 }
@@ -209,7 +216,7 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> anyhow::Result<
 /// The memory_viz snapshot of the scenario's first plan, simulated on a caching allocator
 /// (a CPU plan is re-simulated as if on a GPU, since burn's CPU tensors have no allocator to
 /// snapshot).
-fn memory_viz(report: &ScenarioReport) -> anyhow::Result<Option<(Vec<u8>, String)>> {
+fn memory_viz(report: &ScenarioReport) -> Result<Option<(Vec<u8>, String)>> {
     let Some(run) = report.runs.first() else {
         return Ok(None);
     };
@@ -224,7 +231,11 @@ fn memory_viz(report: &ScenarioReport) -> anyhow::Result<Option<(Vec<u8>, String
             progress: None,
             max_steps: None,
         },
-    )?;
+    )
+    .map_err(|source| ScenarioError::Simulation {
+        label: format!("{} on a caching allocator", run.label),
+        source,
+    })?;
     let Some(snapshot) = sim.snapshot else {
         return Ok(None);
     };
@@ -235,7 +246,10 @@ fn memory_viz(report: &ScenarioReport) -> anyhow::Result<Option<(Vec<u8>, String
         "memory_viz.pickle: the twin's caching-allocator snapshot of this plan; open it at \
          pytorch.org/memory_viz"
     };
-    Ok(Some((snapshot_pickle(&snapshot)?, note.to_string())))
+    Ok(Some((
+        snapshot_pickle(&snapshot).map_err(ScenarioError::Export)?,
+        note.to_string(),
+    )))
 }
 
 /// The table printed after `scenario all`: verdicts and the twin's error per category for

@@ -2,7 +2,6 @@
 //! same from step to step — across epochs too — because every step allocates and frees the
 //! same tensors; only the first step differs (the optimizer's state appears in it).
 
-use anyhow::bail;
 use trainmem_probe::Category;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
@@ -11,6 +10,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::{bytes_at, index_of, spread, steps_of};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 use super::startup::model_parameter_bytes;
 
@@ -39,9 +39,9 @@ const STEP_PHASES: [Phase; 5] = [
 ];
 
 /// Bytes of one batch of logits (f32): the smallest thing a step could leave behind.
-fn logits_bytes(plan: &Plan) -> anyhow::Result<u64> {
+fn logits_bytes(plan: &Plan) -> Result<u64> {
     let ModelSpec::Cnn(c) = &plan.model else {
-        bail!("the per-batch-plateau plan must describe a CNN");
+        unsuited!("the per-batch-plateau plan must describe a CNN");
     };
     Ok(plan.micro_batch_size() * c.classes * 4)
 }
@@ -169,10 +169,12 @@ fn growth_per_step(t: &Timeline) -> Vec<i64> {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("per-batch-plateau")?;
     if plan.optimizer.kind != OptimizerKind::Momentum {
-        bail!("the per-batch-plateau plan must use momentum (its first-step rule is momentum's)");
+        unsuited!(
+            "the per-batch-plateau plan must use momentum (its first-step rule is momentum's)"
+        );
     }
     let params = model_parameter_bytes(&plan)?;
     let logits = logits_bytes(&plan)?;
@@ -221,7 +223,7 @@ pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
 
     let half_batch = plan.training.batch_size / 2;
     if half_batch == 0 {
-        bail!("the plan's batch must be at least 2 to halve it");
+        unsuited!("the plan's batch must be at least 2 to halve it");
     }
     let half = plan.with_batch(half_batch, None);
     let half_logits = logits_bytes(&half)?;

@@ -8,6 +8,7 @@ use trainmem_sim::timeline::{Domain, Phase, Source, Timeline};
 
 use super::checks::index_of;
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Host `input` bytes at sample `i`: the loader's batches and the data set live on the host
@@ -80,12 +81,11 @@ fn left_after_epoch(t: &Timeline) -> Option<i64> {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("pinned-staging")?;
-    anyhow::ensure!(
-        plan.loader.pin_memory && plan.loader.workers > 0,
-        "the pinned-staging plan needs pin_memory with workers"
-    );
+    if !(plan.loader.pin_memory && plan.loader.workers > 0) {
+        unsuited!("the pinned-staging plan needs pin_memory with workers");
+    }
     let batch = batch_bytes(&plan);
     let (exact, rounded) = staged_batch_bytes(&plan);
     let pinned = ctx.run("pinned staging", &plan)?;

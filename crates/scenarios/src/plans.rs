@@ -2,6 +2,7 @@
 //! `trainmem` outside any checkout. The files are `crates/scenarios/plans/NAME.toml`; each
 //! opens with a comment saying what the plan is built to show.
 
+use super::error::Result;
 use trainmem_core::{Plan, PlanError};
 
 /// Every scenario plan: `(name, TOML text)`.

@@ -8,7 +8,8 @@
 //! timeline (device domain: allocated, reserved, bytes per category, cache) and the allocator's
 //! snapshot with its trace, which becomes the scenario's memory_viz pickle.
 
-use anyhow::{Context, bail};
+use super::error::replay_error;
+use super::error::{Result, ScenarioError};
 use trainmem_alloc::pytorch::replay::{Applied, Op, Origin, ReplayPolicy, Replayer};
 use trainmem_alloc::{AllocatorConfig, CachingAllocator, HostDevice, Label, Snapshot};
 use trainmem_burn::MeasuredRun;
@@ -59,10 +60,7 @@ pub struct Replay {
     pub snapshot: Snapshot,
 }
 
-fn empty_cache_checked(
-    r: &mut Replayer<HostDevice>,
-    at: Origin,
-) -> anyhow::Result<EmptyCacheCheck> {
+fn empty_cache_checked(r: &mut Replayer<HostDevice>, at: Origin) -> Result<EmptyCacheCheck> {
     let snap = r.allocator().snapshot();
     let fully_free_before = snap
         .segments
@@ -73,7 +71,10 @@ fn empty_cache_checked(
     let segments_with_live_blocks = snap.segments.iter().filter(|s| !s.is_free()).count() as u64;
     let reserved_before = r.allocator().memory_reserved();
     let allocated = r.allocator().memory_allocated();
-    let released = match r.apply(at, Op::EmptyCache).context("empty_cache")? {
+    let released = match r
+        .apply(at, Op::EmptyCache)
+        .map_err(replay_error("empty_cache"))?
+    {
         Applied::Released(m) => m.bytes,
         _ => 0,
     };
@@ -129,12 +130,12 @@ pub fn replay(
     run: &MeasuredRun,
     config: AllocatorConfig,
     empty_cache_after_epoch0: bool,
-) -> anyhow::Result<Replay> {
+) -> Result<Replay> {
     if run.allocation_trace_dropped > 0 {
-        bail!(
+        return Err(ScenarioError::Replayed(format!(
             "the allocation trace dropped {} events (buffer full): shorten the plan",
             run.allocation_trace_dropped
-        );
+        )));
     }
     let config_text = format!("{config:?}");
     let mut alloc = CachingAllocator::with_config(HostDevice::new(REPLAY_CAPACITY), config);
@@ -157,7 +158,9 @@ pub fn replay(
     let events = &run.allocation_trace;
     for s in &run.samples {
         let Some(mark) = s.trace_events else {
-            bail!("the measured run has no trace marks (run it with trace_allocations)");
+            return Err(ScenarioError::Replayed(
+                "the measured run has no trace marks (run it with trace_allocations)".into(),
+            ));
         };
         let mark = mark.min(events.len());
         for (n, e) in events.iter().enumerate().take(mark).skip(cursor) {
@@ -174,11 +177,14 @@ pub fn replay(
                 TraceKind::Free => Op::Free { id: e.addr },
             };
             let at = Origin::Event(n as u64);
-            if r.apply(at, op).context("replaying the allocation trace")? == Applied::OutOfMemory {
-                bail!(
+            if r.apply(at, op)
+                .map_err(replay_error("replaying the allocation trace"))?
+                == Applied::OutOfMemory
+            {
+                return Err(ScenarioError::Replayed(format!(
                     "replaying an allocation: {}",
                     r.ooms().last().map_or("", |o| o.message.as_str())
-                );
+                )));
             }
         }
         cursor = cursor.max(mark);

@@ -5,6 +5,7 @@ use trainmem_sim::timeline::{Phase, Timeline};
 
 use super::checks::{param_bytes, series_at, steps_of};
 use super::ctx::{Ctx, Judgement};
+use super::error::Result;
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -24,7 +25,7 @@ fn per_step(t: &Timeline) -> Vec<u64> {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("retained-leak")?;
     let base = ctx.run("outputs kept with their graph", &plan)?;
     ctx.check(

@@ -3,7 +3,6 @@
 //! graph and the activations it saves appear at the first forward; the optimizer's state at
 //! the first step.
 
-use anyhow::{Context, bail};
 use trainmem_probe::Category;
 use trainmem_sim::Plan;
 use trainmem_sim::model::ModelSpec;
@@ -12,6 +11,7 @@ use trainmem_sim::timeline::{Phase, Source, Timeline};
 
 use super::checks::{bytes_at, index_of};
 use super::ctx::{Ctx, Judgement};
+use super::error::{Result, ScenarioError};
 use super::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
@@ -35,8 +35,8 @@ pub const EXPLANATION: &[&str] = &[
 ];
 
 /// Bytes of the model's parameters as the plan describes them (elements × compute dtype).
-pub(super) fn model_parameter_bytes(plan: &Plan) -> anyhow::Result<u64> {
-    let program = trainmem_sim::lower::lower(&plan.model).context("lowering the plan's model")?;
+pub(super) fn model_parameter_bytes(plan: &Plan) -> Result<u64> {
+    let program = trainmem_sim::lower::lower(&plan.model).map_err(ScenarioError::Lower)?;
     let elems: u64 = program.params.iter().map(|p| p.elems).sum();
     Ok(elems * plan.precision.compute.size())
 }
@@ -44,9 +44,9 @@ pub(super) fn model_parameter_bytes(plan: &Plan) -> anyhow::Result<u64> {
 /// A lower bound on the activations one forward of an MLP saves: the output of every hidden
 /// layer is the input of the next layer's matrix product, which keeps it for the weight
 /// gradient (f32, one value per hidden unit per sample).
-fn mlp_saved_floor(plan: &Plan) -> anyhow::Result<u64> {
+fn mlp_saved_floor(plan: &Plan) -> Result<u64> {
     let ModelSpec::Mlp(m) = &plan.model else {
-        bail!("the startup plan must describe an MLP (its activation floor is an MLP's)");
+        unsuited!("the startup plan must describe an MLP (its activation floor is an MLP's)");
     };
     Ok(plan.micro_batch_size() * m.hidden.iter().sum::<u64>() * 4)
 }
@@ -180,7 +180,7 @@ fn state_at_first_step(t: &Timeline, params: u64) -> Judgement {
 }
 
 /// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> anyhow::Result<()> {
+pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("startup")?;
     let params = model_parameter_bytes(&plan)?;
     let floor = mlp_saved_floor(&plan)?;

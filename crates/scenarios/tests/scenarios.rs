@@ -35,8 +35,8 @@ fn run_with_json(name: &str, mode: Mode) -> (ScenarioReport, serde_json::Value) 
         std::process::id()
     ));
     let mut report = execute(scenario, mode, Backend::Flex, dir.clone(), false)
-        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
-    output::write_outputs(&mut report, &dir).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        .unwrap_or_else(|e| panic!("{name}: {}", e.chain()));
+    output::write_outputs(&mut report, &dir).unwrap_or_else(|e| panic!("{name}: {}", e.chain()));
     for f in ["report.md", "timeline.json", "timeline.svg", "trace.json"] {
         assert!(dir.join(f).is_file(), "{name}: {f} written");
     }
