@@ -285,31 +285,11 @@ pub const EXIT_TWIN_MISSED: u8 = 3;
 /// says otherwise.
 pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
     if args.list {
-        let width = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
-        let mut out = std::io::stdout().lock();
-        for s in SCENARIOS {
-            // A closed pipe (`--list | head`) ends the listing, not the program.
-            if writeln!(out, "{:width$}  {}", s.name, s.description).is_err() {
-                break;
-            }
-        }
+        print_list();
         return Ok(ExitCode::SUCCESS);
     }
-    let name = args.name.as_deref().unwrap_or_default();
-    let selected: Vec<&Scenario> = if name == "all" {
-        SCENARIOS.iter().collect()
-    } else {
-        match find(name) {
-            Some(s) => vec![s],
-            None => {
-                let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-                eprintln!(
-                    "error: no scenario `{name}`; known: {} (or `all`; `--list` describes them)",
-                    names.join(", ")
-                );
-                return Ok(ExitCode::from(EXIT_USAGE));
-            }
-        }
+    let Some(selected) = select(args.name.as_deref().unwrap_or_default()) else {
+        return Ok(ExitCode::from(EXIT_USAGE));
     };
     args.backend.choice()?;
     let plan = match &args.plan {
@@ -322,11 +302,48 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
         ),
         None => None,
     };
+    let reports = run_selected(&args, &selected, plan, default_out)?;
+    finish(&args, &reports)
+}
 
+/// `--list`: one line per scenario.
+fn print_list() {
+    let width = SCENARIOS.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    let mut out = std::io::stdout().lock();
+    for s in SCENARIOS {
+        // A closed pipe (`--list | head`) ends the listing, not the program.
+        if writeln!(out, "{:width$}  {}", s.name, s.description).is_err() {
+            break;
+        }
+    }
+}
+
+/// The scenarios `name` selects (`all`, or one by name); `None` after saying on stderr that
+/// there is no such scenario and which there are.
+fn select(name: &str) -> Option<Vec<&'static Scenario>> {
+    if name == "all" {
+        return Some(SCENARIOS.iter().collect());
+    }
+    let found = find(name);
+    if found.is_none() {
+        let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        eprintln!(
+            "error: no scenario `{name}`; known: {} (or `all`; `--list` describes them)",
+            names.join(", ")
+        );
+    }
+    found.map(|s| vec![s])
+}
+
+/// Runs each selected scenario, writes its files and (unless `--json`) prints its report.
+fn run_selected(
+    args: &ScenarioArgs,
+    selected: &[&Scenario],
+    plan: Option<Plan>,
+    default_out: &Path,
+) -> Result<Vec<ScenarioReport>> {
     let several = selected.len() > 1;
     let mut reports = Vec::new();
-    let mut failed = Vec::new();
-    let mut twin_missed = Vec::new();
     for (i, scenario) in selected.iter().enumerate() {
         if !args.json {
             eprintln!(
@@ -355,25 +372,35 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
             print!("{}", report::render_text(&report));
             println!("wrote {}\n", dir.display());
         }
-        if !report.all_reproduced() {
-            failed.push(scenario.name);
-        }
-        if !report.twin_misses().is_empty() {
-            twin_missed.push(scenario.name);
-        }
         reports.push(report);
     }
+    Ok(reports)
+}
+
+/// Prints the summary table (several scenarios) or the JSON report, names the scenarios that
+/// failed, and returns the exit code.
+fn finish(args: &ScenarioArgs, reports: &[ScenarioReport]) -> Result<ExitCode> {
+    let several = reports.len() > 1;
     if several && !args.json {
-        print!("{}", output::summary_table(&reports));
+        print!("{}", output::summary_table(reports));
     }
     if args.json {
-        let value = if !several {
-            serde_json::to_value(&reports[0])?
-        } else {
-            serde_json::json!({ "scenarios": reports })
+        let value = match reports {
+            [one] => serde_json::to_value(one)?,
+            _ => serde_json::json!({ "scenarios": reports }),
         };
         println!("{}", serde_json::to_string_pretty(&value)?);
     }
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.all_reproduced())
+        .map(|r| r.name.as_str())
+        .collect();
+    let twin_missed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.twin_misses().is_empty())
+        .map(|r| r.name.as_str())
+        .collect();
     if !twin_missed.is_empty() {
         eprintln!(
             "twin outside its accuracy target in: {}",

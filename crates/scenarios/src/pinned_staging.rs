@@ -80,102 +80,66 @@ fn left_after_epoch(t: &Timeline) -> Option<i64> {
     Some(host_input(t, end) as i64 - host_input(t, init) as i64)
 }
 
-/// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> Result<()> {
-    let plan = ctx.plan("pinned-staging")?;
-    if !(plan.loader.pin_memory && plan.loader.workers > 0) {
-        unsuited!("the pinned-staging plan needs pin_memory with workers");
-    }
-    let batch = batch_bytes(&plan);
-    let (exact, rounded) = staged_batch_bytes(&plan);
-    let pinned = ctx.run("pinned staging", &plan)?;
-    ctx.check(
-        pinned,
-        VerdictKind::Pattern,
-        "the staging pool stays resident after the epoch",
-        |t| {
-            let Some(left) = left_after_epoch(t) else {
-                return Judgement::new(false, "no model_init or epoch_end sample", vec![]);
-            };
-            Judgement::new(
-                left >= batch as i64,
-                format!(
-                    "input bytes after the epoch ended exceed those after model construction by \
-                     {left} bytes (at least one batch, {batch} bytes: staging blocks kept by the \
-                     pool)"
-                ),
-                vec![
-                    Figure::delta("input left after the epoch", left),
-                    Figure::bytes("batch bytes", batch),
-                ],
-            )
-        },
-    );
+/// Judges the measured staging pool at its peak: whole pages, at least one page-rounded batch,
+/// and locked as far as `RLIMIT_MEMLOCK` (`limit`: `Some(None)` unlimited, `None` unknown)
+/// allows.
+fn staging_judgement(
+    peak: &trainmem_loader::LoaderMemory,
+    limit: Option<Option<u64>>,
+    exact: u64,
+    rounded: u64,
+) -> Judgement {
+    let (staging, locked) = (peak.staging as u64, peak.staging_pinned as u64);
+    let whole_pages = staging.is_multiple_of(PAGE) && locked.is_multiple_of(PAGE);
+    let holds_a_batch = staging >= rounded;
+    let (ok_lock, lock_text) = match limit {
+        Some(Some(l)) if staging > l => (
+            locked <= l && peak.pin_failures > 0,
+            format!(
+                "the pool ({staging} bytes) exceeds RLIMIT_MEMLOCK ({l} bytes): \
+                 {locked} bytes locked, {} blocks left unpinned",
+                peak.pin_failures
+            ),
+        ),
+        Some(l) => (
+            locked == staging && peak.pin_failures == 0,
+            format!(
+                "all {locked} of {staging} staging bytes locked, {} pin failures \
+                 (RLIMIT_MEMLOCK {})",
+                peak.pin_failures,
+                l.map_or("unlimited".to_string(), |l| format!("{l} bytes"))
+            ),
+        ),
+        None => (
+            locked > 0 || peak.pin_failures > 0,
+            format!(
+                "{locked} of {staging} staging bytes locked, {} pin failures \
+                 (RLIMIT_MEMLOCK unknown)",
+                peak.pin_failures
+            ),
+        ),
+    };
+    Judgement::new(
+        whole_pages && holds_a_batch && ok_lock,
+        format!(
+            "staging peaks at {staging} bytes, whole pages and at least one batch \
+             rounded up to pages ({exact} -> {rounded} bytes); {lock_text}"
+        ),
+        vec![
+            Figure::bytes("staging peak", staging),
+            Figure::bytes("pinned peak", locked),
+            Figure::count("pin failures", peak.pin_failures as u64),
+            Figure::bytes("one batch, exact", exact),
+            Figure::bytes("one batch, page-rounded", rounded),
+            Figure::ratio("staging peak / page-rounded batch", {
+                staging as f64 / rounded.max(1) as f64
+            }),
+        ],
+    )
+}
 
-    let limit = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|s| parse_memlock(&s));
-    if let Some(m) = &ctx.record(pinned).measured {
-        let j = match m.loader_peak {
-            None => Judgement::new(false, "the measured run used no loader", vec![]),
-            Some(peak) => {
-                let (staging, locked) = (peak.staging as u64, peak.staging_pinned as u64);
-                let whole_pages = staging.is_multiple_of(PAGE) && locked.is_multiple_of(PAGE);
-                let holds_a_batch = staging >= rounded;
-                let (ok_lock, lock_text) = match limit {
-                    Some(Some(l)) if staging > l => (
-                        locked <= l && peak.pin_failures > 0,
-                        format!(
-                            "the pool ({staging} bytes) exceeds RLIMIT_MEMLOCK ({l} bytes): \
-                             {locked} bytes locked, {} blocks left unpinned",
-                            peak.pin_failures
-                        ),
-                    ),
-                    Some(l) => (
-                        locked == staging && peak.pin_failures == 0,
-                        format!(
-                            "all {locked} of {staging} staging bytes locked, {} pin failures \
-                             (RLIMIT_MEMLOCK {})",
-                            peak.pin_failures,
-                            l.map_or("unlimited".to_string(), |l| format!("{l} bytes"))
-                        ),
-                    ),
-                    None => (
-                        locked > 0 || peak.pin_failures > 0,
-                        format!(
-                            "{locked} of {staging} staging bytes locked, {} pin failures \
-                             (RLIMIT_MEMLOCK unknown)",
-                            peak.pin_failures
-                        ),
-                    ),
-                };
-                Judgement::new(
-                    whole_pages && holds_a_batch && ok_lock,
-                    format!(
-                        "staging peaks at {staging} bytes, whole pages and at least one batch \
-                         rounded up to pages ({exact} -> {rounded} bytes); {lock_text}"
-                    ),
-                    vec![
-                        Figure::bytes("staging peak", staging),
-                        Figure::bytes("pinned peak", locked),
-                        Figure::count("pin failures", peak.pin_failures as u64),
-                        Figure::bytes("one batch, exact", exact),
-                        Figure::bytes("one batch, page-rounded", rounded),
-                        Figure::ratio("staging peak / page-rounded batch", {
-                            staging as f64 / rounded.max(1) as f64
-                        }),
-                    ],
-                )
-            }
-        };
-        ctx.push_verdict(
-            VerdictKind::Pattern,
-            "staging blocks are page-rounded and locked (within RLIMIT_MEMLOCK)",
-            Source::Measured,
-            j,
-        );
-    }
-
+/// The knob: `pin_memory = false` leaves nothing behind after the epoch and locks nothing.
+fn unpinned_knob(ctx: &mut Ctx, plan: &Plan, pinned: usize, batch: u64) -> Result<()> {
     let mut unpinned = plan.clone();
     unpinned.loader.pin_memory = false;
     let un = ctx.run("pin_memory = false (knob)", &unpinned)?;
@@ -220,6 +184,58 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             j,
         );
     }
+    Ok(())
+}
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let plan = ctx.plan("pinned-staging")?;
+    if !(plan.loader.pin_memory && plan.loader.workers > 0) {
+        unsuited!("the pinned-staging plan needs pin_memory with workers");
+    }
+    let batch = batch_bytes(&plan);
+    let (exact, rounded) = staged_batch_bytes(&plan);
+    let pinned = ctx.run("pinned staging", &plan)?;
+    ctx.check(
+        pinned,
+        VerdictKind::Pattern,
+        "the staging pool stays resident after the epoch",
+        |t| {
+            let Some(left) = left_after_epoch(t) else {
+                return Judgement::new(false, "no model_init or epoch_end sample", vec![]);
+            };
+            Judgement::new(
+                left >= batch as i64,
+                format!(
+                    "input bytes after the epoch ended exceed those after model construction by \
+                     {left} bytes (at least one batch, {batch} bytes: staging blocks kept by the \
+                     pool)"
+                ),
+                vec![
+                    Figure::delta("input left after the epoch", left),
+                    Figure::bytes("batch bytes", batch),
+                ],
+            )
+        },
+    );
+
+    let limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| parse_memlock(&s));
+    if let Some(m) = &ctx.record(pinned).measured {
+        let j = match m.loader_peak {
+            None => Judgement::new(false, "the measured run used no loader", vec![]),
+            Some(peak) => staging_judgement(&peak, limit, exact, rounded),
+        };
+        ctx.push_verdict(
+            VerdictKind::Pattern,
+            "staging blocks are page-rounded and locked (within RLIMIT_MEMLOCK)",
+            Source::Measured,
+            j,
+        );
+    }
+
+    unpinned_knob(ctx, &plan, pinned, batch)?;
     ctx.note(format!(
         "One batch is {exact} bytes of columns, {rounded} bytes page-rounded in staging; a \
          power-of-two pinned allocator would take {} bytes per column set.",

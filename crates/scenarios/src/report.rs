@@ -254,6 +254,66 @@ fn chart_rows(t: &Timeline, domain: Domain) -> Vec<usize> {
     rows
 }
 
+/// The chart's legend line and column headings.
+fn chart_header(
+    out: &mut String,
+    t: &Timeline,
+    domain: Domain,
+    twin: bool,
+    show_rss: bool,
+    scale: u64,
+) {
+    let legend: Vec<String> = Category::ALL
+        .iter()
+        .map(|&c| format!("{}={}", letter(c), c.name()))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{} memory, {} ({}){}; full scale {}",
+        domain.name(),
+        t.source,
+        legend.join(" "),
+        if twin { ", | = twin" } else { "" },
+        mib(scale)
+    );
+    let _ = write!(
+        out,
+        "{:<22} {:BAR$} {:>10}",
+        "point",
+        "",
+        t.source.to_string()
+    );
+    if twin {
+        let _ = write!(out, " {:>10} {:>7}", "twin", "error");
+    }
+    if show_rss {
+        let _ = write!(out, " {:>10} {:>10}", "RssAnon", "RssFile");
+    }
+    out.push('\n');
+}
+
+/// One row's bar: `BAR` cells stacked by category, with `|` where the twin's total falls.
+fn chart_bar(
+    cats: &trainmem_core::CategoryBytes,
+    twin_total: Option<u64>,
+    cells: &dyn Fn(u64) -> usize,
+) -> String {
+    let mut bar: Vec<char> = Vec::with_capacity(BAR);
+    let mut acc = 0u64;
+    for c in Category::ALL {
+        let before = cells(acc);
+        acc += cats.get(c);
+        let after = cells(acc);
+        bar.extend(std::iter::repeat_n(letter(c), after.saturating_sub(before)));
+    }
+    bar.resize(BAR, ' ');
+    if let Some(v) = twin_total {
+        let pos = cells(v).saturating_sub(1).min(BAR - 1);
+        bar[pos] = '|';
+    }
+    bar.into_iter().collect()
+}
+
 /// The run's timeline as a text chart: one row per phase boundary, a bar stacked by category
 /// (`P` parameters, `G` gradients, `O` optimizer state, `A` activations, `I` input, `T`
 /// temporaries, `c` cache, `x` other), `|` where the twin puts the total at the same point, and
@@ -291,52 +351,13 @@ pub fn chart(run: &RunReport) -> String {
         |bytes: u64| ((bytes as u128 * BAR as u128).div_ceil(scale as u128) as usize).min(BAR);
     let show_rss = domain == Domain::Host && t.source == Source::Measured;
     let mut out = String::new();
-    let legend: Vec<String> = Category::ALL
-        .iter()
-        .map(|&c| format!("{}={}", letter(c), c.name()))
-        .collect();
-    let _ = writeln!(
-        out,
-        "{} memory, {} ({}){}; full scale {}",
-        domain.name(),
-        t.source,
-        legend.join(" "),
-        if twin.is_some() { ", | = twin" } else { "" },
-        mib(scale)
-    );
-    let _ = write!(
-        out,
-        "{:<22} {:BAR$} {:>10}",
-        "point",
-        "",
-        t.source.to_string()
-    );
-    if twin.is_some() {
-        let _ = write!(out, " {:>10} {:>7}", "twin", "error");
-    }
-    if show_rss {
-        let _ = write!(out, " {:>10} {:>10}", "RssAnon", "RssFile");
-    }
-    out.push('\n');
+    chart_header(&mut out, t, domain, twin.is_some(), show_rss, scale);
     for (k, &i) in rows.iter().enumerate() {
         let s = &t.samples[i];
         let cats = t.categories(i, domain);
-        let mut bar: Vec<char> = Vec::with_capacity(BAR);
-        let mut acc = 0u64;
-        for c in Category::ALL {
-            let before = cells(acc);
-            acc += cats.get(c);
-            let after = cells(acc);
-            bar.extend(std::iter::repeat_n(letter(c), after.saturating_sub(before)));
-        }
-        bar.resize(BAR, ' ');
         let total = cats.total();
         let tw = twin_totals[k];
-        if let Some(v) = tw {
-            let pos = cells(v).saturating_sub(1).min(BAR - 1);
-            bar[pos] = '|';
-        }
-        let bar: String = bar.into_iter().collect();
+        let bar = chart_bar(&cats, tw, &cells);
         let _ = write!(out, "{:<22} {bar} {:>10}", row_label(s), mib(total));
         if twin.is_some() {
             match tw {
