@@ -306,6 +306,16 @@ fn need(layer: &CnnLayer, v: Option<u64>, field: &str) -> Result<usize, BurnRunE
     dim(v, field)
 }
 
+/// The image shape a layer needs as input, or the error for a layer after the flatten.
+fn image_shape(shape: Shape, op: CnnOp) -> Result<[usize; 3], BurnRunError> {
+    match shape {
+        Shape::Image(s) => Ok(s),
+        Shape::Flat(_) => Err(BurnRunError::Unsupported(format!(
+            "cnn layer {op:?} after the stack was flattened"
+        ))),
+    }
+}
+
 impl<B: Backend> Cnn<B> {
     fn new(spec: &CnnSpec, device: &B::Device) -> Result<Cnn<B>, BurnRunError> {
         let [c, h, w] = spec.image;
@@ -320,96 +330,8 @@ impl<B: Backend> Cnn<B> {
             global_pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
             program: Vec::new(),
         };
-        let image = |shape: Shape, op: CnnOp| match shape {
-            Shape::Image(s) => Ok(s),
-            Shape::Flat(_) => Err(BurnRunError::Unsupported(format!(
-                "cnn layer {op:?} after the stack was flattened"
-            ))),
-        };
         for layer in &spec.layers {
-            match layer.op {
-                CnnOp::Conv => {
-                    let [ci, hi, wi] = image(shape, layer.op)?;
-                    let out = need(layer, layer.out, "out")?;
-                    let k = need(layer, layer.kernel, "kernel")?;
-                    let s = dim(layer.stride.unwrap_or(1), "stride")?;
-                    let p = layer.padding.unwrap_or(0) as usize;
-                    let conv = Conv2dConfig::new([ci, out], [k, k])
-                        .with_stride([s, s])
-                        .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
-                        .with_bias(layer.bias.unwrap_or(true))
-                        .init(device);
-                    let size = |n: usize| (n + 2 * p).checked_sub(k).map(|v| v / s + 1);
-                    let (Some(ho), Some(wo)) = (size(hi), size(wi)) else {
-                        return Err(BurnRunError::Unsupported(format!(
-                            "conv kernel {k} larger than its padded {hi}x{wi} input"
-                        )));
-                    };
-                    shape = Shape::Image([out, ho, wo]);
-                    cnn.program.push(CnnStep::Conv(cnn.convs.len()));
-                    cnn.convs.push(conv);
-                }
-                CnnOp::BatchNorm => {
-                    let [ci, ..] = image(shape, layer.op)?;
-                    cnn.program.push(CnnStep::Norm(cnn.norms.len()));
-                    cnn.norms.push(BatchNormConfig::new(ci).init(device));
-                }
-                CnnOp::Relu => cnn.program.push(CnnStep::Act(Act::Relu)),
-                CnnOp::Gelu => cnn.program.push(CnnStep::Act(Act::Gelu)),
-                CnnOp::Silu => cnn.program.push(CnnStep::Act(Act::Silu)),
-                CnnOp::MaxPool | CnnOp::AvgPool => {
-                    let [ci, hi, wi] = image(shape, layer.op)?;
-                    let k = need(layer, layer.kernel, "kernel")?;
-                    let s = dim(layer.stride.unwrap_or(k as u64), "stride")?;
-                    if k > hi || k > wi {
-                        return Err(BurnRunError::Unsupported(format!(
-                            "pool kernel {k} larger than its {hi}x{wi} input"
-                        )));
-                    }
-                    shape = Shape::Image([ci, (hi - k) / s + 1, (wi - k) / s + 1]);
-                    if layer.op == CnnOp::MaxPool {
-                        cnn.program.push(CnnStep::MaxPool(cnn.max_pools.len()));
-                        cnn.max_pools
-                            .push(MaxPool2dConfig::new([k, k]).with_strides([s, s]).init());
-                    } else {
-                        cnn.program.push(CnnStep::AvgPool(cnn.avg_pools.len()));
-                        cnn.avg_pools
-                            .push(AvgPool2dConfig::new([k, k]).with_strides([s, s]).init());
-                    }
-                }
-                CnnOp::GlobalAvgPool => {
-                    let [ci, ..] = image(shape, layer.op)?;
-                    shape = Shape::Image([ci, 1, 1]);
-                    cnn.program.push(CnnStep::GlobalAvgPool);
-                }
-                CnnOp::Dropout => {
-                    let p = layer.p.unwrap_or(0.5);
-                    if let Some(d) = dropout(p)? {
-                        cnn.program.push(CnnStep::Dropout(cnn.dropouts.len()));
-                        cnn.dropouts.push(d);
-                    }
-                }
-                CnnOp::Flatten => {
-                    if let Shape::Image(_) = shape {
-                        shape = Shape::Flat(shape.features());
-                        cnn.program.push(CnnStep::Flatten);
-                    }
-                }
-                CnnOp::Linear => {
-                    if let Shape::Image(_) = shape {
-                        shape = Shape::Flat(shape.features());
-                        cnn.program.push(CnnStep::Flatten);
-                    }
-                    let out = need(layer, layer.out, "out")?;
-                    cnn.program.push(CnnStep::Linear(cnn.linears.len()));
-                    cnn.linears.push(
-                        LinearConfig::new(shape.features(), out)
-                            .with_bias(layer.bias.unwrap_or(true))
-                            .init(device),
-                    );
-                    shape = Shape::Flat(out);
-                }
-            }
+            shape = cnn.push_layer(layer, shape, device)?;
         }
         if let Shape::Image(_) = shape {
             cnn.program.push(CnnStep::Flatten);
@@ -419,6 +341,99 @@ impl<B: Backend> Cnn<B> {
         cnn.linears
             .push(LinearConfig::new(shape.features(), classes).init(device));
         Ok(cnn)
+    }
+
+    /// Adds one layer of the spec to the stack; returns the shape after it.
+    fn push_layer(
+        &mut self,
+        layer: &CnnLayer,
+        mut shape: Shape,
+        device: &B::Device,
+    ) -> Result<Shape, BurnRunError> {
+        match layer.op {
+            CnnOp::Conv => {
+                let [ci, hi, wi] = image_shape(shape, layer.op)?;
+                let out = need(layer, layer.out, "out")?;
+                let k = need(layer, layer.kernel, "kernel")?;
+                let s = dim(layer.stride.unwrap_or(1), "stride")?;
+                let p = layer.padding.unwrap_or(0) as usize;
+                let conv = Conv2dConfig::new([ci, out], [k, k])
+                    .with_stride([s, s])
+                    .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+                    .with_bias(layer.bias.unwrap_or(true))
+                    .init(device);
+                let size = |n: usize| (n + 2 * p).checked_sub(k).map(|v| v / s + 1);
+                let (Some(ho), Some(wo)) = (size(hi), size(wi)) else {
+                    return Err(BurnRunError::Unsupported(format!(
+                        "conv kernel {k} larger than its padded {hi}x{wi} input"
+                    )));
+                };
+                shape = Shape::Image([out, ho, wo]);
+                self.program.push(CnnStep::Conv(self.convs.len()));
+                self.convs.push(conv);
+            }
+            CnnOp::BatchNorm => {
+                let [ci, ..] = image_shape(shape, layer.op)?;
+                self.program.push(CnnStep::Norm(self.norms.len()));
+                self.norms.push(BatchNormConfig::new(ci).init(device));
+            }
+            CnnOp::Relu => self.program.push(CnnStep::Act(Act::Relu)),
+            CnnOp::Gelu => self.program.push(CnnStep::Act(Act::Gelu)),
+            CnnOp::Silu => self.program.push(CnnStep::Act(Act::Silu)),
+            CnnOp::MaxPool | CnnOp::AvgPool => {
+                let [ci, hi, wi] = image_shape(shape, layer.op)?;
+                let k = need(layer, layer.kernel, "kernel")?;
+                let s = dim(layer.stride.unwrap_or(k as u64), "stride")?;
+                if k > hi || k > wi {
+                    return Err(BurnRunError::Unsupported(format!(
+                        "pool kernel {k} larger than its {hi}x{wi} input"
+                    )));
+                }
+                shape = Shape::Image([ci, (hi - k) / s + 1, (wi - k) / s + 1]);
+                if layer.op == CnnOp::MaxPool {
+                    self.program.push(CnnStep::MaxPool(self.max_pools.len()));
+                    self.max_pools
+                        .push(MaxPool2dConfig::new([k, k]).with_strides([s, s]).init());
+                } else {
+                    self.program.push(CnnStep::AvgPool(self.avg_pools.len()));
+                    self.avg_pools
+                        .push(AvgPool2dConfig::new([k, k]).with_strides([s, s]).init());
+                }
+            }
+            CnnOp::GlobalAvgPool => {
+                let [ci, ..] = image_shape(shape, layer.op)?;
+                shape = Shape::Image([ci, 1, 1]);
+                self.program.push(CnnStep::GlobalAvgPool);
+            }
+            CnnOp::Dropout => {
+                let p = layer.p.unwrap_or(0.5);
+                if let Some(d) = dropout(p)? {
+                    self.program.push(CnnStep::Dropout(self.dropouts.len()));
+                    self.dropouts.push(d);
+                }
+            }
+            CnnOp::Flatten => {
+                if let Shape::Image(_) = shape {
+                    shape = Shape::Flat(shape.features());
+                    self.program.push(CnnStep::Flatten);
+                }
+            }
+            CnnOp::Linear => {
+                if let Shape::Image(_) = shape {
+                    shape = Shape::Flat(shape.features());
+                    self.program.push(CnnStep::Flatten);
+                }
+                let out = need(layer, layer.out, "out")?;
+                self.program.push(CnnStep::Linear(self.linears.len()));
+                self.linears.push(
+                    LinearConfig::new(shape.features(), out)
+                        .with_bias(layer.bias.unwrap_or(true))
+                        .init(device),
+                );
+                shape = Shape::Flat(out);
+            }
+        }
+        Ok(shape)
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
