@@ -170,49 +170,35 @@ fn every_scenario_reproduces_in_simulated_mode() {
     }
 }
 
-#[test]
-fn measured_optimizer_jump() {
+/// Runs `name` measured and simulated: the pattern reproduces on the real run, and the twin is
+/// within its target in every run, as the report says and as its JSON file says.
+fn measured_with_the_twin_on_target(name: &str) {
     let _one_at_a_time = serial();
-    let (report, json) = run_with_json("optimizer-jump", Mode::Both);
+    let (report, json) = run_with_json(name, Mode::Both);
     assert_reproduced(&report, Mode::Measured);
     assert!(
         report.twin_misses().is_empty(),
-        "{:?}",
+        "{name}: {:?}",
         report.twin_misses()
     );
     for run in 0..report.runs.len() {
-        assert_twin_on_target("optimizer-jump", &json, run);
+        assert_twin_on_target(name, &json, run);
     }
+}
+
+#[test]
+fn measured_optimizer_jump() {
+    measured_with_the_twin_on_target("optimizer-jump");
 }
 
 #[test]
 fn measured_retained_leak() {
-    let _one_at_a_time = serial();
-    let (report, json) = run_with_json("retained-leak", Mode::Both);
-    assert_reproduced(&report, Mode::Measured);
-    assert!(
-        report.twin_misses().is_empty(),
-        "{:?}",
-        report.twin_misses()
-    );
-    for run in 0..report.runs.len() {
-        assert_twin_on_target("retained-leak", &json, run);
-    }
+    measured_with_the_twin_on_target("retained-leak");
 }
 
 #[test]
 fn measured_epoch_spike() {
-    let _one_at_a_time = serial();
-    let (report, json) = run_with_json("epoch-spike", Mode::Both);
-    assert_reproduced(&report, Mode::Measured);
-    assert!(
-        report.twin_misses().is_empty(),
-        "{:?}",
-        report.twin_misses()
-    );
-    for run in 0..report.runs.len() {
-        assert_twin_on_target("epoch-spike", &json, run);
-    }
+    measured_with_the_twin_on_target("epoch-spike");
 }
 
 #[test]
