@@ -97,3 +97,53 @@ fn a_measured_host_run_is_compared_on_the_host_even_when_the_twin_fills_the_devi
     gpu.device.kind = trainmem_sim::plan::DeviceKind::Cuda;
     assert_eq!(ctx::domain_of(&gpu, None), Domain::Device);
 }
+
+/// Parses `scenario ARGS...` as the command line does.
+fn args(line: &[&str]) -> ScenarioArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ScenarioArgs,
+    }
+    <Cli as clap::Parser>::try_parse_from(std::iter::once("scenario").chain(line.iter().copied()))
+        .expect("arguments parse")
+        .args
+}
+
+#[test]
+fn on_cuda_only_the_scenarios_judged_on_device_totals_are_measured() {
+    let all: Vec<&Scenario> = SCENARIOS.iter().collect();
+    let names = |v: Option<Vec<&Scenario>>| v.map(|v| v.iter().map(|s| s.name).collect::<Vec<_>>());
+    assert_eq!(
+        names(on_backend(
+            &args(&["all", "--backend", "cuda"]),
+            all.clone()
+        )),
+        Some(MEASURED_ON_CUDA.to_vec())
+    );
+    let jump = vec![find("optimizer-jump").expect("registered")];
+    assert_eq!(
+        names(on_backend(
+            &args(&["optimizer-jump", "--backend", "cuda"]),
+            jump.clone()
+        )),
+        None,
+        "a scenario judged per category cannot be measured on CUDA"
+    );
+    assert_eq!(
+        names(on_backend(
+            &args(&["optimizer-jump", "--backend", "cuda", "--mode", "simulated"]),
+            jump.clone()
+        )),
+        Some(vec!["optimizer-jump"]),
+        "nothing is measured"
+    );
+    assert_eq!(
+        names(on_backend(&args(&["all"]), all)).map(|v| v.len()),
+        Some(SCENARIOS.len()),
+        "flex measures every scenario"
+    );
+    for name in MEASURED_ON_CUDA {
+        assert!(find(name).is_some(), "{name} is in the catalogue");
+    }
+}
