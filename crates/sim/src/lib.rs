@@ -48,6 +48,7 @@ pub mod export;
 pub mod fit;
 pub mod lower;
 pub mod machine;
+pub mod params;
 pub mod profile;
 pub mod report;
 
@@ -81,4 +82,7 @@ pub enum SimError {
     /// The plan is invalid.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A byte count of the plan's model state does not fit 64 bits (a mistyped size?).
+    #[error("{0}")]
+    Overflow(String),
 }
