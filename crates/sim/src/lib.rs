@@ -55,7 +55,7 @@ pub mod report;
 pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
-pub use fit::{FitResult, FitTarget, fit};
+pub use fit::{FitResult, FitTarget, fit, fit_with_progress};
 pub use machine::Machine;
 pub use model::ModelSpec;
 pub use plan::{Plan, PlanError};
