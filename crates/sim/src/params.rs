@@ -60,11 +60,15 @@ pub fn param_groups(
             }
             out
         }
-        ModelSpec::Layers(l) => l
-            .layers
-            .iter()
-            .flat_map(|layer| layer.params.iter().map(|&e| one(e)))
-            .collect(),
+        ModelSpec::Layers(l) => {
+            if crate::lower::check_layers(l).is_err() {
+                return Ok(None);
+            }
+            l.layers
+                .iter()
+                .flat_map(|layer| layer.params.iter().map(|&e| one(e)))
+                .collect()
+        }
         // a CNN's layers are listed one by one in the plan: lowering it costs no more than
         // reading it
         ModelSpec::Cnn(_) => match crate::lower::lower_for(model, framework) {
@@ -248,6 +252,28 @@ mod tests {
             });
             prop_assert_eq!(counted(&m, fw), lowered(&m, fw));
         }
+    }
+
+    #[test]
+    fn every_plan_of_the_repository_counts_as_it_lowers() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut seen = 0;
+        for dir in ["fixtures/plans", "crates/scenarios/plans"] {
+            for entry in std::fs::read_dir(root.join(dir)).expect("plans directory") {
+                let path = entry.expect("entry").path();
+                if path.extension().is_none_or(|e| e != "toml") {
+                    continue;
+                }
+                let plan = crate::Plan::load(&path).expect("plan loads");
+                let (c, l) = (
+                    counted(&plan.model, plan.framework),
+                    lowered(&plan.model, plan.framework),
+                );
+                assert_eq!(c, l, "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 30, "{seen} plans");
     }
 
     #[test]
