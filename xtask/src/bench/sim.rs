@@ -8,11 +8,12 @@
 //! run, side by side: the model's depth doubled (transformer blocks, 2 steps), the steps
 //! doubled (a fixed model), the micro-batches per step doubled (gradient accumulation);
 //! each row prints the time and its ratio to the row before. Linear cost is 2× per
-//! doubling.
+//! doubling. The times are the simulating thread's processor time (on Linux), so that a
+//! machine shared with other work inflates them less than wall time.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use trainmem_sim::plan::DeviceKind;
@@ -139,7 +140,12 @@ fn series(
     let mut best = vec![f64::INFINITY; plans.len()];
     for _ in 0..reps.max(1) {
         for (i, (_, p)) in plans.iter().enumerate() {
-            let (secs, r) = time_run(p, 1)?;
+            let (wall, cpu0) = (Instant::now(), thread_cpu());
+            let r = simulate(p, SimOptions::default())?;
+            let secs = match (cpu0, thread_cpu()) {
+                (Some(a), Some(b)) => (b - a).as_secs_f64(),
+                _ => wall.elapsed().as_secs_f64(),
+            };
             if let Some(oom) = &r.summary.oom {
                 anyhow::bail!("the scaling plan ran out of memory: {}", oom.message);
             }
@@ -149,12 +155,22 @@ fn series(
     Ok(plans.iter().map(|(n, _)| *n).zip(best).collect())
 }
 
+/// Time this thread has spent on a processor (Linux: `/proc/thread-self/schedstat`), which
+/// a busy machine does not inflate the way it inflates wall time (time spent waiting for a
+/// processor is not counted); `None` elsewhere.
+fn thread_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
 /// Cell `i` of a series: size, time and the ratio to the row before.
 fn cell(s: &[(u64, f64)], i: usize) -> String {
     match s.get(i) {
         None => String::new(),
         Some(&(n, t)) => match i.checked_sub(1).and_then(|j| s.get(j)) {
-            Some(&(_, prev)) => format!("{n:>6}: {t:>7.3} s {:>5.2}x", t / prev),
+            Some(&(_, prev)) if prev > 0.0 => format!("{n:>6}: {t:>7.3} s {:>5.2}x", t / prev),
+            Some(_) => format!("{n:>6}: {t:>7.3} s     -"),
             None => format!("{n:>6}: {t:>7.3} s       "),
         },
     }
@@ -162,15 +178,19 @@ fn cell(s: &[(u64, f64)], i: usize) -> String {
 
 /// The largest ratio per doubling of a series.
 fn worst(s: &[(u64, f64)]) -> f64 {
-    s.windows(2).map(|w| w[1].1 / w[0].1).fold(0.0, f64::max)
+    s.windows(2)
+        .filter(|w| w[0].1 > 0.0)
+        .map(|w| w[1].1 / w[0].1)
+        .fold(0.0, f64::max)
 }
 
 /// `--scaling`: the three series side by side.
 fn scaling(args: &SimBenchArgs) -> anyhow::Result<ExitCode> {
     const STEPS_MODEL_LAYERS: u64 = 16;
-    const MICRO_SERIES_STEPS: u64 = 20;
+    const MICRO_SERIES_STEPS: u64 = 200;
     println!(
-        "simulator cost per doubling (transformer, hidden 256, seq 128; fastest of {} runs)",
+        "simulator cost per doubling (transformer, hidden 256, seq 128; processor time of the \
+         simulating thread where the OS reports it, else wall time; fastest of {} runs)",
         args.reps.max(1)
     );
     let depth = series(1_000, args.max_layers, args.reps, &|l| {
@@ -231,5 +251,9 @@ mod tests {
         assert!(cell(&s, 1).ends_with("2.50x"), "{}", cell(&s, 1));
         assert!(cell(&s, 0).trim_end().ends_with("1.000 s"));
         assert_eq!(cell(&s, 3), "");
+        // a time too short to measure has no ratio after it
+        let z = [(1, 0.0), (2, 1.0)];
+        assert!(cell(&z, 1).ends_with('-'), "{}", cell(&z, 1));
+        assert_eq!(worst(&z), 0.0);
     }
 }
