@@ -224,25 +224,7 @@ impl<'p> Graph<'p> {
 
     /// Sets the checkpoint segments (see [`crate::checkpoint`]).
     pub fn set_segments(&mut self, segments: Vec<Segment>) {
-        let p = self.program;
-        self.boundaries = segments
-            .iter()
-            .map(|s| {
-                let start = p.layers.get(s.layers.0 as usize).map_or(0, |l| l.0);
-                let end = p.layers.get(s.layers.1 as usize - 1).map_or(0, |l| l.1);
-                let mut produced_inside = vec![];
-                let mut b: Vec<ValueId> = vec![];
-                for op in &p.ops[start as usize..end as usize] {
-                    for &v in op.input_ids() {
-                        if !produced_inside.contains(&v) && !b.contains(&v) {
-                            b.push(v);
-                        }
-                    }
-                    produced_inside.push(op.output);
-                }
-                b
-            })
-            .collect();
+        self.boundaries = segment_boundaries(self.program, &segments);
         self.segments = segments;
     }
 
@@ -701,6 +683,35 @@ impl<'p> Graph<'p> {
 }
 
 const TAPE_HOLE: TensorId = TensorId::HOLE;
+
+/// For each segment, the values its ops read that were not produced inside it (in order of
+/// first read, each once): the tensors a checkpointed segment keeps. Linear in the ops and
+/// values of the program: each value is stamped with the last segment that produced or
+/// listed it, instead of searching what the segment built so far.
+pub(crate) fn segment_boundaries(p: &Program, segments: &[Segment]) -> Vec<Vec<ValueId>> {
+    const NONE: u32 = u32::MAX;
+    let mut produced_in = vec![NONE; p.values.len()];
+    let mut listed_in = vec![NONE; p.values.len()];
+    let mut out = Vec::with_capacity(segments.len());
+    for (si, s) in segments.iter().enumerate() {
+        let si = si as u32;
+        let start = p.layers.get(s.layers.0 as usize).map_or(0, |l| l.0);
+        let end = p.layers.get(s.layers.1 as usize - 1).map_or(0, |l| l.1);
+        let mut b: Vec<ValueId> = vec![];
+        for op in &p.ops[start as usize..end as usize] {
+            for &v in op.input_ids() {
+                let v_ix = v as usize;
+                if produced_in[v_ix] != si && listed_in[v_ix] != si {
+                    listed_in[v_ix] = si;
+                    b.push(v);
+                }
+            }
+            produced_in[op.output as usize] = si;
+        }
+        out.push(b);
+    }
+    out
+}
 
 /// Errors of [`Graph::backward`].
 #[derive(Debug, thiserror::Error)]

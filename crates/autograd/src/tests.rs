@@ -327,3 +327,66 @@ fn burn_balanced_checkpointing_recomputes_element_wise_outputs() {
     g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
     tape.release(&mut s);
 }
+
+/// The values each segment reads without producing them, by searching what the segment
+/// produced so far (the definition [`crate::graph::segment_boundaries`] must match).
+fn boundaries_by_search(p: &Program, segments: &[Segment]) -> Vec<Vec<ValueId>> {
+    segments
+        .iter()
+        .map(|s| {
+            let start = p.layers[s.layers.0 as usize].0 as usize;
+            let end = p.layers[s.layers.1 as usize - 1].1 as usize;
+            let mut produced = Vec::new();
+            let mut b = Vec::new();
+            for op in &p.ops[start..end] {
+                for &v in op.input_ids() {
+                    if !produced.contains(&v) && !b.contains(&v) {
+                        b.push(v);
+                    }
+                }
+                produced.push(op.output);
+            }
+            b
+        })
+        .collect()
+}
+
+/// A program of `links.len()` blocks; block `i` adds its running value to the output of
+/// block `i - 1 - links[i]` (a skip connection across blocks, and so across segments).
+fn skip_net(links: &[usize]) -> Program {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(4, ValueDtype::Compute);
+    let t = b.input(4, ValueDtype::Compute);
+    b.begin_layer("in");
+    let w = b.param(16, "in");
+    let mut h = b.op(OpKind::Linear, &[x], 4, &[w]);
+    let mut outs = vec![h];
+    for (i, &back) in links.iter().enumerate() {
+        b.begin_block(format!("block{i}"));
+        let r = b.op(OpKind::Relu, &[h], 4, &[]);
+        let skip = outs[outs.len() - 1 - back.min(outs.len() - 1)];
+        h = b.op(OpKind::Add, &[r, skip], 4, &[]);
+        h = b.op(OpKind::Mul, &[h, h], 4, &[]);
+        outs.push(h);
+    }
+    b.begin_layer("head");
+    b.loss(OpKind::MseLoss, &[h, t]);
+    b.finish().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+    #[test]
+    fn segment_boundaries_are_the_values_read_from_outside(
+        links in proptest::collection::vec(0usize..6, 1..24),
+        k in 0u32..5,
+        kept in 0u32..6,
+    ) {
+        let p = skip_net(&links);
+        let segs = checkpoint::segments_with(&p, k, kept);
+        prop_assert_eq!(
+            crate::graph::segment_boundaries(&p, &segs),
+            boundaries_by_search(&p, &segs)
+        );
+    }
+}

@@ -4,10 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_sim::bytes::{human, parse_bytes};
 use trainmem_sim::export::{chrome, files, json, pickle, svg};
 use trainmem_sim::{FitTarget, Machine, Plan, SimOptions, SimResult};
+
+use crate::progress::{ProgressFlags, Reporter};
 
 /// Arguments of `trainmem simulate`.
 #[derive(Debug, clap::Args)]
@@ -27,9 +28,13 @@ pub struct SimulateArgs {
     /// Allocator trace entries kept for snapshot.pickle (most recent).
     #[arg(long, default_value_t = 200_000)]
     pub trace_entries: usize,
-    /// Never show a progress bar.
-    #[arg(long)]
+    /// Show no progress (by default: a bar on a terminal, else a line on stderr every few
+    /// seconds of a long simulation).
+    #[arg(long, conflicts_with = "progress")]
     pub quiet: bool,
+    /// Print a progress line on stderr every few seconds, on a terminal too.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// Arguments of `trainmem fit`.
@@ -50,6 +55,12 @@ pub struct FitArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Show no progress (by default a line on stderr every few seconds of a long search).
+    #[arg(long, conflicts_with = "progress")]
+    pub quiet: bool,
+    /// Print a progress line on stderr every few seconds.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// What `fit` varies.
@@ -72,6 +83,13 @@ pub struct ExplainArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Show no progress (by default: a bar on a terminal, else a line on stderr every few
+    /// seconds of a long simulation).
+    #[arg(long, conflicts_with = "progress")]
+    pub quiet: bool,
+    /// Print a progress line on stderr every few seconds, on a terminal too.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 fn parse_capacity(s: &str) -> Result<u64, String> {
@@ -96,26 +114,11 @@ fn run_sim(
     plan: &Plan,
     steps: Option<u64>,
     trace: Option<usize>,
-    quiet: bool,
+    flags: ProgressFlags,
 ) -> anyhow::Result<SimResult> {
     let total = steps.map_or(plan.total_steps(), |s| s.min(plan.total_steps()));
-    let show = !quiet && total >= 200 && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let bar = show.then(|| {
-        let b = ProgressBar::new(total);
-        if let Ok(style) =
-            ProgressStyle::with_template("simulating {bar:40} {pos}/{len} steps ({eta})")
-        {
-            b.set_style(style);
-        }
-        b
-    });
-    let mut tick = |done: u64, _total: u64| {
-        if let Some(b) = &bar
-            && (done.is_multiple_of(16) || done == total)
-        {
-            b.set_position(done);
-        }
-    };
+    let mut reporter = Reporter::new("simulating", flags, total);
+    let mut tick = |done: u64, total: u64| reporter.step(done, total);
     let opts = SimOptions {
         // the run is predicted for the machine the command runs on
         machine: Machine::detect(),
@@ -124,9 +127,7 @@ fn run_sim(
         max_steps: steps,
     };
     let r = trainmem_sim::simulate(plan, opts).context("simulation failed")?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    reporter.finish();
     Ok(r)
 }
 
@@ -134,7 +135,12 @@ fn run_sim(
 pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let plan = load(&args.plan)?;
     let trace = args.out.as_ref().map(|_| args.trace_entries);
-    let r = run_sim(&plan, args.steps, trace, args.quiet || args.json)?;
+    let flags = ProgressFlags {
+        quiet: args.quiet,
+        lines: args.progress,
+        no_bar: args.json,
+    };
+    let r = run_sim(&plan, args.steps, trace, flags)?;
     let rep = trainmem_sim::report(&plan, &r);
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -194,7 +200,25 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
         None if plan.accumulation_steps() > 1 => FitTarget::MicroBatch,
         None => FitTarget::Batch,
     };
-    let r = trainmem_sim::fit(&plan, target, capacity, args.max, Machine::detect())?;
+    let flags = ProgressFlags {
+        quiet: args.quiet,
+        lines: args.progress,
+        // a search has no step count to fill a bar with
+        no_bar: true,
+    };
+    let mut reporter = Reporter::new("fit", flags, 0);
+    let mut on_probe = |n: u64, fits: bool| {
+        let verdict = if fits { "fits" } else { "does not fit" };
+        reporter.note(&format!("size {n} {verdict}"));
+    };
+    let r = trainmem_sim::fit_with_progress(
+        &plan,
+        target,
+        capacity,
+        args.max,
+        Machine::detect(),
+        &mut on_probe,
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(if r.largest.is_some() {
@@ -235,7 +259,12 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
 /// Runs `trainmem explain`.
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let plan = load(&args.plan)?;
-    let r = run_sim(&plan, args.steps, None, args.json)?;
+    let flags = ProgressFlags {
+        quiet: args.quiet,
+        lines: args.progress,
+        no_bar: args.json,
+    };
+    let r = run_sim(&plan, args.steps, None, flags)?;
     let findings = trainmem_sim::explain(&plan, &r.timeline, &r.summary);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&findings)?);

@@ -15,6 +15,7 @@ static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new
 mod cmd_data;
 mod cmd_replay;
 mod cmd_sim;
+mod progress;
 
 /// Explain and predict the memory of deep-learning training.
 #[derive(Debug, Parser)]

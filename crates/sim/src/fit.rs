@@ -96,10 +96,26 @@ pub fn fit(
     limit: u64,
     machine: Machine,
 ) -> Result<FitResult, SimError> {
+    fit_with_progress(plan, target, capacity, limit, machine, &mut |_, _| {})
+}
+
+/// [`fit`], telling `on_probe` the size and whether it fits after each probe.
+pub fn fit_with_progress(
+    plan: &Plan,
+    target: FitTarget,
+    capacity: u64,
+    limit: u64,
+    machine: Machine,
+    on_probe: &mut dyn FnMut(u64, bool),
+) -> Result<FitResult, SimError> {
     let mut probes = 0u32;
     let mut run = |n: u64| {
         probes += 1;
-        probe(plan, target, n, capacity, machine)
+        let r = probe(plan, target, n, capacity, machine);
+        if let Ok(outcome) = &r {
+            on_probe(n, outcome.is_ok());
+        }
+        r
     };
     let mut result = FitResult {
         target,

@@ -48,13 +48,14 @@ pub mod export;
 pub mod fit;
 pub mod lower;
 pub mod machine;
+pub mod params;
 pub mod profile;
 pub mod report;
 
 pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
-pub use fit::{FitResult, FitTarget, fit};
+pub use fit::{FitResult, FitTarget, fit, fit_with_progress};
 pub use machine::Machine;
 pub use model::ModelSpec;
 pub use plan::{Plan, PlanError};
@@ -81,4 +82,7 @@ pub enum SimError {
     /// The plan is invalid.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A byte count of the plan's model state does not fit 64 bits (a mistyped size?).
+    #[error("{0}")]
+    Overflow(String),
 }

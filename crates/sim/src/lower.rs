@@ -89,7 +89,17 @@ pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, Low
         ModelSpec::Transformer(t) => lower_transformer(t, layout),
         ModelSpec::Layers(l) => lower_layers(l, layout)?,
     };
+    #[cfg(test)]
+    if let Ok(p) = &p {
+        LOWERED_LAYERS.with(|n| n.set(n.get() + p.layers.len() as u64));
+    }
     p.map_err(|e| LowerError(e.to_string()))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Layers lowered on this thread (tests check what is never lowered).
+    pub(crate) static LOWERED_LAYERS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autograd::ProgramError> {

@@ -189,6 +189,19 @@ capacity = "1GiB"
             } else {
                 prop_assert!(probe(&plan, FitTarget::Batch, 1, cap, m).unwrap().is_err());
             }
+            // the progress callback hears every probe, with its verdict
+            let mut heard = Vec::new();
+            let again = crate::fit::fit_with_progress(
+                &plan, FitTarget::Batch, cap, 4096, m, &mut |n, fits| heard.push((n, fits)),
+            ).unwrap();
+            prop_assert_eq!(heard.len(), r.probes as usize);
+            prop_assert_eq!(again.largest, r.largest);
+            if let Some(n) = r.largest {
+                prop_assert!(heard.contains(&(n, true)));
+            }
+            if let Some((n, _)) = &r.first_failing {
+                prop_assert!(heard.contains(&(*n, false)));
+            }
         }
     }
 }

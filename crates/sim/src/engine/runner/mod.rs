@@ -24,6 +24,7 @@ mod optimizer_step;
 mod retention;
 mod sampling;
 mod setup;
+mod state_check;
 mod step;
 mod summary;
 mod zero;
@@ -87,7 +88,19 @@ pub fn simulate_stage(
 }
 
 /// Simulates a plan.
+///
+/// The model state is worked out first, from the plan alone: a model whose construction
+/// alone exceeds the device is reported at once as an out-of-memory at `model_init`, without
+/// lowering it; one whose byte count overflows 64 bits is a [`SimError::Overflow`].
 pub fn simulate(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError> {
+    if let Some(r) = state_check::construction_oom(plan, &mut opts)? {
+        return Ok(r);
+    }
+    simulate_lowered(plan, opts)
+}
+
+/// Lowers the plan's model and simulates every stage (no model-state check first).
+fn simulate_lowered(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError> {
     let program =
         crate::lower::lower_for(&plan.model, plan.framework).map_err(|e| SimError::Model(e.0))?;
     let stages = plan.parallel.pipeline_stages.max(1);

@@ -9,7 +9,8 @@ use trainmem_probe::Category;
 
 use super::RunSpec;
 use crate::engine::memory::{SimMemory, SimOom};
-use crate::profile::{ParamUpdate, StateDtype};
+use crate::plan::Plan;
+use crate::profile::{FrameworkProfile, ParamUpdate, StateDtype};
 
 /// Size of one DDP gradient bucket (PyTorch's default `bucket_cap_mb`, 25 MiB).
 const DDP_BUCKET_BYTES: u64 = 25 << 20;
@@ -55,31 +56,53 @@ fn saved_by_graph(program: &Program) -> Vec<bool> {
     saved
 }
 
+/// The optimizer (as far as memory goes), the ZeRO sharding and the gradients' dtype of
+/// `plan` under `profile`: state in the dtype the framework gives it.
+pub(super) fn state_config(
+    plan: &Plan,
+    profile: &FrameworkProfile,
+) -> (OptimizerConfig, Sharding, Dtype) {
+    let compute = plan.precision.compute;
+    let grad_dtype = plan.precision.grads.unwrap_or(compute);
+    let opt = OptimizerConfig {
+        kind: plan.optimizer.kind,
+        allocation: plan.optimizer.state,
+        implementation: plan.optimizer.implementation,
+        state_dtype: match profile.optimizer.state_dtype {
+            StateDtype::Gradients => grad_dtype,
+            StateDtype::Plan => plan.optimizer.state_dtype,
+        },
+        amsgrad: plan.optimizer.amsgrad,
+        param_dtype: compute,
+        master_weights: plan.precision.master_weights,
+    };
+    let sharding = Sharding {
+        world_size: plan.parallel.world_size,
+        zero_stage: plan.parallel.zero_stage,
+    };
+    (opt, sharding, grad_dtype)
+}
+
+/// Whether model construction makes the optimizer state's own buffers: eager allocation,
+/// unless the framework's first momentum velocity is the gradient itself (then there is
+/// nothing to make before the first step).
+pub(super) fn state_made_at_construction(
+    opt: &OptimizerConfig,
+    profile: &FrameworkProfile,
+) -> bool {
+    opt.allocation == StateAllocation::Eager
+        && !(profile.optimizer.momentum_first_velocity_is_gradient
+            && opt.kind == OptimizerKind::Momentum)
+}
+
 impl ModelState {
     /// Nothing allocated yet; the optimizer and sharding of `spec`'s plan, state in the
     /// dtype the framework gives it.
     pub(super) fn new(spec: &RunSpec<'_>) -> ModelState {
-        let plan = spec.plan;
-        let compute = plan.precision.compute;
-        let grad_dtype = plan.precision.grads.unwrap_or(compute);
-        let opt = OptimizerConfig {
-            kind: plan.optimizer.kind,
-            allocation: plan.optimizer.state,
-            implementation: plan.optimizer.implementation,
-            state_dtype: match spec.profile.optimizer.state_dtype {
-                StateDtype::Gradients => grad_dtype,
-                StateDtype::Plan => plan.optimizer.state_dtype,
-            },
-            amsgrad: plan.optimizer.amsgrad,
-            param_dtype: compute,
-            master_weights: plan.precision.master_weights,
-        };
+        let (opt, sharding, grad_dtype) = state_config(spec.plan, spec.profile);
         ModelState {
             opt,
-            sharding: Sharding {
-                world_size: plan.parallel.world_size,
-                zero_stage: plan.parallel.zero_stage,
-            },
+            sharding,
             grad_dtype,
             params: Vec::new(),
             beside_params: Vec::new(),

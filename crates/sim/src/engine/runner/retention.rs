@@ -28,8 +28,11 @@ pub(super) struct Retention {
 struct OrphanedGraphs {
     /// The dropped graphs (their held outputs already released).
     tapes: Vec<Tape>,
-    /// Old parameter buffers they reference, with the parameter's layer.
+    /// Old parameter buffers they reference, with the parameter's layer, in layer order
+    /// (in the order they were pinned within a layer).
     pinned: Vec<(u32, TensorId)>,
+    /// How many of `pinned` are freed already.
+    pinned_done: usize,
     /// The next layer a backward pass frees.
     next_layer: u32,
 }
@@ -39,7 +42,7 @@ impl OrphanedGraphs {
         for t in self.tapes {
             t.release(store);
         }
-        for (_, t) in self.pinned {
+        for &(_, t) in &self.pinned[self.pinned_done..] {
             store.release(t);
         }
     }
@@ -90,11 +93,14 @@ impl Retention {
                 for t in &mut tapes {
                     t.release_held(store);
                 }
-                let pinned: Vec<(u32, TensorId)> = self.pinned.drain(..).collect();
+                let mut pinned: Vec<(u32, TensorId)> = self.pinned.drain(..).collect();
+                // stable: within a layer, buffers are freed in the order they were pinned
+                pinned.sort_by_key(|p| p.0);
                 if !tapes.is_empty() || !pinned.is_empty() {
                     self.orphans.push(OrphanedGraphs {
                         tapes,
                         pinned,
+                        pinned_done: 0,
                         next_layer: 0,
                     });
                 }
@@ -121,18 +127,22 @@ impl Retention {
         let mut left = Vec::with_capacity(self.orphans.len());
         for mut o in std::mem::take(&mut self.orphans) {
             let layer = o.next_layer;
-            for (i, op) in program.ops.iter().enumerate() {
-                if op.layer == layer {
-                    for t in &mut o.tapes {
-                        t.release_saved_of(store, i);
-                    }
+            // the layer's ops only (layers are contiguous op ranges), not every op
+            let (start, end) = program.layers[layer as usize];
+            for i in start as usize..end as usize {
+                for t in &mut o.tapes {
+                    t.release_saved_of(store, i);
                 }
             }
-            let (now, later): (Vec<_>, Vec<_>) = o.pinned.into_iter().partition(|p| p.0 == layer);
-            for (_, t) in now {
+            // the pinned buffers are in layer order: this layer's lead the rest
+            let now = o.pinned[o.pinned_done..]
+                .iter()
+                .take_while(|p| p.0 == layer)
+                .count();
+            for &(_, t) in &o.pinned[o.pinned_done..o.pinned_done + now] {
                 store.release(t);
             }
-            o.pinned = later;
+            o.pinned_done += now;
             o.next_layer += 1;
             if o.next_layer >= layers {
                 o.release(store);

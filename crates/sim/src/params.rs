@@ -1,0 +1,305 @@
+//! The parameter tensors a model has, counted without lowering it.
+//!
+//! [`param_groups`] gives the sizes of the parameter tensors [`crate::lower`] creates, as
+//! groups of equal tensors with their counts: a transformer's blocks repeat, so its count
+//! costs the same for 10 layers as for 10⁹. Every product is checked: a model whose element
+//! count overflows 64 bits is an [`ParamOverflow`], named with the figures that overflowed.
+//! The simulator works the model state out from these groups before it lowers or simulates
+//! anything (`engine`'s model-state check).
+
+use trainmem_autograd::Framework;
+
+use crate::model::{ModelSpec, NormKind, TransformerKind, TransformerSpec};
+use crate::profile::{FrameworkProfile, Lowering};
+
+/// `count` parameter tensors of `elems` elements each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamGroup {
+    /// Elements of each tensor.
+    pub elems: u64,
+    /// How many tensors of that size.
+    pub count: u64,
+}
+
+/// A parameter count does not fit a 64-bit integer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParamOverflow(pub String);
+
+/// `a × b`, or an overflow naming `what`.
+pub(crate) fn mul(a: u64, b: u64, what: &str) -> Result<u64, ParamOverflow> {
+    a.checked_mul(b)
+        .ok_or_else(|| ParamOverflow(format!("{what}: {a} × {b} overflows a 64-bit count")))
+}
+
+/// `a + b`, or an overflow naming `what`.
+pub(crate) fn add(a: u64, b: u64, what: &str) -> Result<u64, ParamOverflow> {
+    a.checked_add(b)
+        .ok_or_else(|| ParamOverflow(format!("{what}: {a} + {b} overflows a 64-bit count")))
+}
+
+/// The parameter tensors `model` has under `framework`'s module layout, grouped by size
+/// (`Ok(None)`: the model is invalid; lowering it reports why).
+pub fn param_groups(
+    model: &ModelSpec,
+    framework: Framework,
+) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
+    let layout = &FrameworkProfile::of(framework).lowering;
+    let one = |elems| ParamGroup { elems, count: 1 };
+    Ok(Some(match model {
+        ModelSpec::Transformer(t) => return transformer_groups(t, layout),
+        ModelSpec::Mlp(m) => {
+            let mut out = Vec::new();
+            let mut width = m.input;
+            for &h in m.hidden.iter().chain([&m.output]) {
+                out.push(one(mul(width, h, "mlp weight")?));
+                if m.bias {
+                    out.push(one(h));
+                }
+                width = h;
+            }
+            out
+        }
+        ModelSpec::Layers(l) => {
+            if crate::lower::check_layers(l).is_err() {
+                return Ok(None);
+            }
+            l.layers
+                .iter()
+                .flat_map(|layer| layer.params.iter().map(|&e| one(e)))
+                .collect()
+        }
+        // a CNN's layers are listed one by one in the plan: lowering it costs no more than
+        // reading it
+        ModelSpec::Cnn(_) => match crate::lower::lower_for(model, framework) {
+            Ok(p) => p.params.iter().map(|p| one(p.elems)).collect(),
+            Err(_) => return Ok(None),
+        },
+    }))
+}
+
+/// A transformer's groups, as `lower` builds it: embeddings, `layers` identical blocks,
+/// the final norm and the head.
+fn transformer_groups(
+    t: &TransformerSpec,
+    layout: &Lowering,
+) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
+    let Some(head_dim) = t.hidden.checked_div(t.heads) else {
+        return Ok(None);
+    };
+    let (s, h, f) = (t.seq_len, t.hidden, t.ffn_size());
+    let kv = mul(head_dim, t.kv_head_count(), "key/value width")?;
+    let bias = t.norm == NormKind::LayerNorm;
+    let once = |elems| ParamGroup { elems, count: 1 };
+    let mut out = vec![once(mul(t.vocab, h, "token embedding")?)];
+    if t.learned_positions {
+        out.push(once(mul(s, h, "position embedding")?));
+    }
+    // one block: norm1, qkv, attention out, norm2, ffn up (and gate), ffn down
+    let qkv = add(h, mul(2, kv, "key/value width")?, "qkv width")?;
+    let mut block: Vec<(u64, u64)> = vec![(h, h), (h, qkv), (h, h), (h, h), (h, f)];
+    if t.gated_ffn {
+        block.push((h, f));
+    }
+    block.push((f, h));
+    let mut per_block = Vec::new();
+    for (k, &(fin, fout)) in block.iter().enumerate() {
+        let norm = k == 0 || k == 3;
+        if norm {
+            per_block.push(fin);
+            if bias {
+                per_block.push(fin);
+            }
+        } else {
+            per_block.push(mul(fin, fout, "block weight")?);
+            if bias {
+                per_block.push(fout);
+            }
+        }
+    }
+    let block_elems = per_block
+        .iter()
+        .try_fold(0u64, |acc, &e| add(acc, e, "parameters of one block"))?;
+    // the whole stack's element count must fit too
+    mul(
+        t.layers,
+        block_elems,
+        "parameters of the blocks (layers × per block)",
+    )?;
+    out.extend(per_block.iter().map(|&elems| ParamGroup {
+        elems,
+        count: t.layers,
+    }));
+    if layout.transformer_final_norm {
+        out.push(once(h));
+        if bias {
+            out.push(once(h));
+        }
+    }
+    match t.kind {
+        TransformerKind::Decoder => {
+            if !t.tied_embeddings {
+                out.push(once(mul(t.vocab, h, "language-model head")?));
+            }
+            if layout.lm_head_bias {
+                out.push(once(t.vocab));
+            }
+        }
+        TransformerKind::Encoder => {
+            let classes = t.classes.unwrap_or(2);
+            out.push(once(mul(h, classes, "classifier")?));
+            out.push(once(classes));
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Total elements of `groups` (checked).
+pub fn total_elems(groups: &[ParamGroup]) -> Result<u64, ParamOverflow> {
+    groups.iter().try_fold(0u64, |acc, g| {
+        add(
+            acc,
+            mul(g.elems, g.count, "parameter elements")?,
+            "parameter elements",
+        )
+    })
+}
+
+/// Total tensors of `groups` (checked).
+pub fn total_tensors(groups: &[ParamGroup]) -> Result<u64, ParamOverflow> {
+    groups
+        .iter()
+        .try_fold(0u64, |acc, g| add(acc, g.count, "parameter tensors"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+    use proptest::prelude::*;
+
+    /// The sizes `lower` gives, sorted.
+    fn lowered(model: &ModelSpec, fw: Framework) -> Vec<u64> {
+        let p = crate::lower::lower_for(model, fw).expect("lowers");
+        let mut v: Vec<u64> = p.params.iter().map(|p| p.elems).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The sizes of `param_groups`, expanded and sorted.
+    fn counted(model: &ModelSpec, fw: Framework) -> Vec<u64> {
+        let groups = param_groups(model, fw)
+            .expect("no overflow")
+            .expect("valid");
+        let mut v: Vec<u64> = groups
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.elems, g.count as usize))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn framework() -> impl Strategy<Value = Framework> {
+        prop_oneof![Just(Framework::Pytorch), Just(Framework::Burn)]
+    }
+
+    prop_compose! {
+        fn transformer()(
+            layers in 1u64..5, head_dim in 1u64..9, kv in 1u64..4, group in 1u64..3,
+            ffn in proptest::option::of(1u64..40), gated in any::<bool>(),
+            s in 1u64..20, vocab in 1u64..50, tied in any::<bool>(),
+            rms in any::<bool>(), positions in any::<bool>(), encoder in any::<bool>(),
+            classes in proptest::option::of(1u64..7), grouped in any::<bool>(),
+        ) -> TransformerSpec {
+            let heads = kv * group;
+            TransformerSpec {
+                kind: if encoder { TransformerKind::Encoder } else { TransformerKind::Decoder },
+                layers,
+                hidden: head_dim * heads,
+                heads,
+                kv_heads: grouped.then_some(kv),
+                ffn,
+                gated_ffn: gated,
+                seq_len: s,
+                vocab,
+                tied_embeddings: tied,
+                activation: Activation::Gelu,
+                norm: if rms { NormKind::RmsNorm } else { NormKind::LayerNorm },
+                dropout: 0.0,
+                attention: AttentionImpl::Eager,
+                learned_positions: positions,
+                classes,
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn transformer_counts_match_lowering(t in transformer(), fw in framework()) {
+            let m = ModelSpec::Transformer(t);
+            prop_assert_eq!(counted(&m, fw), lowered(&m, fw));
+        }
+
+        #[test]
+        fn mlp_counts_match_lowering(
+            input in 1u64..50, hidden in proptest::collection::vec(1u64..50, 0..5),
+            output in 1u64..20, bias in any::<bool>(), fw in framework(),
+        ) {
+            let m = ModelSpec::Mlp(MlpSpec {
+                input, hidden, output, activation: Activation::Relu, dropout: 0.0, bias,
+                loss: Loss::Mse,
+            });
+            prop_assert_eq!(counted(&m, fw), lowered(&m, fw));
+        }
+    }
+
+    #[test]
+    fn every_plan_of_the_repository_counts_as_it_lowers() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut seen = 0;
+        for dir in ["fixtures/plans", "crates/scenarios/plans"] {
+            for entry in std::fs::read_dir(root.join(dir)).expect("plans directory") {
+                let path = entry.expect("entry").path();
+                if path.extension().is_none_or(|e| e != "toml") {
+                    continue;
+                }
+                let plan = crate::Plan::load(&path).expect("plan loads");
+                let (c, l) = (
+                    counted(&plan.model, plan.framework),
+                    lowered(&plan.model, plan.framework),
+                );
+                assert_eq!(c, l, "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 30, "{seen} plans");
+    }
+
+    #[test]
+    fn a_billion_wide_layers_overflow_naming_the_figures() {
+        let t = TransformerSpec {
+            kind: TransformerKind::Decoder,
+            layers: 1_000_000_000,
+            hidden: 1_000_000,
+            heads: 8,
+            kv_heads: None,
+            ffn: None,
+            gated_ffn: false,
+            seq_len: 128,
+            vocab: 1000,
+            tied_embeddings: false,
+            activation: Activation::Gelu,
+            norm: NormKind::LayerNorm,
+            dropout: 0.0,
+            attention: AttentionImpl::Eager,
+            learned_positions: false,
+            classes: None,
+        };
+        let e = param_groups(&ModelSpec::Transformer(t), Framework::Pytorch).unwrap_err();
+        // a block of hidden h: 12h² + 13h elements
+        let block = 12 * 1_000_000u64.pow(2) + 13 * 1_000_000;
+        assert!(e.0.contains("1000000000 × "), "{e}");
+        assert!(e.0.contains(&block.to_string()), "{e}");
+    }
+}
