@@ -139,7 +139,9 @@ mod trace;
 #[cfg(any(test, feature = "proptest"))]
 pub mod testing;
 
-pub use allocator::{CachingAllocator, ReleasedMemory};
+pub use allocator::{
+    CachingAllocator, ReleasedMemory, SeedBlock, SeedError, SeedSegment, SeedState,
+};
 pub use block::{Block, BlockId};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, RoundupPower2Divisions};
 #[cfg(feature = "cuda")]

@@ -128,6 +128,39 @@ pub struct AllocatorSettings {
 }
 
 impl AllocatorSettings {
+    /// The configuration these settings describe (a snapshot's `allocator_settings`): a
+    /// `max_split_size` of 0, -1 or `i64::MAX` is no limit, a threshold of 0 is no garbage
+    /// collection, and `roundup_power2_divisions` keys are interval starts in MB (`"1"`,
+    /// `"2"`, `"4"`, …).
+    pub fn to_config(&self) -> Result<AllocatorConfig, crate::config::ConfigError> {
+        let mut c = AllocatorConfig::default();
+        if self.max_split_size > 0 && self.max_split_size < i64::MAX {
+            c = c.with_max_split_size_mb(self.max_split_size as u64 / crate::size::MIB)?;
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            c = c.with_garbage_collection_threshold(self.garbage_collection_threshold)?;
+        }
+        let mut intervals = [0u64; crate::config::ROUNDUP_INTERVALS];
+        for (key, &d) in &self.roundup_power2_divisions {
+            let slot = key
+                .parse::<u64>()
+                .ok()
+                .filter(|k| k.is_power_of_two())
+                .map(|k| k.trailing_zeros() as usize)
+                .filter(|&i| i < intervals.len());
+            if let Some(i) = slot {
+                intervals[i] = d;
+            }
+        }
+        c = c.with_roundup_power2_divisions(crate::config::RoundupPower2Divisions::from_intervals(
+            intervals,
+        )?);
+        if self.expandable_segments {
+            c.set("expandable_segments", "True")?;
+        }
+        Ok(c)
+    }
+
     /// The settings of a configuration.
     pub fn from_config(c: &AllocatorConfig) -> Self {
         AllocatorSettings {

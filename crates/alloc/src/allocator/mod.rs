@@ -18,8 +18,10 @@ use crate::stream::StreamId;
 use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
 
 mod free_set;
-#[cfg(any(test, feature = "proptest"))]
 pub(crate) mod invariants;
+mod seed;
+
+pub use seed::{SeedBlock, SeedError, SeedSegment, SeedState};
 
 use free_set::{Found, FreeSet};
 

@@ -29,11 +29,17 @@ mod from_snapshot;
 mod jsonl;
 mod op;
 #[cfg(test)]
+mod seeded_tests;
+mod snapshot_replay;
+mod start_state;
+#[cfg(test)]
 mod tests;
 
 pub use engine::{Applied, Counts, LiveIdAlloc, OomEvent, ReplayPolicy, Replayer, UnknownFree};
 pub use error::ReplayError;
 pub use file::{Progress, TraceFormat, replay_trace};
-pub use from_snapshot::{SnapshotTraceInfo, ops_from_trace};
+pub use from_snapshot::{SnapshotTraceInfo, free_action, ops_from_trace, seeded_ops};
 pub use jsonl::{JsonLines, parse_line};
 pub use op::{Op, Origin};
+pub use snapshot_replay::{RecordedFigures, SnapshotReplay, device_trace, prepare, run_config};
+pub use start_state::{StartState, StartStateError, start_state};
