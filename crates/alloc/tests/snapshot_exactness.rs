@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use trainmem_alloc::pytorch::pickle;
-use trainmem_alloc::pytorch::replay::prepare;
+use trainmem_alloc::pytorch::replay::{prepare, verify};
 
 /// Each file with the peak reserved bytes PyTorch recorded (reference/pytorch-fidelity.md,
 /// computed there from the events alone).
@@ -81,4 +81,31 @@ fn every_shared_snapshot_replays_to_its_recorded_peak_and_segment_count() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `--verify` on every shared snapshot, whether recording began empty or part-way: every
+/// cudaMalloc and cudaFree (size, address, order), every block's address and the end state
+/// agree with the recording.
+#[test]
+fn verification_finds_no_divergence_on_any_shared_snapshot() {
+    let Some(dir) = snapshots_dir() else { return };
+    for &(file, _) in FILES {
+        let path = dir.join(file);
+        let Ok(bytes) = std::fs::read(&path) else {
+            println!("skipped: {} is absent", path.display());
+            continue;
+        };
+        let snap = pickle::from_bytes(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut r = prepare(&snap, 0, 80 << 30, None).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let empty = r.start.is_empty();
+        let v = verify(&mut r, &snap, 0).unwrap_or_else(|e| panic!("{file}: {e}"));
+        println!("{file}: empty start {empty}: {v:?}");
+        if empty {
+            assert_eq!(v.first_divergence, None, "{file}");
+            assert!(
+                v.segment_allocs.all() && v.allocs.all() && v.end_blocks.all(),
+                "{file}: {v:?}"
+            );
+        }
+    }
 }

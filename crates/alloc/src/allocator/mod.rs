@@ -904,8 +904,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .free_entries()
             .filter(|k| !self.nodes[k.idx as usize].is_split())
             .collect();
-        // Large pool first, as PyTorch releases large_blocks before small_blocks.
-        victims.sort_by_key(|k| k.pool == PoolKind::Small);
+        // Large pool first, as PyTorch releases large_blocks before small_blocks; within a
+        // pool in the pool's order: (stream, size, address).
+        victims.sort_by_key(|k| {
+            let stream = self.pools[k.slot as usize].stream;
+            (k.pool == PoolKind::Small, stream, k.size, k.addr)
+        });
         for k in victims {
             self.release_block(k)?;
             released.bytes += k.size;

@@ -34,6 +34,7 @@ mod snapshot_replay;
 mod start_state;
 #[cfg(test)]
 mod tests;
+mod verify;
 
 pub use engine::{Applied, Counts, LiveIdAlloc, OomEvent, ReplayPolicy, Replayer, UnknownFree};
 pub use error::ReplayError;
@@ -43,3 +44,4 @@ pub use jsonl::{JsonLines, parse_line};
 pub use op::{Op, Origin};
 pub use snapshot_replay::{RecordedFigures, SnapshotReplay, device_trace, prepare, run_config};
 pub use start_state::{StartState, StartStateError, start_state};
+pub use verify::{Agreement, Divergence, Verification, verify};

@@ -254,3 +254,37 @@ fn a_trace_that_contradicts_the_final_segments_is_an_error() {
     let err = prepare(&snap, 0, 1 << 30, None).err().expect("outside");
     assert!(err.to_string().contains("lies in no segment"), "{err}");
 }
+
+#[test]
+fn verification_agrees_with_a_faithful_recording() {
+    let snap = part_way_snapshot();
+    let mut r = prepare(&snap, 0, 1 << 30, None).unwrap();
+    let v = verify(&mut r, &snap, 0).unwrap();
+    assert_eq!(v.first_divergence, None);
+    assert_eq!((v.segment_allocs.agreed, v.segment_allocs.recorded), (1, 1));
+    assert_eq!((v.segment_frees.agreed, v.segment_frees.recorded), (1, 1));
+    assert_eq!((v.allocs.agreed, v.allocs.recorded), (1, 1));
+    assert_eq!((v.end_segments.agreed, v.end_blocks.agreed), (3, 4));
+}
+
+#[test]
+fn verification_reports_the_first_divergence() {
+    // After the alloc at N (entry 7) the recording has a cudaMalloc of 2 MiB that is freed at
+    // once; nothing in the trace asks for it, so the replay makes no such call.
+    let mut snap = part_way_snapshot();
+    let trace = &mut snap.device_traces[0];
+    trace.insert(8, ev("segment_alloc", 0x7800_0000, 2 * MIB, 0));
+    trace.insert(9, ev("segment_free", 0x7800_0000, 2 * MIB, 0));
+    let mut r = prepare(&snap, 0, 1 << 30, None).unwrap();
+    let v = verify(&mut r, &snap, 0).unwrap();
+    let d = v.first_divergence.expect("a divergence");
+    assert_eq!(d.entry, Some(9));
+    assert_eq!(
+        d.pytorch,
+        "cudaMalloc of 2097152 bytes at 0x78000000 (entry 8)"
+    );
+    assert_eq!(d.trainmem, "no segment call");
+    assert_eq!((v.segment_allocs.agreed, v.segment_allocs.recorded), (1, 2));
+    // The end state still agrees: the extra segment was freed again.
+    assert!(v.end_blocks.all());
+}
