@@ -15,6 +15,8 @@ static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new
 mod cmd_data;
 mod cmd_replay;
 mod cmd_sim;
+mod replay_snapshot;
+mod replay_what_if;
 
 /// Explain and predict the memory of deep-learning training.
 #[derive(Debug, Parser)]

@@ -1112,6 +1112,18 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         })
     }
 
+    /// Size of the largest cached free block, across streams and pools (0 when none): the
+    /// largest request the cache can serve without a new segment.
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools
+            .iter()
+            .flat_map(|sp| sp.free.iter())
+            .filter_map(|set| set.below_rev(u128::MAX).next())
+            .map(|(key, _)| (key >> 64) as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of device segments held.
     pub fn segment_count(&self) -> usize {
         self.segments.len()

@@ -35,6 +35,7 @@ mod start_state;
 #[cfg(test)]
 mod tests;
 mod verify;
+mod what_if;
 
 pub use engine::{Applied, Counts, LiveIdAlloc, OomEvent, ReplayPolicy, Replayer, UnknownFree};
 pub use error::ReplayError;
@@ -45,3 +46,4 @@ pub use op::{Op, Origin};
 pub use snapshot_replay::{RecordedFigures, SnapshotReplay, device_trace, prepare, run_config};
 pub use start_state::{StartState, StartStateError, start_state};
 pub use verify::{Agreement, Divergence, Verification, verify};
+pub use what_if::{Outcome, Scenario, run_scenario};

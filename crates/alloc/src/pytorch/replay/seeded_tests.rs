@@ -288,3 +288,30 @@ fn verification_reports_the_first_divergence() {
     // The end state still agrees: the extra segment was freed again.
     assert!(v.end_blocks.all());
 }
+
+#[test]
+fn what_if_figures_on_a_smaller_card() {
+    let snap = part_way_snapshot();
+    // On 1 GiB it fits: 58 MiB peak; when N arrives 40 + 18 MiB are reserved and 4 + 20 + 18
+    // MiB allocated (Y was freed), the largest free block being A's 16 MiB.
+    let fits = run_scenario(&snap, 0, 1 << 30, &Scenario::recorded()).unwrap();
+    assert!(fits.fits());
+    assert_eq!(fits.peak_reserved, 58 * MIB);
+    assert_eq!(fits.unused_at_peak, 16 * MIB);
+    assert_eq!(fits.largest_free_at_peak, 16 * MIB);
+    assert_eq!((fits.cuda_mallocs, fits.cuda_frees), (1, 1));
+    // The start holds 4 + (3 MiB + 512) + 1024 + 20 MiB allocated; the peak is X + V + N.
+    assert_eq!(fits.peak_allocated, 42 * MIB);
+    // On 50 MiB the 18 MiB segment does not fit beside the 40 MiB held (no segment is
+    // entirely free to release): entry 7 runs out of memory.
+    let short = run_scenario(&snap, 0, 50 * MIB, &Scenario::recorded()).unwrap();
+    assert!(!short.fits());
+    assert_eq!(
+        (short.ooms, short.first_oom_entry, short.first_oom_request),
+        (1, Some(7), Some(18 * MIB))
+    );
+    assert_eq!(short.peak_reserved, 42 * MIB);
+    // On 30 MiB not even the 42 MiB held when recording began fits.
+    let tiny = run_scenario(&snap, 0, 30 * MIB, &Scenario::recorded()).unwrap();
+    assert!(tiny.start_does_not_fit && !tiny.fits());
+}
