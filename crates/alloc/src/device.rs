@@ -309,4 +309,35 @@ mod tests {
         assert_eq!(d.live_allocations(), 1);
         assert!(d.allocate(u64::MAX).is_err());
     }
+
+    #[test]
+    fn planned_addresses_are_used_in_order_when_the_size_matches() {
+        let mut d = SimulatedDevice::new(1 << 30)
+            .with_base_address(4096)
+            .with_planned_addresses([(2 << 20, 0x10_0000_0000), (20 << 20, 0x20_0000_0000)]);
+        // Bump addresses start above every planned range.
+        assert_eq!(d.next_address(), 0x20_0000_0000 + (20 << 20));
+        assert_eq!(d.allocate(2 << 20), Ok(0x10_0000_0000));
+        // A different size drops the plan it failed to match and takes a fresh address.
+        assert_eq!(d.allocate(4 << 20), Ok(0x20_0000_0000 + (20 << 20)));
+        assert_eq!(d.planned_left(), 0);
+        assert_eq!(d.used_bytes(), 6 << 20);
+    }
+
+    #[test]
+    fn adopted_ranges_count_as_allocated_and_cannot_overlap() {
+        let mut d = SimulatedDevice::new(64 << 20);
+        d.adopt(0x1000_0000, 20 << 20).unwrap();
+        assert_eq!(d.free_bytes(), 44 << 20);
+        assert!(
+            d.adopt(0x1000_0000 + (10 << 20), 20 << 20).is_err(),
+            "overlap"
+        );
+        assert!(matches!(
+            d.adopt(0x9000_0000, 60 << 20),
+            Err(DeviceError::OutOfMemory { .. })
+        ));
+        d.free(0x1000_0000, 20 << 20).unwrap();
+        assert_eq!(d.free_bytes(), 64 << 20);
+    }
 }

@@ -253,3 +253,26 @@ impl Snapshot {
             .unwrap_or(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_settings_become_the_configuration() {
+        let mut s = AllocatorSettings::from_config(&AllocatorConfig::default());
+        // PyTorch writes -1 (SIZE_MAX) when max_split_size is unset and 0 for no threshold.
+        s.max_split_size = -1;
+        assert_eq!(s.to_config().unwrap(), AllocatorConfig::default());
+        s.max_split_size = 128 << 20;
+        s.garbage_collection_threshold = 0.8;
+        s.roundup_power2_divisions.insert("256".into(), 4);
+        let c = s.to_config().unwrap();
+        assert_eq!(c.max_split_size(), Some(128 << 20));
+        assert_eq!(c.garbage_collection_threshold(), Some(0.8));
+        assert_eq!(c.roundup_power2_divisions().divisions_for(300 << 20), 4);
+        assert_eq!(c.roundup_power2_divisions().divisions_for(100 << 20), 0);
+        s.roundup_power2_divisions.insert("512".into(), 3);
+        assert!(s.to_config().is_err(), "3 divisions is not a power of two");
+    }
+}

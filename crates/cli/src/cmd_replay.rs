@@ -1,4 +1,5 @@
-//! `trainmem replay TRACE [--allocator-conf STR] [--capacity BYTES] [--device N] [--json]`:
+//! `trainmem replay TRACE [--allocator-conf STR] [--capacity BYTES] [--device N] [--json]
+//! [--verify] [--what-if CONF]...`:
 //! replays an allocation trace through trainmem's caching allocator on a simulated device and
 //! prints its statistics.
 //!
@@ -12,8 +13,8 @@
 //!
 //! (`stream` is optional, default 0; an alloc may name its block with `"label":"activation"`;
 //! blank lines and lines starting with `#` are skipped), or a PyTorch memory snapshot pickle
-//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, whose
-//! `device_traces` are replayed by address.
+//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, replayed from the
+//! state its recording began in with `--verify` and `--what-if` (`replay_snapshot`).
 //!
 //! Reading and replaying is trainmem-alloc's (`trainmem_alloc::pytorch::replay`); this module
 //! parses the arguments and prints the report.
