@@ -35,7 +35,7 @@ use trainmem_alloc::{AllocatorConfig, SimulatedDevice, format_size};
 type Replay = Replayer<SimulatedDevice>;
 
 /// Arguments of `trainmem replay`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// The trace: JSON lines ({"op":"alloc","id":7,"size":3145728,"stream":0}, {"op":"free","id":7},
     /// {"op":"empty_cache"}) or a PyTorch memory snapshot pickle.
@@ -45,9 +45,11 @@ pub struct ReplayArgs {
     /// JSON lines; a snapshot's own `allocator_settings`.
     #[arg(long, value_name = "STR")]
     pub(crate) allocator_conf: Option<String>,
-    /// Simulated device capacity: bytes or a size such as 24GiB, 512MiB, 80GB.
-    #[arg(long, value_name = "BYTES", default_value = "80GiB", value_parser = parse_capacity)]
-    pub(crate) capacity: u64,
+    /// Simulated device capacity: bytes or a size such as 24GiB, 512MiB, 80GB. Default 80GiB;
+    /// for a snapshot that ran out of memory, the capacity it ran out on (reserved plus what
+    /// CUDA reported free at its first `oom`).
+    #[arg(long, value_name = "BYTES", value_parser = parse_capacity)]
+    pub(crate) capacity: Option<u64>,
     /// For snapshot pickles: which device's trace to replay.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) device: usize,
@@ -65,6 +67,16 @@ pub struct ReplayArgs {
     /// beside the recorded run. Repeatable.
     #[arg(long = "what-if", value_name = "CONF")]
     pub(crate) what_if: Vec<String>,
+}
+
+/// The capacity when `--capacity` is not given (and a snapshot recorded no out-of-memory).
+pub(crate) const DEFAULT_CAPACITY: u64 = 80 << 30;
+
+impl ReplayArgs {
+    /// The simulated device's capacity.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.unwrap_or(DEFAULT_CAPACITY)
+    }
 }
 
 fn parse_capacity(text: &str) -> Result<u64, String> {
@@ -99,7 +111,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let conf = args.allocator_conf.clone().unwrap_or_default();
     let config =
         AllocatorConfig::parse(&conf).with_context(|| format!("--allocator-conf `{conf}`"))?;
-    let (replay, format) = replay_file(&args.trace, args.capacity, config, args.device)?;
+    let (replay, format) = replay_file(&args.trace, args.capacity(), config, args.device)?;
     if args.json {
         println!(
             "{}",
@@ -190,7 +202,7 @@ fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serd
     let mut r = serde_json::json!({
         "trace": args.trace.display().to_string(),
         "format": match format { TraceFormat::JsonLines => "jsonl", TraceFormat::Snapshot(_) => "pytorch_snapshot" },
-        "capacity": args.capacity,
+        "capacity": args.capacity(),
         "allocator_conf": args.allocator_conf.clone().unwrap_or_default(),
         "counts": replay.counts(),
         "ooms": replay.ooms(),
@@ -232,7 +244,7 @@ fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> Stri
             TraceFormat::JsonLines => "JSON lines".to_string(),
             TraceFormat::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
         },
-        format_size(args.capacity)
+        format_size(args.capacity())
     );
     let _ = writeln!(
         out,

@@ -9,7 +9,8 @@ use std::path::Path;
 use anyhow::Context;
 use trainmem_alloc::pytorch::MemorySnapshot;
 use trainmem_alloc::pytorch::replay::{
-    Replayer, SnapshotReplay, SnapshotTraceInfo, Verification, ops_from_trace, prepare, verify,
+    RecordedFigures, Replayer, SnapshotReplay, SnapshotTraceInfo, Verification, ops_from_trace,
+    prepare, recorded, verify,
 };
 use trainmem_alloc::{AllocatorConfig, format_size};
 
@@ -73,6 +74,23 @@ pub fn run(args: &ReplayArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         (None, Some(_)) => "the run's own (PyTorch defaults)".to_string(),
         (None, None) => "PyTorch defaults (the snapshot records no settings)".to_string(),
     };
+    let resolved;
+    let args = match (args.capacity, recorded(&snapshot, args.device)) {
+        (
+            None,
+            Ok(RecordedFigures {
+                oom_capacity: Some(c),
+                ..
+            }),
+        ) => {
+            resolved = ReplayArgs {
+                capacity: Some(c),
+                ..args.clone()
+            };
+            &resolved
+        }
+        _ => args,
+    };
     let start =
         replay(&snapshot, args, config.clone()).with_context(|| format!("replaying {p}"))?;
     let (start, verification) = start;
@@ -102,7 +120,7 @@ fn replay(
     args: &ReplayArgs,
     config: Option<AllocatorConfig>,
 ) -> anyhow::Result<(Start, Option<Verification>)> {
-    match prepare(snapshot, args.device, args.capacity, config.clone()) {
+    match prepare(snapshot, args.device, args.capacity(), config.clone()) {
         Ok(mut r) => {
             let v = if args.verify {
                 Some(verify(&mut r, snapshot, args.device)?)
@@ -118,7 +136,7 @@ fn replay(
         ) => {
             anyhow::ensure!(!args.verify, "--verify needs the start state: {err}");
             let (ops, info) = ops_from_trace(snapshot, args.device)?;
-            let mut r = Replayer::simulated(args.capacity, config.unwrap_or_default());
+            let mut r = Replayer::simulated(args.capacity(), config.unwrap_or_default());
             r.apply_all(ops)?;
             Ok((Start::Empty(Box::new((r, info, err.to_string()))), None))
         }
@@ -138,7 +156,7 @@ fn json(report: &Report, args: &ReplayArgs) -> serde_json::Value {
     let mut r = serde_json::json!({
         "trace": args.trace.display().to_string(),
         "format": "pytorch_snapshot",
-        "capacity": args.capacity,
+        "capacity": args.capacity(),
         "allocator_conf": report.conf,
         "counts": replayer.counts(),
         "ooms": replayer.ooms(),
@@ -199,7 +217,7 @@ fn text(report: &Report, args: &ReplayArgs) -> String {
         "replayed {} (PyTorch snapshot, device {}) on a simulated device of {}, allocator config: {}",
         args.trace.display(),
         args.device,
-        format_size(args.capacity),
+        format_size(args.capacity()),
         report.conf
     );
     let _ = writeln!(
@@ -254,7 +272,7 @@ fn text(report: &Report, args: &ReplayArgs) -> String {
     }
     if let Some(w) = &report.what_if {
         out.push('\n');
-        out.push_str(&replay_what_if::table(&w.outcomes, args.capacity));
+        out.push_str(&replay_what_if::table(&w.outcomes, args.capacity()));
         for line in &w.answer {
             let _ = writeln!(out, "{line}");
         }
@@ -270,6 +288,7 @@ fn verify_text(v: &Verification) -> String {
         ("segment_alloc (cudaMalloc)", v.segment_allocs),
         ("segment_free (cudaFree)", v.segment_frees),
         ("alloc at the recorded address", v.allocs),
+        ("oom (out of memory here too)", v.ooms),
         ("final segments", v.end_segments),
         ("final blocks", v.end_blocks),
     ];

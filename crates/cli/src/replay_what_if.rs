@@ -100,11 +100,11 @@ pub fn evaluate(
     args: &ReplayArgs,
     recorded: &RecordedFigures,
 ) -> anyhow::Result<Option<WhatIf>> {
-    let question = recorded.ooms > 0 || args.capacity < recorded.peak_reserved;
+    let question = recorded.ooms > 0 || args.capacity() < recorded.peak_reserved;
     if args.what_if.is_empty() && !question {
         return Ok(None);
     }
-    let run = |s: &Scenario| run_scenario(snapshot, args.device, args.capacity, s);
+    let run = |s: &Scenario| run_scenario(snapshot, args.device, args.capacity(), s);
     let mut outcomes = vec![run(&Scenario::recorded())?];
     for text in &args.what_if {
         outcomes.push(run(&parse_scenario(text)?)?);
@@ -124,7 +124,13 @@ pub fn evaluate(
         let unlimited = run_scenario(snapshot, args.device, 1 << 50, &Scenario::recorded())?;
         answer.splice(
             0..0,
-            words(&outcomes[0], &unlimited, &remedies, recorded, args.capacity),
+            words(
+                &outcomes[0],
+                &unlimited,
+                &remedies,
+                recorded,
+                args.capacity(),
+            ),
         );
     }
     Ok(Some(WhatIf { outcomes, answer }))

@@ -298,3 +298,63 @@ fn the_answer_names_the_remedies_that_fit_with_their_figures() {
     assert_eq!(rows[0]["first_oom_entry"], 6);
     assert!(v["replay"]["answer"].as_array().unwrap().len() > 3);
 }
+
+#[test]
+fn a_recorded_out_of_memory_is_replayed_on_the_card_it_happened_on() {
+    // PyTorch ran out of memory asking for 25 MiB with 30 MiB reserved and 18 MiB reported
+    // free: the card had 48 MiB for it. Without --capacity the replay runs on 48 MiB, the
+    // request fails there too, and the answer says what would have made it fit.
+    let a = 0x7000_0000i64;
+    let oom = dict(vec![
+        ("action", Value::String("oom".into())),
+        ("device_free", Value::I64(18 * MIB)),
+        ("size", Value::I64(25 * MIB)),
+        ("stream", Value::I64(0)),
+    ]);
+    let path = write_snapshot(
+        "ran_out.pickle",
+        vec![segment(
+            a,
+            30 * MIB,
+            vec![
+                block(a, 12 * MIB, 12 * MIB),
+                block(a + 12 * MIB, 18 * MIB, 0),
+            ],
+        )],
+        vec![
+            entry("segment_alloc", a, 30 * MIB),
+            entry("alloc", a, 30 * MIB),
+            entry("free_requested", a, 30 * MIB),
+            entry("free_completed", a, 30 * MIB),
+            entry("alloc", a, 12 * MIB),
+            oom,
+        ],
+    );
+    let p = path.to_str().unwrap();
+    let text = run_ok(&["replay", p, "--verify", "--what-if", "max_split_size_mb:20"]);
+    assert!(
+        text.contains("on a simulated device of 48.00 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("oom (out of memory here too): 1 of 1 agree"),
+        "{text}"
+    );
+    assert!(text.contains("no divergence"), "{text}");
+    assert!(
+        text.contains("The recorded run ran out of memory 1 time(s) on its own card."),
+        "{text}"
+    );
+    assert!(
+        text.contains("These make it fit:\n  max_split_size_mb:20: peak reserved 42.00 MiB"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["replay", p, "--json"])).unwrap();
+    assert_eq!(v["replay"]["capacity"], 48 * MIB);
+    assert_eq!(v["replay"]["recorded"]["oom_capacity"], 48 * MIB);
+    assert_eq!(v["num_ooms"], 1);
+    // An explicit capacity wins.
+    let big: serde_json::Value =
+        serde_json::from_str(&run_ok(&["replay", p, "--json", "--capacity", "1GiB"])).unwrap();
+    assert_eq!(big["num_ooms"], 0);
+}

@@ -39,7 +39,8 @@ pub fn free_action(trace: &[TraceEvent]) -> Action {
 
 /// The ops of a trace replayed from its start state: the blocks live at the start have ids
 /// `0..live.len()` in the order of `live` (their addresses), blocks allocated in the trace
-/// get ids from `live.len()` on, and every run of consecutive `segment_free` entries becomes
+/// get ids from `live.len()` on, an `oom` entry becomes the allocation that failed (its
+/// rounded size; never freed), and every run of consecutive `segment_free` entries becomes
 /// one `empty_cache` (tagged with the run's last entry): PyTorch frees segments only when it
 /// releases its cache, on `torch.cuda.empty_cache()` or when cudaMalloc fails.
 pub fn seeded_ops(
@@ -94,7 +95,12 @@ pub fn seeded_ops(
                     ops.push((at, Op::EmptyCache));
                 }
             }
-            Action::Oom => info.recorded_ooms += 1,
+            Action::Oom => {
+                // The request that failed: PyTorch records no alloc for it.
+                info.recorded_ooms += 1;
+                ops.push((at, Op::alloc(next_id, e.size, e.stream)));
+                next_id += 1;
+            }
             a if a.is_segment_event() => info.segment_entries += 1,
             _ => {}
         }

@@ -43,7 +43,9 @@ pub use file::{Progress, TraceFormat, replay_trace};
 pub use from_snapshot::{SnapshotTraceInfo, free_action, ops_from_trace, seeded_ops};
 pub use jsonl::{JsonLines, parse_line};
 pub use op::{Op, Origin};
-pub use snapshot_replay::{RecordedFigures, SnapshotReplay, device_trace, prepare, run_config};
+pub use snapshot_replay::{
+    RecordedFigures, SnapshotReplay, device_trace, prepare, recorded, run_config,
+};
 pub use start_state::{StartState, StartStateError, start_state};
 pub use verify::{Agreement, Divergence, Verification, verify};
 pub use what_if::{Outcome, Scenario, run_scenario};

@@ -36,6 +36,9 @@ pub struct RecordedFigures {
     pub ooms: u64,
     /// Bytes reserved when the snapshot was taken.
     pub final_reserved: u64,
+    /// The capacity the run ran out of memory on: at its first `oom` entry, the bytes reserved
+    /// plus the bytes CUDA reported free (`None` without an `oom` entry).
+    pub oom_capacity: Option<u64>,
 }
 
 impl RecordedFigures {
@@ -60,7 +63,10 @@ impl RecordedFigures {
                     f.segment_frees += 1;
                     f.final_reserved = f.final_reserved.saturating_sub(e.size);
                 }
-                Action::Oom => f.ooms += 1,
+                Action::Oom => {
+                    f.ooms += 1;
+                    f.oom_capacity.get_or_insert(f.final_reserved + e.addr);
+                }
                 _ => {}
             }
         }
@@ -99,6 +105,13 @@ pub fn run_config(snapshot: &MemorySnapshot) -> Result<AllocatorConfig, ReplayEr
         Some(s) => s.to_config().map_err(ReplayError::Settings),
         None => Ok(AllocatorConfig::default()),
     }
+}
+
+/// The recording's own figures for `device`, from the rebuilt start state and the trace.
+pub fn recorded(snapshot: &MemorySnapshot, device: usize) -> Result<RecordedFigures, ReplayError> {
+    let trace = device_trace(snapshot, device)?;
+    let start = start_state(snapshot, device, trace, &run_config(snapshot)?)?;
+    Ok(RecordedFigures::from_trace(&start, trace))
 }
 
 /// The trace of `device`.

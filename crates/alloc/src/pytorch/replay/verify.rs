@@ -55,6 +55,8 @@ pub struct Verification {
     pub segment_frees: Agreement,
     /// `alloc` entries placed at the recorded address.
     pub allocs: Agreement,
+    /// `oom` entries whose request ran out of memory in the replay too.
+    pub ooms: Agreement,
     /// Final segments reproduced with the same address and size.
     pub end_segments: Agreement,
     /// Final blocks reproduced with the same address, size and state (active or not).
@@ -157,6 +159,17 @@ impl Checker<'_> {
         if !self.live() {
             return;
         }
+        if self.trace[index].action == Action::Oom {
+            match applied {
+                Applied::OutOfMemory => self.v.ooms.agreed += 1,
+                Applied::Allocated(b) => {
+                    let ours = format!("placed it at {:#x} ({} bytes)", b.address, b.size);
+                    self.diverge(Some(index), "ran out of memory".into(), ours);
+                }
+                _ => {}
+            }
+            return;
+        }
         let want = self.trace[index].addr;
         match applied {
             Applied::Allocated(b) if b.address == want => self.v.allocs.agreed += 1,
@@ -204,6 +217,7 @@ pub fn verify(
         }
     }
     c.v.allocs.recorded = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
+    c.v.ooms.recorded = trace.iter().filter(|e| e.action == Action::Oom).count() as u64;
     replay.replayer.allocator_mut().enable_trace(None);
     let mut prev = None;
     for (at, op) in std::mem::take(&mut replay.ops) {
