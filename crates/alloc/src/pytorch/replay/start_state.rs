@@ -5,6 +5,11 @@
 //! segment; its size is the final block's where it is still live at the end, else its
 //! request rounded by the run's rules, widened to the next block when the gap left is one the
 //! allocator would not have split off (a large-pool remainder of 1 MiB or less).
+//!
+//! One case cannot be told from the recording: a large-pool block freed in the trace that
+//! kept a remainder of 1 MiB or less and had a free block after it when recording began looks
+//! like a block of its rounded size followed by a larger free block; the rebuild takes the
+//! rounded size. (Blocks still live at the end have their exact size from `segments`.)
 
 use std::collections::{BTreeMap, HashMap};
 
