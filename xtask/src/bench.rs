@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod alloc;
 mod loader;
+mod replay;
 mod sim;
 
 /// Benchmarks.
@@ -15,6 +16,8 @@ pub enum BenchCommand {
     Loader(loader::LoaderBenchArgs),
     /// The simulator's speed on a large plan.
     Sim(sim::SimBenchArgs),
+    /// `trainmem replay`'s speed on the largest shared PyTorch snapshot, in events per second.
+    Replay(replay::ReplayBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -23,5 +26,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Alloc(args) => alloc::run(args),
         BenchCommand::Loader(args) => loader::run(args),
         BenchCommand::Sim(args) => sim::run(args),
+        BenchCommand::Replay(args) => replay::run(args),
     }
 }

@@ -1,7 +1,7 @@
 //! The backing device: where segments come from. [`DeviceMemory`] is the trait;
 //! [`SimulatedDevice`] is the fast, memory-less implementation used by the simulator.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// An error reported by a [`DeviceMemory`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +51,17 @@ pub trait DeviceMemory: Send {
     fn name(&self) -> String {
         "device".to_string()
     }
+    /// Takes over a range that was allocated before this allocator existed (seeding an
+    /// allocator with a recorded state, [`CachingAllocator::from_state`](crate::CachingAllocator::from_state)):
+    /// from now on it counts as allocated and is given back with [`free`](DeviceMemory::free).
+    /// Devices that cannot do this (the default) answer [`DeviceError::Unavailable`].
+    fn adopt(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (address, size);
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot take over ranges allocated elsewhere",
+            self.name()
+        )))
+    }
 }
 
 impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
@@ -68,6 +79,9 @@ impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
     }
     fn name(&self) -> String {
         (**self).name()
+    }
+    fn adopt(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).adopt(address, size)
     }
 }
 
@@ -89,7 +103,8 @@ pub struct SimulatedDevice {
     used: u64,
     external: u64,
     next_address: u64,
-    live: HashMap<u64, u64>,
+    live: BTreeMap<u64, u64>,
+    planned: VecDeque<(u64, u64)>,
     name: String,
 }
 
@@ -105,7 +120,8 @@ impl SimulatedDevice {
             used: 0,
             external: 0,
             next_address: Self::DEFAULT_BASE_ADDRESS,
-            live: HashMap::new(),
+            live: BTreeMap::new(),
+            planned: VecDeque::new(),
             name: "simulated device".to_string(),
         }
     }
@@ -114,6 +130,41 @@ impl SimulatedDevice {
     pub fn with_base_address(mut self, base: u64) -> Self {
         self.next_address = base.div_ceil(512).saturating_mul(512);
         self
+    }
+
+    /// Plans the addresses of the next allocations: each `(size, address)` in order is used
+    /// by the next [`allocate`](DeviceMemory::allocate) of exactly `size` bytes whose range is
+    /// free (a replay that gives its segments the recorded addresses, so that best fit breaks
+    /// ties between equal blocks as the recording did). An allocation of another size, or one
+    /// whose planned range is taken, drops the plan that failed to match and takes a fresh
+    /// address above every planned one. Bump addresses start above the planned ranges.
+    pub fn with_planned_addresses(mut self, plan: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        self.planned = plan.into_iter().collect();
+        let end = self
+            .planned
+            .iter()
+            .map(|&(size, addr)| addr.saturating_add(size))
+            .max()
+            .unwrap_or(0);
+        self.next_address = self.next_address.max(end.div_ceil(512).saturating_mul(512));
+        self
+    }
+
+    /// The address the next unplanned allocation gets.
+    pub fn next_address(&self) -> u64 {
+        self.next_address
+    }
+
+    /// Planned addresses not used yet.
+    pub fn planned_left(&self) -> usize {
+        self.planned.len()
+    }
+
+    /// True when `[address, address + size)` overlaps no live range.
+    fn range_is_free(&self, address: u64, size: u64) -> bool {
+        let end = address.saturating_add(size);
+        let before = self.live.range(..end).next_back();
+        before.is_none_or(|(&a, &s)| a.saturating_add(s) <= address)
     }
 
     /// Sets the name used in messages.
@@ -159,6 +210,14 @@ impl DeviceMemory for SimulatedDevice {
                 free,
             });
         }
+        if let Some(&(planned_size, planned_addr)) = self.planned.front() {
+            self.planned.pop_front();
+            if planned_size == size && self.range_is_free(planned_addr, size) {
+                self.used += size;
+                self.live.insert(planned_addr, size);
+                return Ok(planned_addr);
+            }
+        }
         let address = self.next_address;
         let next = size
             .div_ceil(512)
@@ -184,6 +243,28 @@ impl DeviceMemory for SimulatedDevice {
 
     fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    fn adopt(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let end = address
+            .checked_add(size)
+            .ok_or_else(|| DeviceError::Driver("range past the address space".into()))?;
+        if size == 0 || !self.range_is_free(address, size) {
+            return Err(DeviceError::Driver(format!(
+                "cannot take over {size} bytes at {address:#x}: empty, or overlapping a live range"
+            )));
+        }
+        let free = self.free_bytes();
+        if size > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free,
+            });
+        }
+        self.used += size;
+        self.live.insert(address, size);
+        self.next_address = self.next_address.max(end.div_ceil(512).saturating_mul(512));
+        Ok(())
     }
 
     fn free_bytes(&self) -> u64 {
@@ -227,5 +308,36 @@ mod tests {
         assert_eq!(d.used_bytes(), 4 << 20);
         assert_eq!(d.live_allocations(), 1);
         assert!(d.allocate(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn planned_addresses_are_used_in_order_when_the_size_matches() {
+        let mut d = SimulatedDevice::new(1 << 30)
+            .with_base_address(4096)
+            .with_planned_addresses([(2 << 20, 0x10_0000_0000), (20 << 20, 0x20_0000_0000)]);
+        // Bump addresses start above every planned range.
+        assert_eq!(d.next_address(), 0x20_0000_0000 + (20 << 20));
+        assert_eq!(d.allocate(2 << 20), Ok(0x10_0000_0000));
+        // A different size drops the plan it failed to match and takes a fresh address.
+        assert_eq!(d.allocate(4 << 20), Ok(0x20_0000_0000 + (20 << 20)));
+        assert_eq!(d.planned_left(), 0);
+        assert_eq!(d.used_bytes(), 6 << 20);
+    }
+
+    #[test]
+    fn adopted_ranges_count_as_allocated_and_cannot_overlap() {
+        let mut d = SimulatedDevice::new(64 << 20);
+        d.adopt(0x1000_0000, 20 << 20).unwrap();
+        assert_eq!(d.free_bytes(), 44 << 20);
+        assert!(
+            d.adopt(0x1000_0000 + (10 << 20), 20 << 20).is_err(),
+            "overlap"
+        );
+        assert!(matches!(
+            d.adopt(0x9000_0000, 60 << 20),
+            Err(DeviceError::OutOfMemory { .. })
+        ));
+        d.free(0x1000_0000, 20 << 20).unwrap();
+        assert_eq!(d.free_bytes(), 64 << 20);
     }
 }

@@ -108,6 +108,16 @@
 //! applies JSON-lines traces, a snapshot's `device_traces`, or a caller's own events to a
 //! [`CachingAllocator`] over any device.
 //!
+//! ## Starting from a given state
+//!
+//! [`CachingAllocator::from_state`] builds an allocator in a [`SeedState`] (segments with
+//! their allocated and cached blocks), refusing with a [`SeedError`] a state the allocator
+//! cannot be in. A PyTorch snapshot's recording usually begins part-way through a run;
+//! [`pytorch::replay::prepare`] rebuilds the state when it began
+//! ([`pytorch::replay::start_state`]), seeds an allocator with it and replays the trace,
+//! [`pytorch::replay::verify`] checks the replay against the recording, and
+//! [`pytorch::replay::run_scenario`] replays it under another configuration or capacity.
+//!
 //! ## Threads
 //!
 //! [`CachingAllocator`] takes `&mut self` (no locking, the fastest form) and is `Send`.
@@ -139,7 +149,9 @@ mod trace;
 #[cfg(any(test, feature = "proptest"))]
 pub mod testing;
 
-pub use allocator::{CachingAllocator, ReleasedMemory};
+pub use allocator::{
+    CachingAllocator, ReleasedMemory, SeedBlock, SeedError, SeedSegment, SeedState,
+};
 pub use block::{Block, BlockId};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, RoundupPower2Divisions};
 #[cfg(feature = "cuda")]

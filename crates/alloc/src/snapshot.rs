@@ -128,6 +128,39 @@ pub struct AllocatorSettings {
 }
 
 impl AllocatorSettings {
+    /// The configuration these settings describe (a snapshot's `allocator_settings`): a
+    /// `max_split_size` of 0, -1 or `i64::MAX` is no limit, a threshold of 0 is no garbage
+    /// collection, and `roundup_power2_divisions` keys are interval starts in MB (`"1"`,
+    /// `"2"`, `"4"`, …).
+    pub fn to_config(&self) -> Result<AllocatorConfig, crate::config::ConfigError> {
+        let mut c = AllocatorConfig::default();
+        if self.max_split_size > 0 && self.max_split_size < i64::MAX {
+            c = c.with_max_split_size_mb(self.max_split_size as u64 / crate::size::MIB)?;
+        }
+        if self.garbage_collection_threshold > 0.0 {
+            c = c.with_garbage_collection_threshold(self.garbage_collection_threshold)?;
+        }
+        let mut intervals = [0u64; crate::config::ROUNDUP_INTERVALS];
+        for (key, &d) in &self.roundup_power2_divisions {
+            let slot = key
+                .parse::<u64>()
+                .ok()
+                .filter(|k| k.is_power_of_two())
+                .map(|k| k.trailing_zeros() as usize)
+                .filter(|&i| i < intervals.len());
+            if let Some(i) = slot {
+                intervals[i] = d;
+            }
+        }
+        c = c.with_roundup_power2_divisions(crate::config::RoundupPower2Divisions::from_intervals(
+            intervals,
+        )?);
+        if self.expandable_segments {
+            c.set("expandable_segments", "True")?;
+        }
+        Ok(c)
+    }
+
     /// The settings of a configuration.
     pub fn from_config(c: &AllocatorConfig) -> Self {
         AllocatorSettings {
@@ -218,5 +251,28 @@ impl Snapshot {
             .map(|b| b.size)
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_settings_become_the_configuration() {
+        let mut s = AllocatorSettings::from_config(&AllocatorConfig::default());
+        // PyTorch writes -1 (SIZE_MAX) when max_split_size is unset and 0 for no threshold.
+        s.max_split_size = -1;
+        assert_eq!(s.to_config().unwrap(), AllocatorConfig::default());
+        s.max_split_size = 128 << 20;
+        s.garbage_collection_threshold = 0.8;
+        s.roundup_power2_divisions.insert("256".into(), 4);
+        let c = s.to_config().unwrap();
+        assert_eq!(c.max_split_size(), Some(128 << 20));
+        assert_eq!(c.garbage_collection_threshold(), Some(0.8));
+        assert_eq!(c.roundup_power2_divisions().divisions_for(300 << 20), 4);
+        assert_eq!(c.roundup_power2_divisions().divisions_for(100 << 20), 0);
+        s.roundup_power2_divisions.insert("512".into(), 3);
+        assert!(s.to_config().is_err(), "3 divisions is not a power of two");
     }
 }

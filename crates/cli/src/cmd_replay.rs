@@ -1,4 +1,5 @@
-//! `trainmem replay TRACE [--allocator-conf STR] [--capacity BYTES] [--device N] [--json]`:
+//! `trainmem replay TRACE [--allocator-conf STR] [--capacity BYTES] [--device N] [--json]
+//! [--verify] [--what-if CONF]...`:
 //! replays an allocation trace through trainmem's caching allocator on a simulated device and
 //! prints its statistics.
 //!
@@ -12,8 +13,8 @@
 //!
 //! (`stream` is optional, default 0; an alloc may name its block with `"label":"activation"`;
 //! blank lines and lines starting with `#` are skipped), or a PyTorch memory snapshot pickle
-//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, whose
-//! `device_traces` are replayed by address.
+//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, replayed from the
+//! state its recording began in with `--verify` and `--what-if` (`replay_snapshot`).
 //!
 //! Reading and replaying is trainmem-alloc's (`trainmem_alloc::pytorch::replay`); this module
 //! parses the arguments and prints the report.
@@ -26,6 +27,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use trainmem_alloc::pytorch::pickle::PICKLE_MAGIC;
 use trainmem_alloc::pytorch::replay::{Progress, ReplayError, Replayer, TraceFormat, replay_trace};
 use trainmem_alloc::{AllocatorConfig, SimulatedDevice, format_size};
 
@@ -33,25 +35,48 @@ use trainmem_alloc::{AllocatorConfig, SimulatedDevice, format_size};
 type Replay = Replayer<SimulatedDevice>;
 
 /// Arguments of `trainmem replay`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// The trace: JSON lines ({"op":"alloc","id":7,"size":3145728,"stream":0}, {"op":"free","id":7},
     /// {"op":"empty_cache"}) or a PyTorch memory snapshot pickle.
-    trace: PathBuf,
+    pub(crate) trace: PathBuf,
     /// Allocator configuration in PYTORCH_ALLOC_CONF syntax, e.g.
-    /// "max_split_size_mb:128,roundup_power2_divisions:4".
-    #[arg(long, value_name = "STR", default_value = "")]
-    allocator_conf: String,
-    /// Simulated device capacity: bytes or a size such as 24GiB, 512MiB, 80GB.
-    #[arg(long, value_name = "BYTES", default_value = "80GiB", value_parser = parse_capacity)]
-    capacity: u64,
+    /// "max_split_size_mb:128,roundup_power2_divisions:4". Default: PyTorch's defaults for
+    /// JSON lines; a snapshot's own `allocator_settings`.
+    #[arg(long, value_name = "STR")]
+    pub(crate) allocator_conf: Option<String>,
+    /// Simulated device capacity: bytes or a size such as 24GiB, 512MiB, 80GB. Default 80GiB;
+    /// for a snapshot that ran out of memory, the capacity it ran out on (reserved plus what
+    /// CUDA reported free at its first `oom`).
+    #[arg(long, value_name = "BYTES", value_parser = parse_capacity)]
+    pub(crate) capacity: Option<u64>,
     /// For snapshot pickles: which device's trace to replay.
     #[arg(long, value_name = "N", default_value_t = 0)]
-    device: usize,
+    pub(crate) device: usize,
     /// Print one JSON object: PyTorch's flattened memory_stats keys, plus the replay's own
     /// figures under "replay".
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+    /// For snapshot pickles: compare the replay with the recording as it goes (every
+    /// cudaMalloc/cudaFree, every block's address, the end state) and report the first
+    /// divergence.
+    #[arg(long)]
+    pub(crate) verify: bool,
+    /// For snapshot pickles: also replay under this configuration (PYTORCH_ALLOC_CONF syntax,
+    /// plus `per_process_memory_fraction:F` and `empty_cache_at_snapshots:True`) and show it
+    /// beside the recorded run. Repeatable.
+    #[arg(long = "what-if", value_name = "CONF")]
+    pub(crate) what_if: Vec<String>,
+}
+
+/// The capacity when `--capacity` is not given (and a snapshot recorded no out-of-memory).
+pub(crate) const DEFAULT_CAPACITY: u64 = 80 << 30;
+
+impl ReplayArgs {
+    /// The simulated device's capacity.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.unwrap_or(DEFAULT_CAPACITY)
+    }
 }
 
 fn parse_capacity(text: &str) -> Result<u64, String> {
@@ -68,9 +93,25 @@ const PROGRESS_EVERY: u64 = 1 << 14;
 
 /// Runs `trainmem replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let config = AllocatorConfig::parse(&args.allocator_conf)
-        .with_context(|| format!("--allocator-conf `{}`", args.allocator_conf))?;
-    let (replay, format) = replay_file(&args.trace, args.capacity, config, args.device)?;
+    let mut head = [0u8; 1];
+    let read = File::open(&args.trace)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .with_context(|| format!("opening {}", args.trace.display()))?;
+    if read == 1 && head[0] == PICKLE_MAGIC {
+        let bytes = std::fs::read(&args.trace)
+            .with_context(|| format!("reading {}", args.trace.display()))?;
+        crate::replay_snapshot::run(&args, &args.trace, &bytes)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    anyhow::ensure!(
+        !args.verify && args.what_if.is_empty(),
+        "--verify and --what-if need a PyTorch snapshot pickle; {} is JSON lines",
+        args.trace.display()
+    );
+    let conf = args.allocator_conf.clone().unwrap_or_default();
+    let config =
+        AllocatorConfig::parse(&conf).with_context(|| format!("--allocator-conf `{conf}`"))?;
+    let (replay, format) = replay_file(&args.trace, args.capacity(), config, args.device)?;
     if args.json {
         println!(
             "{}",
@@ -161,8 +202,8 @@ fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serd
     let mut r = serde_json::json!({
         "trace": args.trace.display().to_string(),
         "format": match format { TraceFormat::JsonLines => "jsonl", TraceFormat::Snapshot(_) => "pytorch_snapshot" },
-        "capacity": args.capacity,
-        "allocator_conf": args.allocator_conf,
+        "capacity": args.capacity(),
+        "allocator_conf": args.allocator_conf.clone().unwrap_or_default(),
         "counts": replay.counts(),
         "ooms": replay.ooms(),
     });
@@ -191,10 +232,9 @@ fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> Stri
     use std::fmt::Write as _;
     let c = replay.counts();
     let mut out = String::new();
-    let conf = if args.allocator_conf.is_empty() {
-        "default"
-    } else {
-        args.allocator_conf.as_str()
+    let conf = match args.allocator_conf.as_deref() {
+        None | Some("") => "default",
+        Some(text) => text,
     };
     let _ = writeln!(
         out,
@@ -204,7 +244,7 @@ fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> Stri
             TraceFormat::JsonLines => "JSON lines".to_string(),
             TraceFormat::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
         },
-        format_size(args.capacity)
+        format_size(args.capacity())
     );
     let _ = writeln!(
         out,

@@ -16,6 +16,8 @@ mod cmd_data;
 mod cmd_replay;
 mod cmd_sim;
 mod progress;
+mod replay_snapshot;
+mod replay_what_if;
 
 /// Explain and predict the memory of deep-learning training.
 #[derive(Debug, Parser)]

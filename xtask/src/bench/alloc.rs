@@ -15,7 +15,7 @@ use anyhow::bail;
 
 mod cubecl;
 mod first_fit;
-mod workload;
+pub(super) mod workload;
 
 use workload::{Op, Workload, WorkloadConfig};
 

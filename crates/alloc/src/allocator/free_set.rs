@@ -128,7 +128,6 @@ impl SortedArray {
     }
 
     /// The block index filed under `key`.
-    #[cfg(any(test, feature = "proptest"))]
     fn get(&self, key: &u128) -> Option<&u32> {
         let i = self.lower_bound(*key);
         if self.keys.get(i) == Some(key) {
@@ -314,7 +313,6 @@ impl FreeSet {
     }
 
     /// The block index filed under `key`.
-    #[cfg(any(test, feature = "proptest"))]
     pub(super) fn get(&self, key: &u128) -> Option<&u32> {
         match &self.repr {
             Repr::Array(a) => a.get(key),

@@ -18,8 +18,10 @@ use crate::stream::StreamId;
 use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
 
 mod free_set;
-#[cfg(any(test, feature = "proptest"))]
 pub(crate) mod invariants;
+mod seed;
+
+pub use seed::{SeedBlock, SeedError, SeedSegment, SeedState};
 
 use free_set::{Found, FreeSet};
 
@@ -902,8 +904,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .free_entries()
             .filter(|k| !self.nodes[k.idx as usize].is_split())
             .collect();
-        // Large pool first, as PyTorch releases large_blocks before small_blocks.
-        victims.sort_by_key(|k| k.pool == PoolKind::Small);
+        // Large pool first, as PyTorch releases large_blocks before small_blocks; within a
+        // pool in the pool's order: (stream, size, address).
+        victims.sort_by_key(|k| {
+            let stream = self.pools[k.slot as usize].stream;
+            (k.pool == PoolKind::Small, stream, k.size, k.addr)
+        });
         for k in victims {
             self.release_block(k)?;
             released.bytes += k.size;
@@ -1104,6 +1110,18 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             requested_size: n.requested,
             stream: n.stream,
         })
+    }
+
+    /// Size of the largest cached free block, across streams and pools (0 when none): the
+    /// largest request the cache can serve without a new segment.
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools
+            .iter()
+            .flat_map(|sp| sp.free.iter())
+            .filter_map(|set| set.below_rev(u128::MAX).next())
+            .map(|(key, _)| (key >> 64) as u64)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Number of device segments held.

@@ -753,3 +753,27 @@ proptest::proptest! {
         proptest::prop_assert_eq!(a.device().used_bytes(), 0);
     }
 }
+
+#[test]
+fn empty_cache_releases_in_pool_order_stream_size_address() {
+    // PyTorch walks its large pool ordered by (stream, size, address) when it releases the
+    // cache: stream 1's 24 MiB and 40 MiB go before stream 2's 30 MiB, though stream 2
+    // allocated first.
+    let mut a = sim(1 << 30);
+    a.enable_trace(None);
+    let x = a.malloc(30 * MIB, S2).unwrap();
+    let y = a.malloc(40 * MIB, S1).unwrap();
+    let z = a.malloc(24 * MIB, S1).unwrap();
+    for b in [x, y, z] {
+        a.free(b).unwrap();
+    }
+    a.clear_trace();
+    a.empty_cache().unwrap();
+    let freed: Vec<(u64, StreamId)> = a
+        .trace()
+        .iter()
+        .filter(|e| e.action == TraceAction::SegmentFree)
+        .map(|e| (e.size, e.stream))
+        .collect();
+    assert_eq!(freed, vec![(24 * MIB, S1), (40 * MIB, S1), (30 * MIB, S2)]);
+}

@@ -169,6 +169,21 @@ impl<D: DeviceMemory> Replayer<D> {
         }
     }
 
+    /// Replays onto `alloc` built in a given state, whose live `blocks` the trace names by
+    /// the ids `0..blocks.len()` (as [`seeded_ops`](super::seeded_ops) numbers them).
+    pub fn seeded(alloc: CachingAllocator<D>, blocks: &[Block]) -> Self {
+        let mut r = Replayer::new(alloc);
+        for (id, b) in blocks.iter().enumerate() {
+            let live = LiveBlock {
+                id: b.id,
+                size: b.size,
+                label: None,
+            };
+            r.live.insert(id as u64, live);
+        }
+        r
+    }
+
     /// The same replayer with another policy.
     pub fn with_policy(mut self, policy: ReplayPolicy) -> Self {
         self.policy = policy;

@@ -1,9 +1,12 @@
 //! What can go wrong reading a trace or replaying it.
 
+use crate::allocator::SeedError;
+use crate::config::ConfigError;
 use crate::error::AllocError;
 use crate::pytorch::pickle::PickleError;
 
 use super::op::Origin;
+use super::start_state::StartStateError;
 
 /// Reading a trace or applying one of its ops failed. Out-of-memory is not an error: it is
 /// recorded ([`OomEvent`](super::OomEvent)) and the replay goes on.
@@ -100,4 +103,14 @@ pub enum ReplayError {
         #[source]
         source: AllocError,
     },
+    /// The snapshot's `allocator_settings` are not a configuration trainmem can replay.
+    #[error("the snapshot's allocator_settings: {0}")]
+    Settings(#[source] ConfigError),
+    /// The state at the start of recording could not be rebuilt from the trace and the final
+    /// segments.
+    #[error("rebuilding the state when recording began: {0}")]
+    StartState(#[from] StartStateError),
+    /// The rebuilt start state is not one the allocator can be in.
+    #[error("seeding the allocator with the state when recording began: {0}")]
+    Seed(#[from] SeedError),
 }

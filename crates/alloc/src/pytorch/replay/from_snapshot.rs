@@ -7,7 +7,7 @@ use std::collections::hash_map::Entry;
 use super::error::ReplayError;
 use super::op::{Op, Origin};
 use crate::label::Label;
-use crate::pytorch::model::{Action, MemorySnapshot};
+use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
 
 /// What a snapshot's trace held besides the ops to replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -25,6 +25,87 @@ pub struct SnapshotTraceInfo {
     pub recorded_ooms: u64,
     /// `segment_*` entries (not replayed: the allocator makes its own).
     pub segment_entries: u64,
+}
+
+/// The free action a trace is replayed by: `free_completed` when the trace has any (the
+/// moment a block returns to the cache, after other streams' use), else `free_requested`.
+pub fn free_action(trace: &[TraceEvent]) -> Action {
+    if trace.iter().any(|e| e.action == Action::FreeCompleted) {
+        Action::FreeCompleted
+    } else {
+        Action::FreeRequested
+    }
+}
+
+/// The ops of a trace replayed from its start state: the blocks live at the start have ids
+/// `0..live.len()` in the order of `live` (their addresses), blocks allocated in the trace
+/// get ids from `live.len()` on, an `oom` entry becomes the allocation that failed (its
+/// rounded size; never freed), and every run of consecutive `segment_free` entries becomes
+/// one `empty_cache` (tagged with the run's last entry): PyTorch frees segments only when it
+/// releases its cache, on `torch.cuda.empty_cache()` or when cudaMalloc fails.
+pub fn seeded_ops(
+    trace: &[TraceEvent],
+    device: usize,
+    live: &[u64],
+) -> (Vec<(Origin, Op)>, SnapshotTraceInfo) {
+    let free_action = free_action(trace);
+    let mut info = SnapshotTraceInfo {
+        entries: trace.len(),
+        free_action: if free_action == Action::FreeCompleted {
+            "free_completed"
+        } else {
+            "free_requested"
+        },
+        ..SnapshotTraceInfo::default()
+    };
+    let mut ids: HashMap<u64, u64> = live
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| (a, i as u64))
+        .collect();
+    let mut next_id = live.len() as u64;
+    let mut ops = Vec::with_capacity(trace.len() / 2);
+    for (index, e) in trace.iter().enumerate() {
+        let at = Origin::Entry { device, index };
+        match &e.action {
+            Action::Alloc => {
+                ids.insert(e.addr, next_id);
+                let label = e.label().map(|l| Label::from(l.to_string()));
+                ops.push((
+                    at,
+                    Op::Alloc {
+                        id: next_id,
+                        size: e.size,
+                        stream: e.stream,
+                        label,
+                    },
+                ));
+                next_id += 1;
+            }
+            a if *a == free_action => match ids.remove(&e.addr) {
+                Some(id) => ops.push((at, Op::Free { id })),
+                None => info.frees_of_unknown_blocks += 1,
+            },
+            Action::SegmentFree => {
+                info.segment_entries += 1;
+                if trace
+                    .get(index + 1)
+                    .is_none_or(|n| n.action != Action::SegmentFree)
+                {
+                    ops.push((at, Op::EmptyCache));
+                }
+            }
+            Action::Oom => {
+                // The request that failed: PyTorch records no alloc for it.
+                info.recorded_ooms += 1;
+                ops.push((at, Op::alloc(next_id, e.size, e.stream)));
+                next_id += 1;
+            }
+            a if a.is_segment_event() => info.segment_entries += 1,
+            _ => {}
+        }
+    }
+    (ops, info)
 }
 
 /// Turns the trace of `device` into ops: each `alloc` (with its label, if trainmem wrote one)
@@ -94,7 +175,6 @@ pub fn ops_from_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pytorch::model::TraceEvent;
 
     fn entry(action: &str, addr: u64, size: u64) -> TraceEvent {
         TraceEvent {

@@ -29,11 +29,23 @@ mod from_snapshot;
 mod jsonl;
 mod op;
 #[cfg(test)]
+mod seeded_tests;
+mod snapshot_replay;
+mod start_state;
+#[cfg(test)]
 mod tests;
+mod verify;
+mod what_if;
 
 pub use engine::{Applied, Counts, LiveIdAlloc, OomEvent, ReplayPolicy, Replayer, UnknownFree};
 pub use error::ReplayError;
 pub use file::{Progress, TraceFormat, replay_trace};
-pub use from_snapshot::{SnapshotTraceInfo, ops_from_trace};
+pub use from_snapshot::{SnapshotTraceInfo, free_action, ops_from_trace, seeded_ops};
 pub use jsonl::{JsonLines, parse_line};
 pub use op::{Op, Origin};
+pub use snapshot_replay::{
+    RecordedFigures, SnapshotReplay, device_trace, prepare, recorded, run_config,
+};
+pub use start_state::{StartState, StartStateError, start_state};
+pub use verify::{Agreement, Divergence, Verification, verify};
+pub use what_if::{Outcome, Scenario, run_scenario};
