@@ -70,6 +70,14 @@ pub fn loader_slack(plan: &Plan, batch_bytes: u64) -> u64 {
     batch_bytes.saturating_add(scratch.saturating_mul(workers - 1))
 }
 
+/// The resolution of a host measurement per category, in bytes: allowed on top of the target of
+/// every category measured on the host. The counting allocator tags each allocation with the
+/// category its thread carries at that moment, so a few kilobytes of runtime state created
+/// lazily (thread-local caches, one-time initialisation) land in whichever category the
+/// training thread is in when it first needs them. Seen: 6,288 B under `optimizer_state` in
+/// some runs of a plan whose stateless optimizer keeps 5,416 B of records, and not in others.
+pub const HOST_RESOLUTION: u64 = 16 * 1024;
+
 /// The accuracy target of a prediction for a category, as a fraction of the measured peak:
 /// 2% for parameters, gradients and optimizer state (sizes fixed by the model), 10% for
 /// activations and loader buffers (`input`), none for the rest (`temporary`, `cache` and
@@ -216,6 +224,24 @@ mod tests {
             4096 + 2 * 6144,
             "a batch and two more busy workers' scratch"
         );
+    }
+
+    #[test]
+    fn the_host_resolution_covers_runtime_state_not_a_broken_count() {
+        let row = |measured: u64, simulated: u64| CategoryError {
+            category: Category::OptimizerState,
+            measured,
+            simulated,
+            error: (measured > 0).then(|| (simulated as f64 - measured as f64) / measured as f64),
+            tolerance: tolerance(Category::OptimizerState),
+            slack: 0,
+        };
+        // The case seen: a stateless optimizer's records plus lazily created runtime state.
+        assert!(!row(11_704, 5_416).within(), "beyond 2% on its own");
+        assert!(row(11_704, 5_416).with_slack(HOST_RESOLUTION).within());
+        // A count that read nothing still misses megabytes predicted.
+        assert!(!row(0, 16 << 20).with_slack(HOST_RESOLUTION).within());
+        assert!(!row(16 << 20, 15 << 20).with_slack(HOST_RESOLUTION).within());
     }
 
     #[test]

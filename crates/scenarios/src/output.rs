@@ -88,11 +88,17 @@ fn run_report(r: &RunRecord) -> RunReport {
                 trainmem_sim::lower::input_bytes_per_sample_for(&r.plan.model, r.plan.framework)
                     * r.plan.micro_batch_size();
             let slack = trainmem_core::compare::loader_slack(&r.plan, batch);
+            // Host counts are exact to within a few kilobytes of runtime state (see
+            // HOST_RESOLUTION); device figures come from the device's own counters.
+            let floor = match domain {
+                trainmem_core::Domain::Host => trainmem_core::compare::HOST_RESOLUTION,
+                trainmem_core::Domain::Device => 0,
+            };
             twin_errors(&m.timeline, &s.timeline, domain)
                 .into_iter()
                 .map(|e| match e.category {
-                    Category::Input => e.with_slack(slack),
-                    _ => e,
+                    Category::Input => e.with_slack(slack.max(floor)),
+                    _ => e.with_slack(floor),
                 })
                 .collect()
         }

@@ -417,7 +417,14 @@ pub fn twin_table(run: &RunReport) -> String {
                 if e.within() { "ok ±" } else { "MISS ±" },
                 t * 100.0,
                 if e.slack > 0 {
-                    format!(" + {} (loader scheduling)", mib(e.slack))
+                    if e.slack > trainmem_core::compare::HOST_RESOLUTION {
+                        format!(" + {} (loader scheduling)", mib(e.slack))
+                    } else {
+                        format!(
+                            " + {} (measurement resolution)",
+                            trainmem_core::ByteSize(e.slack)
+                        )
+                    }
                 } else {
                     String::new()
                 }
