@@ -192,6 +192,22 @@ fn in_file(err: ReplayError, path: &Path) -> anyhow::Error {
     }
 }
 
+/// What a snapshot's trace held, for the `--json` report's `"snapshot"` key.
+pub(crate) fn snapshot_info_json(
+    device: usize,
+    info: &trainmem_alloc::pytorch::replay::SnapshotTraceInfo,
+) -> serde_json::Value {
+    serde_json::json!({
+        "device": device,
+        "devices": info.devices,
+        "entries": info.entries,
+        "free_action": info.free_action,
+        "frees_of_unknown_blocks": info.frees_of_unknown_blocks,
+        "recorded_ooms": info.recorded_ooms,
+        "segment_entries": info.segment_entries,
+    })
+}
+
 /// The `--json` object: the flattened stats at the top level, the replay's figures under
 /// `"replay"`.
 fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serde_json::Value {
@@ -208,18 +224,7 @@ fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serd
         "ooms": replay.ooms(),
     });
     if let (TraceFormat::Snapshot(info), Some(obj)) = (format, r.as_object_mut()) {
-        obj.insert(
-            "snapshot".into(),
-            serde_json::json!({
-                "device": args.device,
-                "devices": info.devices,
-                "entries": info.entries,
-                "free_action": info.free_action,
-                "frees_of_unknown_blocks": info.frees_of_unknown_blocks,
-                "recorded_ooms": info.recorded_ooms,
-                "segment_entries": info.segment_entries,
-            }),
-        );
+        obj.insert("snapshot".into(), snapshot_info_json(args.device, info));
     }
     top.insert("replay".into(), r);
     serde_json::Value::Object(top)

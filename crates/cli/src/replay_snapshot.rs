@@ -160,15 +160,7 @@ fn json(report: &Report, args: &ReplayArgs) -> serde_json::Value {
         "allocator_conf": report.conf,
         "counts": replayer.counts(),
         "ooms": replayer.ooms(),
-        "snapshot": {
-            "device": args.device,
-            "devices": info.devices,
-            "entries": info.entries,
-            "free_action": info.free_action,
-            "frees_of_unknown_blocks": info.frees_of_unknown_blocks,
-            "recorded_ooms": info.recorded_ooms,
-            "segment_entries": info.segment_entries,
-        },
+        "snapshot": crate::cmd_replay::snapshot_info_json(args.device, info),
     });
     if let Some(obj) = r.as_object_mut() {
         match &report.start {
