@@ -452,6 +452,19 @@ fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
     // It stays resident to the end.
     let end = pre.samples.last().expect("end").host_bytes(Category::Input);
     assert!(end.expect("counted") >= data);
+    // Each run records the process as it found it, before building anything: the preloaded
+    // data is in the start sample's counted input bytes and not in the baseline's.
+    for r in [&mapped, &pre] {
+        let base = r.timeline.meta.baseline.expect("baseline recorded");
+        assert!(base.anon_rss > 0, "RssAnon read at the run's start");
+        assert!(base.categories.get(Category::Input) < data / 4);
+    }
+    let base = pre.timeline.meta.baseline.expect("baseline");
+    let start = pre.timeline.samples[0].host;
+    assert!(
+        start.categories.get(Category::Input) - base.categories.get(Category::Input) >= data,
+        "input over the baseline at start"
+    );
 }
 
 #[test]

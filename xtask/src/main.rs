@@ -46,6 +46,10 @@ fn target_dir() -> std::path::PathBuf {
 }
 
 fn main() -> ExitCode {
+    // Started again to make one measured scenario run in a fresh process.
+    if let Some(code) = trainmem_scenarios::serve_child() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Scenario(args) => trainmem_scenarios::run(args, &target_dir().join("scenarios"))

@@ -55,6 +55,7 @@
 //! Each run trains on a thread of its own (joined before the run returns) and runs one at a
 //! time per process, because the counting allocator's counters are process-wide.
 
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -149,8 +150,9 @@ impl std::fmt::Debug for RunOptions<'_> {
     }
 }
 
-/// Everything a measured run produced.
-#[derive(Debug, Clone)]
+/// Everything a measured run produced (serialisable, so a run made in a child process can be
+/// sent back whole).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MeasuredRun {
     /// The shared timeline (source = measured).
     pub timeline: Timeline,
@@ -211,10 +213,12 @@ pub fn run_measured_detailed(
     let _turn = RUN_LOCK
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // What the process holds before the run builds anything: the run's own zero.
+    let baseline = crate::timeline::host_now();
     // The run trains on a thread of its own, joined before the lock is released: memory the
     // thread keeps for its lifetime (kernel scratch, thread-locals) is freed when it exits,
     // inside this call, never in the middle of the next run's measurements.
-    std::thread::scope(|scope| {
+    let mut run = std::thread::scope(|scope| {
         let worker = std::thread::Builder::new()
             .name("trainmem-burn-run".into())
             .stack_size(8 << 20)
@@ -224,7 +228,9 @@ pub fn run_measured_detailed(
             Ok(result) => result,
             Err(panic) => std::panic::resume_unwind(panic),
         }
-    })
+    })?;
+    run.timeline.meta.baseline = Some(baseline);
+    Ok(run)
 }
 
 fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, BurnRunError> {

@@ -48,6 +48,21 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
     }
 }
 
+/// The process's host memory now, as a timeline records it: live bytes per category when a
+/// counting allocator is installed, RssAnon and RssFile (+ RssShmem) where `/proc` exists.
+/// Read at a run's start, it is the run's baseline ([`TimelineMeta::baseline`]).
+pub fn host_now() -> HostBytes {
+    let mut host = HostBytes::default();
+    if trainmem_probe::is_installed() {
+        host.categories = CategoryBytes(trainmem_probe::snapshot().live.map(|v| v as u64));
+    }
+    if let Ok(rss) = trainmem_probe::rss::read() {
+        host.anon_rss = rss.rss_anon;
+        host.file_rss = rss.rss_file + rss.rss_shmem;
+    }
+    host
+}
+
 /// The measured timeline of a run of `plan`.
 pub fn to_timeline(
     plan: &Plan,

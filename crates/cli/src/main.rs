@@ -46,6 +46,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Started again to make one measured scenario run in a fresh process.
+    if let Some(code) = trainmem_scenarios::serve_child() {
+        return code;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Scenario(args) => {

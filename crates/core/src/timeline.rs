@@ -336,6 +336,12 @@ pub struct TimelineMeta {
     /// Free-form key/value notes (plan path, allocator config, batch size, ...).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,
+    /// Measured runs: the process's own host memory when the run began, before it built
+    /// anything (the runtime, its thread pools, the probe's buffers, and whatever earlier work
+    /// in the same process left resident). Figures read from the OS (RssAnon, RssFile) are
+    /// relative to this; `None` for simulated timelines and for older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<HostBytes>,
 }
 
 /// A memory timeline: samples at phase boundaries, from a simulation or a measured run.

@@ -16,6 +16,7 @@ use trainmem_sim::{Machine, Plan, SimOptions, SimResult, simulate};
 
 use super::error::plan_error;
 use super::error::{Result, ScenarioError};
+use super::isolate::{self, Isolation};
 use super::report::{Figure, Verdict, VerdictKind};
 
 /// Which runs a scenario makes.
@@ -43,7 +44,9 @@ impl Mode {
 }
 
 /// Which burn backend measured runs train on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     /// burn's Flex CPU backend.
@@ -130,6 +133,9 @@ pub struct Ctx {
     /// A plan to run instead of the scenario's own (`--plan FILE`): the same runs, knobs and
     /// rules, on the user's model and settings.
     pub plan_override: Option<Plan>,
+    /// Where measured runs are made: in this process (the default) or each in a fresh child
+    /// process, so that no run measures what an earlier one left behind.
+    pub isolation: Isolation,
     runs: Vec<RunRecord>,
     verdicts: Vec<Verdict>,
     notes: Vec<String>,
@@ -140,6 +146,7 @@ impl std::fmt::Debug for Ctx {
         f.debug_struct("Ctx")
             .field("mode", &self.mode)
             .field("backend", &self.backend)
+            .field("isolation", &self.isolation)
             .field("runs", &self.runs.len())
             .field("verdicts", &self.verdicts.len())
             .finish()
@@ -155,6 +162,7 @@ impl Ctx {
             work_dir,
             progress,
             plan_override: None,
+            isolation: Isolation::InProcess,
             runs: Vec::new(),
             verdicts: Vec::new(),
             notes: Vec::new(),
@@ -269,24 +277,33 @@ impl Ctx {
         configure: impl FnOnce(&mut RunOptions<'_>),
     ) -> Result<MeasuredRun> {
         let bar = self.bar(label, "burn", plan.total_steps());
-        let mut on_step = |p: trainmem_burn::Progress| {
-            bar.set_length(p.total_steps.max(1));
-            bar.set_position(p.step);
+        let show = |step: u64, total: u64| {
+            bar.set_length(total.max(1));
+            bar.set_position(step);
         };
+        let mut on_step = |p: trainmem_burn::Progress| show(p.step, p.total_steps);
         let mut opts = RunOptions {
             backend: self.backend.choice()?,
             work_dir: Some(self.work_dir.join("work")),
-            progress: Some(&mut on_step),
             // Traced so the tensors can be replayed through the caching allocator (the
             // scenario's memory_viz snapshot).
             trace_allocations: Some(super::replay::MIN_TRACE),
             ..RunOptions::default()
         };
         configure(&mut opts);
-        let result = run_measured_detailed(plan, opts).map_err(|source| ScenarioError::Measured {
-            label: label.to_string(),
-            source,
-        });
+        let result = match &self.isolation {
+            Isolation::InProcess => {
+                opts.progress = Some(&mut on_step);
+                run_measured_detailed(plan, opts).map_err(|source| ScenarioError::Measured {
+                    label: label.to_string(),
+                    source,
+                })
+            }
+            Isolation::Child(cmd) => {
+                let request = isolate::request_from(label, plan, self.backend, &opts)?;
+                isolate::measure_in_child(cmd, request, show)
+            }
+        };
         bar.finish_and_clear();
         let run = result?;
         if !run.host_counted && self.backend == Backend::Flex {

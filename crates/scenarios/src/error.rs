@@ -54,6 +54,15 @@ pub enum ScenarioError {
         #[source]
         source: BurnRunError,
     },
+    /// A measured run made in a child process ([`crate::isolate`]) could not be started,
+    /// failed, or sent back nothing readable.
+    #[error("measured run `{label}` in a child process: {detail}")]
+    Child {
+        /// The run being measured.
+        label: String,
+        /// What went wrong, with the child's own error message when it gave one.
+        detail: String,
+    },
     /// A measured run on the host needs trainmem-probe's counting allocator, and the binary
     /// does not install it.
     #[error(

@@ -51,6 +51,7 @@ use trainmem_core::Plan;
 pub mod error;
 pub mod checks;
 pub mod ctx;
+pub mod isolate;
 pub mod output;
 pub mod plans;
 pub mod replay;
@@ -75,6 +76,7 @@ mod startup;
 pub use ctx::{Backend, Ctx, Mode};
 use error::Result;
 pub use error::ScenarioError;
+pub use isolate::{ChildCommand, Isolation, serve_child};
 pub use report::ScenarioReport;
 
 /// One registered scenario.
@@ -242,6 +244,11 @@ pub struct ScenarioArgs {
     /// judged on your model and settings (one scenario only, not `all`).
     #[arg(long, value_name = "FILE")]
     pub plan: Option<PathBuf>,
+    /// Make the measured runs in this process instead of each in a fresh child process. The
+    /// figures read from the OS (RssAnon, RssFile) then include what earlier runs left
+    /// resident, so verdicts can depend on the order the scenarios ran in.
+    #[arg(long)]
+    pub in_process: bool,
 }
 
 /// Looks a scenario up by name.
@@ -272,6 +279,12 @@ pub fn execute_on(
 ) -> Result<ScenarioReport> {
     let mut ctx = Ctx::new(mode, backend, work_dir, progress);
     ctx.plan_override = plan;
+    execute_in(scenario, ctx)
+}
+
+/// Runs one scenario in a context the caller set up (its plan override, and where measured
+/// runs are made: [`Ctx::isolation`]) into its report (no files written).
+pub fn execute_in(scenario: &Scenario, mut ctx: Ctx) -> Result<ScenarioReport> {
     (scenario.run)(&mut ctx).map_err(|e| ScenarioError::InScenario {
         name: scenario.name,
         source: Box::new(e),
@@ -289,6 +302,10 @@ pub const EXIT_TWIN_MISSED: u8 = 3;
 
 /// Runs the scenarios the arguments name; files go under `default_out/NAME/` unless `--out`
 /// says otherwise.
+///
+/// Measured runs are made each in a fresh child process, the running binary started again
+/// (unless `--in-process`): the binary must call [`serve_child`] first thing in `main` and
+/// return its exit code when it gives one.
 pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
     if args.list {
         print_list();
@@ -393,14 +410,10 @@ fn run_selected(
         }
         let dir = out_dir(args.out.as_deref(), default_out, scenario.name, several);
         let started = std::time::Instant::now();
-        let mut report = execute_on(
-            scenario,
-            plan.clone(),
-            args.mode,
-            args.backend,
-            dir.clone(),
-            !args.json,
-        )?;
+        let mut ctx = Ctx::new(args.mode, args.backend, dir.clone(), !args.json);
+        ctx.plan_override = plan.clone();
+        ctx.isolation = isolation(args)?;
+        let mut report = execute_in(scenario, ctx)?;
         report
             .notes
             .push(format!("ran in {:.1} s", started.elapsed().as_secs_f64()));
@@ -412,6 +425,19 @@ fn run_selected(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// Where the command makes measured runs: each in a fresh child process (this binary,
+/// re-executed), unless `--in-process` or nothing is measured.
+fn isolation(args: &ScenarioArgs) -> Result<Isolation> {
+    if args.in_process || !args.mode.measured() {
+        return Ok(Isolation::InProcess);
+    }
+    let cmd = ChildCommand::this_binary().map_err(|e| ScenarioError::Child {
+        label: "every measured run".to_string(),
+        detail: format!("cannot find this binary to run it again: {e}"),
+    })?;
+    Ok(Isolation::Child(cmd))
 }
 
 /// Prints the summary table (several scenarios) or the JSON report, names the scenarios that

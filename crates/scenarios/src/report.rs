@@ -497,6 +497,19 @@ pub fn verdict_lines(verdicts: &[Verdict]) -> String {
     out
 }
 
+/// The measured run's process at its own start, in words: the zero its OS figures are read
+/// against (`None` without a measured run, or for a timeline recorded before baselines were).
+pub fn baseline_line(run: &RunReport) -> Option<String> {
+    let base = run.measured.as_ref()?.meta.baseline?;
+    Some(format!(
+        "process at the run's start: RssAnon {}, RssFile {}, counted {} (other {})",
+        human(base.anon_rss as f64),
+        human(base.file_rss as f64),
+        human(base.categories.total() as f64),
+        human(base.categories.get(Category::Other) as f64),
+    ))
+}
+
 /// The whole report for the terminal.
 pub fn render_text(report: &ScenarioReport) -> String {
     let mut out = String::new();
@@ -510,6 +523,9 @@ pub fn render_text(report: &ScenarioReport) -> String {
     );
     for run in &report.runs {
         let _ = writeln!(out, "-- run: {}", run.label);
+        if let Some(line) = baseline_line(run) {
+            let _ = writeln!(out, "   {line}");
+        }
         out.push_str(&chart(run));
         let table = twin_table(run);
         if !table.is_empty() {
@@ -584,6 +600,9 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
         let _ = writeln!(out, "## Run: {}\n", run.label);
         if let Some(why) = &run.not_measured {
             let _ = writeln!(out, "Not measured: {why}\n");
+        }
+        if let Some(line) = baseline_line(run) {
+            let _ = writeln!(out, "{line}\n");
         }
         let _ = writeln!(out, "```text\n{}```\n", chart(run));
         let table = twin_table(run);

@@ -10,7 +10,10 @@
 use std::sync::{Mutex, MutexGuard};
 
 use trainmem_scenarios::report::{self, VerdictKind};
-use trainmem_scenarios::{Backend, Mode, SCENARIOS, ScenarioReport, execute, find, output};
+use trainmem_scenarios::{
+    Backend, ChildCommand, Ctx, Isolation, Mode, SCENARIOS, ScenarioReport, execute_in, find,
+    output,
+};
 
 #[global_allocator]
 static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
@@ -22,6 +25,31 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The name of the test that serves measured runs in child processes.
+const CHILD_TEST: &str = "measured_run_child";
+
+/// Not a check: the entry point of the child processes the measured tests start, so that each
+/// measured run is made in a fresh process whatever ran before it in this one. Run without
+/// trainmem-scenarios' child variable (as in a plain `cargo test`) it does nothing.
+#[test]
+fn measured_run_child() {
+    if let Some(status) = trainmem_scenarios::isolate::serve_child_status() {
+        std::process::exit(status);
+    }
+}
+
+/// Runs scenario `name` with every measured run in a child process of its own.
+fn execute_isolated(
+    name: &str,
+    mode: Mode,
+    dir: std::path::PathBuf,
+) -> Result<ScenarioReport, trainmem_scenarios::ScenarioError> {
+    let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
+    let mut ctx = Ctx::new(mode, Backend::Flex, dir, false);
+    ctx.isolation = Isolation::Child(ChildCommand::test_harness(CHILD_TEST).expect("test binary"));
+    execute_in(scenario, ctx)
+}
+
 fn run_one(name: &str, mode: Mode) -> ScenarioReport {
     run_with_json(name, mode).0
 }
@@ -29,12 +57,11 @@ fn run_one(name: &str, mode: Mode) -> ScenarioReport {
 /// Runs a scenario, writes its files, and returns the report with its `timeline.json` as read
 /// back from disk.
 fn run_with_json(name: &str, mode: Mode) -> (ScenarioReport, serde_json::Value) {
-    let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
     let dir = std::env::temp_dir().join(format!(
         "trainmem-scenario-test-{}-{name}-{mode:?}",
         std::process::id()
     ));
-    let mut report = execute(scenario, mode, Backend::Flex, dir.clone(), false)
+    let mut report = execute_isolated(name, mode, dir.clone())
         .unwrap_or_else(|e| panic!("{name}: {}", e.chain()));
     output::write_outputs(&mut report, &dir).unwrap_or_else(|e| panic!("{name}: {}", e.chain()));
     for f in ["report.md", "timeline.json", "timeline.svg", "trace.json"] {
@@ -208,4 +235,117 @@ fn measured_grad_accumulation_checkpoint_save_and_empty_cache() {
         let report = run_one(name, Mode::Both);
         assert_reproduced(&report, Mode::Measured);
     }
+}
+
+/// Whether two measured figures agree: within 5% of the larger, or within `slack` bytes.
+fn figures_agree(a: f64, b: f64, slack: u64) -> bool {
+    (a - b).abs() <= (0.05 * a.abs().max(b.abs())).max(slack as f64)
+}
+
+/// What two runs of a scenario may differ by in bytes whatever ran before them: the host
+/// counts' resolution (a few kilobytes of runtime state land anywhere), and, with loader
+/// workers, the batches the workers may hold in flight (how many they had read when a phase
+/// boundary was sampled depends on how the threads were scheduled, not on process history:
+/// anything from none to workers × prefetch batches, plus one being built).
+fn run_to_run_slack(report: &ScenarioReport) -> u64 {
+    let plan = &report.runs[0].plan;
+    let batch = trainmem_sim::lower::input_bytes_per_sample_for(&plan.model, plan.framework)
+        * plan.micro_batch_size();
+    let in_flight = plan.loader.workers * plan.loader.prefetch_factor * batch;
+    (in_flight + trainmem_core::compare::loader_slack(plan, batch))
+        .max(trainmem_core::compare::HOST_RESOLUTION)
+}
+
+/// Process history shows first in a run's baseline: a fresh process starts with the same
+/// resident memory every time, a reused one with whatever earlier runs left.
+const BASELINE_AGREES: u64 = 1 << 20;
+
+/// Asserts that two reports of the same scenario reached the same verdicts with the same
+/// figures, and the same twin error per category on every run.
+fn assert_same_outcome(a: &ScenarioReport, b: &ScenarioReport, orders: &str) {
+    let name = &a.name;
+    let slack = run_to_run_slack(a);
+    let agree = |x: f64, y: f64, unit: &str| {
+        if unit == "bytes" {
+            figures_agree(x, y, slack)
+        } else {
+            figures_agree(x, y, 0)
+        }
+    };
+    assert_eq!(
+        a.verdicts.len(),
+        b.verdicts.len(),
+        "{name}: verdict count, {orders}"
+    );
+    for (x, y) in a.verdicts.iter().zip(&b.verdicts) {
+        assert_eq!(
+            (&x.name, x.source, x.reproduced),
+            (&y.name, y.source, y.reproduced),
+            "{name}: verdict, {orders}"
+        );
+        assert_eq!(x.figures.len(), y.figures.len(), "{name}: {}", x.name);
+        for (f, g) in x.figures.iter().zip(&y.figures) {
+            assert_eq!(f.name, g.name, "{name}: {}", x.name);
+            assert!(
+                agree(f.value, g.value, f.unit),
+                "{name}: `{}` of `{}` is {} in one order and {} in the other ({orders})",
+                f.name,
+                x.name,
+                f.value,
+                g.value
+            );
+        }
+    }
+    for (ra, rb) in a.runs.iter().zip(&b.runs) {
+        let (Some(ma), Some(mb)) = (&ra.measured, &rb.measured) else {
+            continue;
+        };
+        let (Some(ba), Some(bb)) = (ma.meta.baseline, mb.meta.baseline) else {
+            panic!("{name} / {}: a measured run without its baseline", ra.label);
+        };
+        for (what, x, y) in [
+            ("RssAnon", ba.anon_rss, bb.anon_rss),
+            ("RssFile", ba.file_rss, bb.file_rss),
+            ("counted", ba.categories.total(), bb.categories.total()),
+        ] {
+            assert!(
+                x.abs_diff(y) <= BASELINE_AGREES,
+                "{name} / {}: {what} at the run's start is {x} in one order and {y} in the \
+                 other ({orders}): the run did not start from a fresh process",
+                ra.label
+            );
+        }
+        for (ea, eb) in ra.twin.iter().zip(&rb.twin) {
+            assert_eq!(ea.category, eb.category);
+            assert!(
+                agree(ea.measured as f64, eb.measured as f64, "bytes"),
+                "{name} / {}: measured {:?} peak {} vs {} ({orders})",
+                ra.label,
+                ea.category,
+                ea.measured,
+                eb.measured
+            );
+        }
+    }
+}
+
+/// Two measured scenarios, run in both orders in this one process: each reaches the same
+/// verdicts with the same figures whether it ran first or second, because each measured run is
+/// made in a fresh child process. memmap-vs-preload reads RssAnon and RssFile, which an
+/// in-process run shares with everything that ran before it.
+#[test]
+fn measured_verdicts_do_not_depend_on_the_order_scenarios_run_in() {
+    let _turn = serial();
+    let pair = ["memmap-vs-preload", "optimizer-jump"];
+    let forward: Vec<ScenarioReport> = pair.iter().map(|n| run_one(n, Mode::Both)).collect();
+    let backward: Vec<ScenarioReport> = pair.iter().rev().map(|n| run_one(n, Mode::Both)).collect();
+    for report in forward.iter().chain(&backward) {
+        assert_reproduced(report, Mode::Measured);
+    }
+    assert_same_outcome(&forward[0], &backward[1], "first vs after optimizer-jump");
+    assert_same_outcome(
+        &forward[1],
+        &backward[0],
+        "after memmap-vs-preload vs first",
+    );
 }

@@ -150,6 +150,7 @@ fn timeline(spec: &RunSpec<'_>, mem: &SimMemory) -> Timeline {
             device_capacity: Some(plan.device.capacity.0),
             host_capacity: plan.host.capacity.map(|b| b.0),
             notes,
+            baseline: None,
         },
     )
 }
