@@ -287,6 +287,21 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
     if !plan.training.grads_to_none {
         return no("training.grads_to_none = false: burn consumes gradients at every step");
     }
+    if let trainmem_core::model::ModelSpec::Transformer(t) = &plan.model
+        && (t.max_positions.is_some()
+            || t.bias.is_some()
+            || t.qkv_bias.is_some()
+            || t.final_norm.is_some()
+            || t.embedding_norm
+            || t.token_types > 0
+            || t.pooler)
+    {
+        return no(
+            "a transformer with max_positions, bias, qkv_bias, final_norm, embedding_norm, \
+             token_types or pooler set: the burn run builds burn-nn's transformer layout, \
+             which has none of these settings",
+        );
+    }
     if plan.parallel.world_size != 1 || plan.parallel.pipeline_stages != 1 {
         return no("data or pipeline parallelism: a measured run trains on one device");
     }

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
 
 mod cmd_data;
+mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
 mod progress;
@@ -43,6 +44,9 @@ enum Command {
     Fit(cmd_sim::FitArgs),
     /// Explain, in words, the memory patterns a plan will show and their causes.
     Explain(cmd_sim::ExplainArgs),
+    /// Write plans from descriptions you already have (`from-hf config.json`).
+    #[command(subcommand)]
+    Plan(cmd_plan::PlanCommand),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => cmd_sim::simulate(args),
         Command::Fit(args) => cmd_sim::fit(args),
         Command::Explain(args) => cmd_sim::explain(args),
+        Command::Plan(cmd) => cmd_plan::run(cmd),
     };
     match result {
         Ok(code) => code,

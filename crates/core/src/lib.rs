@@ -42,6 +42,7 @@ pub mod category;
 pub mod compare;
 pub mod dtype;
 pub mod framework;
+pub mod hf_config;
 pub mod model;
 pub mod model_check;
 pub mod op_kind;

@@ -268,6 +268,39 @@ pub struct TransformerSpec {
     /// Classes of the encoder's classification head (encoder only; default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub classes: Option<u64>,
+    /// Rows of the learned position table (the model's maximum positions, which can exceed
+    /// the sequence trained on); default `seq_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<u64>,
+    /// Biases on the blocks' linear layers; default: with layer norm, not with RMS norm (a
+    /// layer norm's own bias follows the norm kind, not this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<bool>,
+    /// Biases on the query, key and value projections alone; default `bias` (some decoders
+    /// without biases keep them here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_bias: Option<bool>,
+    /// A norm after the last block; default: the framework's module layout decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_norm: Option<bool>,
+    /// A norm over the summed embeddings (encoders such as BERT).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub embedding_norm: bool,
+    /// Rows of a token-type (segment) embedding added to the token embedding; 0 = none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub token_types: u64,
+    /// A pooler before an encoder's classifier: a `hidden × hidden` linear layer with a bias
+    /// and a tanh, applied to the first token.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pooler: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn gelu() -> Activation {
@@ -282,6 +315,22 @@ impl TransformerSpec {
     /// The key/value head count.
     pub fn kv_head_count(&self) -> u64 {
         self.kv_heads.unwrap_or(self.heads)
+    }
+    /// Whether the blocks' linear layers have biases.
+    pub fn linear_bias(&self) -> bool {
+        self.bias.unwrap_or(self.norm == NormKind::LayerNorm)
+    }
+    /// Whether the query, key and value projections have biases.
+    pub fn qkv_has_bias(&self) -> bool {
+        self.qkv_bias.unwrap_or_else(|| self.linear_bias())
+    }
+    /// Whether the norms have a bias (layer norm does, RMS norm does not).
+    pub fn norm_bias(&self) -> bool {
+        self.norm == NormKind::LayerNorm
+    }
+    /// Rows of the learned position table.
+    pub fn position_rows(&self) -> u64 {
+        self.max_positions.unwrap_or(self.seq_len)
     }
 }
 

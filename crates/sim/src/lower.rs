@@ -217,8 +217,12 @@ struct TransformerDims {
     kv: u64,
     /// Feed-forward size.
     f: u64,
-    /// Linear layers and norms have biases (LayerNorm models).
-    bias: bool,
+    /// The blocks' linear layers have biases.
+    linear_bias: bool,
+    /// The query, key and value projections have biases.
+    qkv_bias: bool,
+    /// The norms have biases (layer norm).
+    norm_bias: bool,
     norm_op: OpKind,
 }
 
@@ -230,7 +234,9 @@ impl TransformerDims {
             h: t.hidden,
             kv: head_dim * t.kv_head_count(),
             f: t.ffn_size(),
-            bias: t.norm == NormKind::LayerNorm,
+            linear_bias: t.linear_bias(),
+            qkv_bias: t.qkv_has_bias(),
+            norm_bias: t.norm_bias(),
             norm_op: match t.norm {
                 NormKind::LayerNorm => OpKind::LayerNorm,
                 NormKind::RmsNorm => OpKind::RmsNorm,
@@ -238,7 +244,7 @@ impl TransformerDims {
         }
     }
 
-    /// A linear layer `fin → fout` per token.
+    /// A linear layer `fin → fout` per token, with the blocks' bias setting.
     fn linear(
         &self,
         b: &mut ProgramBuilder,
@@ -247,8 +253,20 @@ impl TransformerDims {
         fout: u64,
         name: String,
     ) -> ValueId {
+        self.linear_with(b, x, (fin, fout), self.linear_bias, name)
+    }
+
+    /// A linear layer `fin → fout` per token, with a bias when `bias`.
+    fn linear_with(
+        &self,
+        b: &mut ProgramBuilder,
+        x: ValueId,
+        (fin, fout): (u64, u64),
+        bias: bool,
+        name: String,
+    ) -> ValueId {
         let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
-        if self.bias {
+        if bias {
             ps.push(b.param(fout, format!("{name}.bias")));
         }
         b.op(OpKind::Linear, &[x], self.s * fout, &ps)
@@ -257,7 +275,7 @@ impl TransformerDims {
     /// A norm over the hidden size, per token.
     fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
         let mut ps = vec![b.param(self.h, format!("{name}.weight"))];
-        if self.bias {
+        if self.norm_bias {
             ps.push(b.param(self.h, format!("{name}.bias")));
         }
         b.op_rows(self.norm_op, &[x], self.s * self.h, &ps, self.s)
@@ -294,7 +312,13 @@ impl TransformerDims {
     fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
         let (s, h, f) = (self.s, self.h, self.f);
         let n1 = self.norm(b, x, format!("block{i}.norm1"));
-        let qkv = self.linear(b, n1, h, h + 2 * self.kv, format!("block{i}.attn.qkv"));
+        let qkv = self.linear_with(
+            b,
+            n1,
+            (h, h + 2 * self.kv),
+            self.qkv_bias,
+            format!("block{i}.attn.qkv"),
+        );
         let ctx = self.attention(b, t, qkv);
         let mut o = self.linear(b, ctx, h, h, format!("block{i}.attn.out"));
         if t.dropout > 0.0 {
@@ -329,9 +353,15 @@ fn lower_transformer(
     let tok = b.param(t.vocab * h, "embed.tokens");
     let mut ps = vec![tok];
     if t.learned_positions {
-        ps.push(b.param(s * h, "embed.positions"));
+        ps.push(b.param(t.position_rows() * h, "embed.positions"));
+    }
+    if t.token_types > 0 {
+        ps.push(b.param(t.token_types * h, "embed.token_types"));
     }
     let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
+    if t.embedding_norm {
+        x = dims.norm(&mut b, x, "embed.norm".into());
+    }
     if t.dropout > 0.0 {
         x = b.op(OpKind::Dropout, &[x], s * h, &[]);
     }
@@ -340,7 +370,7 @@ fn lower_transformer(
         x = dims.block(&mut b, t, x, i);
     }
     b.begin_layer("head");
-    let n = if layout.transformer_final_norm {
+    let n = if t.final_norm.unwrap_or(layout.transformer_final_norm) {
         dims.norm(&mut b, x, "final_norm".into())
     } else {
         x
@@ -362,7 +392,13 @@ fn lower_transformer(
         }
         TransformerKind::Encoder => {
             let classes = t.classes.unwrap_or(2);
-            let first = b.op(OpKind::Copy, &[n], h, &[]);
+            let mut first = b.op(OpKind::Copy, &[n], h, &[]);
+            if t.pooler {
+                let pw = b.param(h * h, "pooler.weight");
+                let pb = b.param(h, "pooler.bias");
+                let pooled = b.op(OpKind::Linear, &[first], h, &[pw, pb]);
+                first = b.op(OpKind::Tanh, &[pooled], h, &[]);
+            }
             let w = b.param(h * classes, "classifier.weight");
             let bb = b.param(classes, "classifier.bias");
             let logits = b.op(OpKind::Linear, &[first], classes, &[w, bb]);
@@ -510,6 +546,13 @@ mod tests {
             attention: AttentionImpl::Eager,
             learned_positions: true,
             classes: None,
+            max_positions: None,
+            bias: None,
+            qkv_bias: None,
+            final_norm: None,
+            embedding_norm: false,
+            token_types: 0,
+            pooler: false,
         }
     }
 

@@ -9,7 +9,7 @@
 
 use trainmem_autograd::Framework;
 
-use crate::model::{ModelSpec, NormKind, TransformerKind, TransformerSpec};
+use crate::model::{ModelSpec, TransformerKind, TransformerSpec};
 use crate::profile::{FrameworkProfile, Lowering};
 
 /// `count` parameter tensors of `elems` elements each.
@@ -87,13 +87,22 @@ fn transformer_groups(
     let Some(head_dim) = t.hidden.checked_div(t.heads) else {
         return Ok(None);
     };
-    let (s, h, f) = (t.seq_len, t.hidden, t.ffn_size());
+    let (h, f) = (t.hidden, t.ffn_size());
     let kv = mul(head_dim, t.kv_head_count(), "key/value width")?;
-    let bias = t.norm == NormKind::LayerNorm;
+    let (norm_bias, linear_bias, qkv_bias) = (t.norm_bias(), t.linear_bias(), t.qkv_has_bias());
     let once = |elems| ParamGroup { elems, count: 1 };
     let mut out = vec![once(mul(t.vocab, h, "token embedding")?)];
     if t.learned_positions {
-        out.push(once(mul(s, h, "position embedding")?));
+        out.push(once(mul(t.position_rows(), h, "position embedding")?));
+    }
+    if t.token_types > 0 {
+        out.push(once(mul(t.token_types, h, "token-type embedding")?));
+    }
+    if t.embedding_norm {
+        out.push(once(h));
+        if norm_bias {
+            out.push(once(h));
+        }
     }
     // one block: norm1, qkv, attention out, norm2, ffn up (and gate), ffn down
     let qkv = add(h, mul(2, kv, "key/value width")?, "qkv width")?;
@@ -107,12 +116,12 @@ fn transformer_groups(
         let norm = k == 0 || k == 3;
         if norm {
             per_block.push(fin);
-            if bias {
+            if norm_bias {
                 per_block.push(fin);
             }
         } else {
             per_block.push(mul(fin, fout, "block weight")?);
-            if bias {
+            if (k == 1 && qkv_bias) || (k != 1 && linear_bias) {
                 per_block.push(fout);
             }
         }
@@ -130,9 +139,9 @@ fn transformer_groups(
         elems,
         count: t.layers,
     }));
-    if layout.transformer_final_norm {
+    if t.final_norm.unwrap_or(layout.transformer_final_norm) {
         out.push(once(h));
-        if bias {
+        if norm_bias {
             out.push(once(h));
         }
     }
@@ -147,6 +156,10 @@ fn transformer_groups(
         }
         TransformerKind::Encoder => {
             let classes = t.classes.unwrap_or(2);
+            if t.pooler {
+                out.push(once(mul(h, h, "pooler")?));
+                out.push(once(h));
+            }
             out.push(once(mul(h, classes, "classifier")?));
             out.push(once(classes));
         }
@@ -210,7 +223,14 @@ mod tests {
             s in 1u64..20, vocab in 1u64..50, tied in any::<bool>(),
             rms in any::<bool>(), positions in any::<bool>(), encoder in any::<bool>(),
             classes in proptest::option::of(1u64..7), grouped in any::<bool>(),
+            extra in (
+                proptest::option::of(1u64..30), proptest::option::of(any::<bool>()),
+                proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>()),
+                any::<bool>(), 0u64..3, any::<bool>(),
+            ),
         ) -> TransformerSpec {
+            let (max_positions, bias, qkv_bias, final_norm, embedding_norm, token_types, pooler) =
+                extra;
             let heads = kv * group;
             TransformerSpec {
                 kind: if encoder { TransformerKind::Encoder } else { TransformerKind::Decoder },
@@ -229,6 +249,13 @@ mod tests {
                 attention: AttentionImpl::Eager,
                 learned_positions: positions,
                 classes,
+                max_positions,
+                bias,
+                qkv_bias,
+                final_norm,
+                embedding_norm,
+                token_types,
+                pooler,
             }
         }
     }
@@ -295,6 +322,13 @@ mod tests {
             attention: AttentionImpl::Eager,
             learned_positions: false,
             classes: None,
+            max_positions: None,
+            bias: None,
+            qkv_bias: None,
+            final_norm: None,
+            embedding_norm: false,
+            token_types: 0,
+            pooler: false,
         };
         let e = param_groups(&ModelSpec::Transformer(t), Framework::Pytorch).unwrap_err();
         // a block of hidden h: 12h² + 13h elements

@@ -1,0 +1,180 @@
+//! `trainmem plan`: write plans from descriptions users already have.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use trainmem_core::hf_config::{HfOptions, HfPrecision, plan_from_hf};
+use trainmem_core::optimizer::OptimizerKind;
+use trainmem_sim::params::{param_groups, total_elems};
+
+/// `trainmem plan ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum PlanCommand {
+    /// Write a plan for the model a Hugging Face `config.json` describes (gpt2, bert, llama,
+    /// mistral, qwen2, opt), trained under PyTorch's rules.
+    FromHf(FromHfArgs),
+}
+
+/// The optimizer of a plan written from a configuration.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OptimizerArg {
+    /// Plain SGD (no state).
+    Sgd,
+    /// SGD with momentum (one buffer).
+    Momentum,
+    /// Adam (two moments).
+    Adam,
+    /// AdamW (two moments).
+    Adamw,
+}
+
+/// The precision of a plan written from a configuration.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// Everything in f32.
+    F32,
+    /// bf16 compute with f32 master weights.
+    MixedBf16,
+    /// fp16 compute with f32 master weights.
+    MixedF16,
+    /// Everything in bf16.
+    Bf16,
+}
+
+/// Arguments of `trainmem plan from-hf`.
+#[derive(Debug, clap::Args)]
+pub struct FromHfArgs {
+    /// The model's `config.json`.
+    pub config: PathBuf,
+    /// Samples per optimizer step.
+    #[arg(long)]
+    pub batch: u64,
+    /// Tokens per sample.
+    #[arg(long)]
+    pub seq: u64,
+    /// The optimizer.
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerArg,
+    /// Parameter and activation precision.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: PrecisionArg,
+    /// Checkpoint every block (Hugging Face's gradient checkpointing).
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Optimizer steps the plan runs.
+    #[arg(long, default_value_t = 3)]
+    pub steps: u64,
+    /// The plan's name (default: the config file's directory or stem).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Write the plan here instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `trainmem plan ...`.
+pub fn run(cmd: PlanCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        PlanCommand::FromHf(args) => from_hf(args),
+    }
+}
+
+fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let opts = HfOptions {
+        batch: args.batch,
+        seq: args.seq,
+        optimizer: match args.optimizer {
+            OptimizerArg::Sgd => OptimizerKind::Sgd,
+            OptimizerArg::Momentum => OptimizerKind::Momentum,
+            OptimizerArg::Adam => OptimizerKind::Adam,
+            OptimizerArg::Adamw => OptimizerKind::AdamW,
+        },
+        precision: match args.precision {
+            PrecisionArg::F32 => HfPrecision::F32,
+            PrecisionArg::MixedBf16 => HfPrecision::MixedBf16,
+            PrecisionArg::MixedF16 => HfPrecision::MixedF16,
+            PrecisionArg::Bf16 => HfPrecision::Bf16,
+        },
+        checkpointing: args.checkpointing,
+        steps: args.steps,
+    };
+    let mut plan = plan_from_hf(&text, &opts).with_context(|| args.config.display().to_string())?;
+    plan.name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| default_name(&args.config));
+    let count = param_groups(&plan.model, plan.framework)
+        .ok()
+        .flatten()
+        .and_then(|g| total_elems(&g).ok());
+    let header = format!(
+        "# Written by `trainmem plan from-hf {}` ({} parameters).\n",
+        args.config.display(),
+        count.map_or("?".to_string(), group_thousands)
+    );
+    let toml = format!("{header}{}", plan.to_toml().context("the plan as TOML")?);
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, &toml).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!(
+                "{}: {} parameters; plan written to {}",
+                plan.name,
+                count.map_or("?".to_string(), group_thousands),
+                path.display()
+            );
+        }
+        None => print!("{toml}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The directory a `config.json` sits in (a model's name), else the file's stem.
+fn default_name(path: &std::path::Path) -> String {
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    if stem == "config"
+        && let Some(dir) = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|d| d.to_str())
+    {
+        return dir.to_string();
+    }
+    stem.to_string()
+}
+
+/// `124439808` as `124,439,808`.
+fn group_thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(group_thousands(124_439_808), "124,439,808");
+        assert_eq!(group_thousands(999), "999");
+        assert_eq!(group_thousands(1000), "1,000");
+    }
+
+    #[test]
+    fn a_config_in_a_model_directory_is_named_after_it() {
+        assert_eq!(default_name("models/gpt2/config.json".as_ref()), "gpt2");
+        assert_eq!(
+            default_name("fixtures/hf/opt-125m.json".as_ref()),
+            "opt-125m"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! `trainmem plan from-hf` end to end: a real model's configuration becomes a plan that
+//! simulates with the model's parameter count; bad configurations fail naming the field.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{empty_dir, s, stderr, stdout, trainmem, write};
+use trainmem_sim::Plan;
+
+fn hf(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(name)
+}
+
+#[test]
+fn a_gpt2_config_becomes_a_plan_that_simulates() {
+    let dir = empty_dir("plan-from-hf");
+    let plan_path = dir.join("gpt2.toml");
+    let out = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&hf("gpt2.json")),
+        "--batch",
+        "2",
+        "--seq",
+        "128",
+        "--optimizer",
+        "sgd",
+        "--out",
+        s(&plan_path),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("124,439,808 parameters"),
+        "{}",
+        stderr(&out)
+    );
+    let plan = Plan::load(&plan_path).expect("the written plan loads");
+    assert_eq!(plan.name, "gpt2");
+    assert_eq!(plan.training.batch_size, 2);
+    let sim = trainmem(&["simulate", s(&plan_path), "--quiet"]);
+    assert_eq!(sim.status.code(), Some(0), "{}", stderr(&sim));
+    assert!(
+        stdout(&sim).contains("124439808 parameters"),
+        "{}",
+        stdout(&sim)
+    );
+}
+
+#[test]
+fn the_plan_goes_to_standard_output_without_out() {
+    let out = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&hf("qwen2-0.5b.json")),
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("# Written by `trainmem plan from-hf"),
+        "{text}"
+    );
+    assert!(text.contains("494,032,768 parameters"), "{text}");
+    Plan::from_toml_str(&text).expect("standard output is a plan");
+}
+
+#[test]
+fn a_bad_config_fails_naming_the_field_and_writes_nothing() {
+    let dir = empty_dir("plan-from-hf-bad");
+    let config = write(
+        &dir,
+        "config.json",
+        r#"{"model_type": "llama", "hidden_size": 64}"#,
+    );
+    let plan_path = dir.join("out.toml");
+    let out = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&config),
+        "--batch",
+        "1",
+        "--seq",
+        "8",
+        "--out",
+        s(&plan_path),
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("field `num_hidden_layers` is missing"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!plan_path.exists(), "no plan written");
+    let unknown = write(&dir, "t5.json", r#"{"model_type": "t5"}"#);
+    let out = trainmem(&["plan", "from-hf", s(&unknown), "--batch", "1", "--seq", "8"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("trainmem reads gpt2, bert"),
+        "{}",
+        stderr(&out)
+    );
+}

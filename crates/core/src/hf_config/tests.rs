@@ -1,0 +1,107 @@
+use super::*;
+
+fn fixture(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn transformer(plan: &Plan) -> &TransformerSpec {
+    match &plan.model {
+        ModelSpec::Transformer(t) => t,
+        other => panic!("not a transformer: {other:?}"),
+    }
+}
+
+#[test]
+fn gpt2_reads_as_a_tied_decoder_with_its_position_table() {
+    let plan = plan_from_hf(&fixture("gpt2.json"), &HfOptions::new(4, 512)).expect("plan");
+    let t = transformer(&plan);
+    assert_eq!((t.layers, t.hidden, t.heads, t.vocab), (12, 768, 12, 50257));
+    assert_eq!(t.kind, TransformerKind::Decoder);
+    assert!(t.tied_embeddings && t.learned_positions);
+    // the table has the model's 1024 rows although the plan trains at 512 tokens
+    assert_eq!((t.seq_len, t.max_positions), (512, Some(1024)));
+    assert_eq!(plan.framework, Framework::Pytorch);
+    assert_eq!(plan.optimizer.kind, OptimizerKind::AdamW);
+    assert_eq!(plan.training.batch_size, 4);
+}
+
+#[test]
+fn bert_reads_as_an_encoder_classifier_with_pooler_and_token_types() {
+    let t = model_from_hf(&fixture("bert-base-uncased.json"), 128).expect("model");
+    assert_eq!(t.kind, TransformerKind::Encoder);
+    assert!(t.pooler && t.embedding_norm);
+    assert_eq!(
+        (t.token_types, t.classes, t.final_norm),
+        (2, Some(2), Some(false))
+    );
+}
+
+#[test]
+fn decoders_without_biases_and_qwen_with_qkv_biases() {
+    let llama = model_from_hf(&fixture("llama-2-7b.json"), 2048).expect("llama");
+    assert_eq!((llama.linear_bias(), llama.qkv_has_bias()), (false, false));
+    assert!(llama.gated_ffn && !llama.tied_embeddings);
+    assert_eq!(llama.norm, NormKind::RmsNorm);
+    let mistral = model_from_hf(&fixture("mistral-7b.json"), 4096).expect("mistral");
+    assert_eq!(mistral.kv_head_count(), 8);
+    let qwen = model_from_hf(&fixture("qwen2-0.5b.json"), 1024).expect("qwen2");
+    assert_eq!((qwen.linear_bias(), qwen.qkv_has_bias()), (false, true));
+    assert!(qwen.tied_embeddings);
+}
+
+#[test]
+fn opt_positions_carry_the_offset_rows_but_not_for_the_sequence() {
+    let t = model_from_hf(&fixture("opt-125m.json"), 2048).expect("opt");
+    assert_eq!(t.max_positions, Some(2050));
+    let err = model_from_hf(&fixture("opt-125m.json"), 2049).expect_err("too long");
+    assert!(err.to_string().contains("2048 positions"), "{err}");
+}
+
+#[test]
+fn errors_name_the_field_the_family_and_the_known_families() {
+    let missing = model_from_hf(r#"{"model_type": "gpt2", "n_layer": 2}"#, 8).expect_err("missing");
+    assert_eq!(
+        missing.to_string(),
+        "gpt2 config: field `n_embd` is missing"
+    );
+    let wrong = model_from_hf(r#"{"model_type": "llama", "num_hidden_layers": "32"}"#, 8)
+        .expect_err("a string");
+    assert!(
+        wrong
+            .to_string()
+            .contains("`num_hidden_layers` must be a positive integer")
+    );
+    let unknown = model_from_hf(r#"{"model_type": "t5"}"#, 8).expect_err("unknown");
+    assert!(unknown.to_string().contains("`t5`") && unknown.to_string().contains("qwen2"));
+    let none = model_from_hf(r#"{"n_layer": 2}"#, 8).expect_err("no model_type");
+    assert!(none.to_string().contains("missing"));
+    let json = model_from_hf("{not json", 8).expect_err("not json");
+    assert!(json.to_string().contains("does not parse"));
+    let projected = model_from_hf(
+        &fixture("opt-125m.json").replace(
+            "\"word_embed_proj_dim\": 768",
+            "\"word_embed_proj_dim\": 512",
+        ),
+        8,
+    )
+    .expect_err("projected embeddings");
+    assert!(projected.to_string().contains("word_embed_proj_dim"));
+    let zero = plan_from_hf(&fixture("gpt2.json"), &HfOptions::new(0, 8)).expect_err("batch 0");
+    assert!(zero.to_string().contains("at least 1"));
+}
+
+#[test]
+fn a_plan_from_a_config_round_trips_through_toml() {
+    let mut opts = HfOptions::new(2, 256);
+    opts.precision = HfPrecision::MixedBf16;
+    opts.checkpointing = true;
+    let plan = plan_from_hf(&fixture("llama-2-7b.json"), &opts).expect("plan");
+    let text = plan.to_toml().expect("toml");
+    assert_eq!(Plan::from_toml_str(&text).expect("reads back"), plan);
+    assert_eq!(plan.precision.compute, Dtype::Bf16);
+    assert!(plan.precision.master_weights);
+    assert_eq!(plan.checkpointing.policy, CheckpointPolicyKind::Every);
+}

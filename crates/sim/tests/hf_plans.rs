@@ -1,0 +1,81 @@
+//! Plans made from real models' Hugging Face configurations (`fixtures/hf/`) count exactly the
+//! parameters the real models have, both as counted up front and as lowered, and simulate.
+
+use trainmem_core::hf_config::{HfOptions, plan_from_hf};
+use trainmem_sim::params::{param_groups, total_elems};
+
+fn config(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn parameters(name: &str, seq: u64) -> u64 {
+    let plan = plan_from_hf(&config(name), &HfOptions::new(1, seq)).expect("plan");
+    let groups = param_groups(&plan.model, plan.framework)
+        .expect("no overflow")
+        .expect("valid model");
+    let counted = total_elems(&groups).expect("no overflow");
+    let lowered = trainmem_sim::lower::lower_for(&plan.model, plan.framework).expect("lowers");
+    let lowered: u64 = lowered.params.iter().map(|p| p.elems).sum();
+    assert_eq!(counted, lowered, "{name}: counted and lowered agree");
+    counted
+}
+
+/// The published parameter counts of each model (`sum(p.numel() for p in
+/// model.parameters())` in `transformers`; BERT as `BertForSequenceClassification` with two
+/// labels).
+#[test]
+fn plans_from_configs_have_the_real_models_parameter_counts() {
+    assert_eq!(parameters("gpt2.json", 1024), 124_439_808);
+    assert_eq!(parameters("bert-base-uncased.json", 512), 109_483_778);
+    assert_eq!(parameters("bert-large-uncased.json", 512), 335_143_938);
+    assert_eq!(parameters("llama-2-7b.json", 64), 6_738_415_616);
+    assert_eq!(parameters("mistral-7b.json", 64), 7_241_732_096);
+    assert_eq!(parameters("qwen2-0.5b.json", 64), 494_032_768);
+    assert_eq!(parameters("opt-125m.json", 2048), 125_239_296);
+}
+
+/// The count does not depend on the sequence trained on (position tables keep their rows).
+#[test]
+fn the_count_does_not_depend_on_the_sequence() {
+    assert_eq!(parameters("gpt2.json", 16), parameters("gpt2.json", 1024));
+    assert_eq!(
+        parameters("bert-base-uncased.json", 8),
+        parameters("bert-base-uncased.json", 512)
+    );
+}
+
+/// A plan from a configuration simulates: parameter bytes are 4 × the count in f32, and AdamW
+/// adds two moments (each tensor's block rounded up by the caching allocator, so within 0.3%
+/// above).
+#[test]
+fn a_plan_from_a_config_simulates() {
+    let plan =
+        plan_from_hf(&config("bert-base-uncased.json"), &HfOptions::new(2, 128)).expect("plan");
+    let result = trainmem_sim::simulate(&plan, trainmem_sim::SimOptions::default()).expect("runs");
+    let peak = |c| {
+        result
+            .timeline
+            .samples
+            .iter()
+            .map(|s| s.device.categories.get(c))
+            .max()
+            .unwrap_or(0)
+    };
+    use trainmem_core::Category;
+    let within =
+        |got: u64, exact: u64| got >= exact && (got - exact) as f64 <= 0.003 * exact as f64;
+    let params = 4 * 109_483_778;
+    assert!(
+        within(peak(Category::Parameter), params),
+        "{}",
+        peak(Category::Parameter)
+    );
+    assert!(
+        within(peak(Category::OptimizerState), 2 * params),
+        "{}",
+        peak(Category::OptimizerState)
+    );
+}
