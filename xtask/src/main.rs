@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod gen_data;
+mod validate;
 
 /// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
 #[global_allocator]
@@ -32,6 +33,9 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Write deterministic fixture data sets.
     GenData(gen_data::GenDataArgs),
+    /// Compare the twin with recorded real runs (`validate pytorch`).
+    #[command(subcommand)]
+    Validate(validate::ValidateCommand),
 }
 
 /// The workspace's target directory (`CARGO_TARGET_DIR` when set).
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from),
         Command::Bench(cmd) => bench::run(cmd),
         Command::GenData(args) => gen_data::run(args),
+        Command::Validate(cmd) => validate::run(cmd),
     };
     match result {
         Ok(code) => code,

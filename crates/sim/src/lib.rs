@@ -51,6 +51,7 @@ pub mod machine;
 pub mod params;
 pub mod profile;
 pub mod report;
+pub mod validation;
 
 pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};

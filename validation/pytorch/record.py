@@ -1,0 +1,241 @@
+"""Record exact per-category memory ledgers of real PyTorch training runs on CPU.
+
+trainmem's validation suite: each run trains a real model for a few steps on the CPU (where
+PyTorch allocates every tensor storage at its exact size, with no caching allocator in
+between) and records, at every phase boundary, the live bytes per trainmem category and the
+peak of all live bytes since the previous boundary. The ledgers are committed under
+`fixtures/pytorch/` and compared with the simulator's predictions by
+`cargo xtask validate pytorch`, which needs no Python.
+
+How bytes are counted: a TorchDispatchMode sees every operator's outputs; each new storage is
+entered in the ledger with the phase that created it and leaves it when the storage object is
+finalised. Categories are assigned at each boundary by identity: parameters, their `.grad`,
+the optimizer's state tensors, the batch (input); the remaining live storages are activations
+when forward created them and temporaries otherwise. Allocations a kernel makes and frees
+inside itself are not seen (none of the models here rely on such scratch for their peak).
+
+Usage (from the repository root, in a virtual environment with requirements.txt installed):
+
+    python validation/pytorch/record.py --out fixtures/pytorch
+"""
+
+import argparse
+import json
+import platform
+import sys
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "input", "temporary"]
+
+
+class Ledger(TorchDispatchMode):
+    """Every storage an operator creates, with the phase that created it."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = {}  # data_ptr -> (nbytes, phase)
+        self.total = 0
+        self.peak = 0
+        self.phase = "start"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.enter(t)
+        return out
+
+    def enter(self, t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self.live:
+            return
+        n = storage.nbytes()
+        self.live[ptr] = (n, self.phase)
+        self.total += n
+        self.peak = max(self.peak, self.total)
+        weakref.finalize(storage, self.leave, ptr, n)
+
+    def leave(self, ptr, n):
+        entry = self.live.get(ptr)
+        if entry is not None and entry[0] == n:
+            del self.live[ptr]
+            self.total -= n
+
+    def sample(self, phase, step, model, optimizer, batch):
+        """Live bytes per category now, and the peak since the previous sample."""
+        owner = {}
+
+        def claim(tensor, category):
+            if tensor is None:
+                return
+            self.enter(tensor)
+            owner.setdefault(tensor.untyped_storage().data_ptr(), category)
+
+        for p in model.parameters():
+            claim(p, "parameter")
+        for p in model.parameters():
+            claim(p.grad, "gradient")
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    claim(v, "optimizer_state")
+        for t in batch:
+            claim(t, "input")
+        bytes_by = dict.fromkeys(CATEGORIES, 0)
+        for ptr, (n, created) in self.live.items():
+            category = owner.get(ptr)
+            if category is None:
+                category = "activation" if created == "forward" else "temporary"
+            bytes_by[category] += n
+        record = {
+            "phase": phase,
+            "step": step,
+            "categories": bytes_by,
+            "total": self.total,
+            "peak_since_previous": max(self.peak, self.total),
+        }
+        self.peak = self.total
+        return record
+
+
+def mlp(batch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+        torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+        torch.nn.Linear(1024, 10),
+    )
+    def make_batch():
+        return (torch.randn(batch, 784), torch.randint(0, 10, (batch,)))
+    def loss_of(model, b):
+        return torch.nn.functional.cross_entropy(model(b[0]), b[1])
+    plan = {"mlp": {"input": 784, "hidden": [1024, 1024], "output": 10, "loss": "cross_entropy"}}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
+def hf_model(kind, config, batch, seq):
+    import transformers
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(**config)
+        model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "bert":
+        cfg = transformers.BertConfig(**config)
+        model = transformers.BertForSequenceClassification(cfg)
+    elif kind == "llama":
+        cfg = transformers.LlamaConfig(**config)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    vocab = cfg.vocab_size
+    def make_batch():
+        ids = torch.randint(0, vocab, (batch, seq))
+        if kind == "bert":
+            return (ids, torch.randint(0, 2, (batch,)))
+        return (ids,)
+    def loss_of(model, b):
+        if kind == "bert":
+            return model(input_ids=b[0], labels=b[1]).loss
+        return model(input_ids=b[0], labels=b[0]).loss
+    full = cfg.to_dict()
+    full["model_type"] = cfg.model_type
+    return model, make_batch, loss_of, {"hf_config": full}
+
+
+def optimizer_for(name, model):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3)
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if name == "adamw-for-loop":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    raise ValueError(name)
+
+
+def record(name, build, optimizer_name, batch, seq, steps):
+    model, make_batch, loss_of, described = build()
+    model.train()
+    ledger = Ledger()
+    samples = []
+    with ledger:
+        optimizer = optimizer_for(optimizer_name, model)
+        for p in model.parameters():
+            ledger.enter(p)
+        samples.append(ledger.sample("model_init", 0, model, optimizer, ()))
+        for step in range(steps):
+            ledger.phase = "batch"
+            b = make_batch()
+            for t in b:
+                ledger.enter(t)
+            samples.append(ledger.sample("batch_loaded", step, model, optimizer, b))
+            ledger.phase = "forward"
+            loss = loss_of(model, b)
+            samples.append(ledger.sample("forward", step, model, optimizer, b))
+            ledger.phase = "backward"
+            loss.backward()
+            del loss
+            samples.append(ledger.sample("backward", step, model, optimizer, b))
+            ledger.phase = "optimizer"
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            samples.append(ledger.sample("optimizer_step", step, model, optimizer, b))
+            del b
+    return {
+        "name": name,
+        "optimizer": optimizer_name,
+        "batch": batch,
+        "seq": seq,
+        "steps": steps,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+        },
+        **described,
+        "samples": samples,
+    }
+
+
+def runs():
+    tiny_gpt2 = dict(n_layer=2, n_embd=128, n_head=4, vocab_size=1024, n_positions=128)
+    tiny_bert = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                     intermediate_size=512, vocab_size=1024, max_position_embeddings=128)
+    tiny_llama = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=344, vocab_size=1024,
+                      max_position_embeddings=128, tie_word_embeddings=False)
+    for opt in ["sgd", "adamw"]:
+        yield f"mlp-{opt}", (lambda: mlp(32)), opt, 32, 0
+        yield f"gpt2-tiny-{opt}", (lambda: hf_model("gpt2", tiny_gpt2, 4, 64)), opt, 4, 64
+        yield f"bert-tiny-{opt}", (lambda: hf_model("bert", tiny_bert, 4, 64)), opt, 4, 64
+        yield f"llama-tiny-{opt}", (lambda: hf_model("llama", tiny_llama, 4, 64)), opt, 4, 64
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--only", default=None, help="record only runs whose name contains this")
+    args = parser.parse_args()
+    import os
+    os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(1)
+    for name, build, opt, batch, seq in runs():
+        if args.only and args.only not in name:
+            continue
+        rec = record(name, build, opt, batch, seq, args.steps)
+        path = os.path.join(args.out, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+        peak = max(s["peak_since_previous"] for s in rec["samples"])
+        print(f"{name}: {rec['parameters']} parameters, peak {peak} B -> {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

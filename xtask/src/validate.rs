@@ -1,0 +1,111 @@
+//! `cargo xtask validate pytorch`: the twin against recorded PyTorch runs.
+//!
+//! Reads every ledger under `fixtures/pytorch/` (written by `validation/pytorch/record.py`),
+//! simulates the same run and prints each category's peak beside the recorded one with its
+//! accuracy target (`trainmem_sim::validation`). No Python is needed; recording is a separate
+//! step (`--record`, which runs the script in a virtual environment of its own).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use trainmem_sim::validation::{compare, load, render};
+
+/// `cargo xtask validate ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ValidateCommand {
+    /// Compare the twin with the recorded PyTorch runs (fixtures/pytorch/).
+    Pytorch(PytorchArgs),
+}
+
+/// Arguments of `validate pytorch`.
+#[derive(Debug, clap::Args)]
+pub struct PytorchArgs {
+    /// Record the runs first: create `target/validation-venv` with
+    /// validation/pytorch/requirements.txt and run record.py into fixtures/pytorch/.
+    #[arg(long)]
+    pub record: bool,
+    /// Only runs whose name contains this.
+    #[arg(long)]
+    pub only: Option<String>,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs `cargo xtask validate ...`.
+pub fn run(cmd: ValidateCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ValidateCommand::Pytorch(args) => pytorch(args),
+    }
+}
+
+fn record() -> anyhow::Result<()> {
+    let root = root();
+    let venv = crate::target_dir().join("validation-venv");
+    let python = venv.join("bin/python");
+    let status = |cmd: &mut std::process::Command| -> anyhow::Result<()> {
+        let s = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+        if !s.success() {
+            bail!("{cmd:?} exited with {s}");
+        }
+        Ok(())
+    };
+    if !python.is_file() {
+        eprintln!("creating {}", venv.display());
+        status(
+            std::process::Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv),
+        )?;
+    }
+    status(
+        std::process::Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "-r"])
+            .arg(root.join("validation/pytorch/requirements.txt")),
+    )?;
+    status(
+        std::process::Command::new(&python)
+            .arg(root.join("validation/pytorch/record.py"))
+            .arg("--out")
+            .arg(root.join("fixtures/pytorch")),
+    )
+}
+
+fn pytorch(args: PytorchArgs) -> anyhow::Result<ExitCode> {
+    if args.record {
+        record()?;
+    }
+    let dir = root().join("fixtures/pytorch");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let (mut rows, mut misses) = (0, 0);
+    for path in paths {
+        let rec = load(&path)?;
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !rec.name.contains(o.as_str()))
+        {
+            continue;
+        }
+        let c = compare(&rec)?;
+        print!("{}", render(&c));
+        rows += c.rows.len();
+        misses += c.rows.iter().filter(|r| !r.within()).count();
+    }
+    println!("{misses} of {rows} figures outside their target");
+    Ok(if misses == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
