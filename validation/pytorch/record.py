@@ -137,11 +137,10 @@ def hf_model(kind, config, batch, seq):
         ids = torch.randint(0, vocab, (batch, seq))
         if kind == "bert":
             return (ids, torch.randint(0, 2, (batch,)))
-        return (ids,)
+        # labels as a language-modelling collator makes them: a copy of the ids
+        return (ids, ids.clone())
     def loss_of(model, b):
-        if kind == "bert":
-            return model(input_ids=b[0], labels=b[1]).loss
-        return model(input_ids=b[0], labels=b[0]).loss
+        return model(input_ids=b[0], labels=b[1]).loss
     full = cfg.to_dict()
     full["model_type"] = cfg.model_type
     return model, make_batch, loss_of, {"hf_config": full}

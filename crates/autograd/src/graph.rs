@@ -173,6 +173,11 @@ pub struct Graph<'p> {
     /// freed at its last use unless an op saved it. Otherwise (PyTorch, the default) the
     /// caller keeps its references and the inputs live until it releases them.
     pub owns_inputs: bool,
+    /// Whether cross-entropy's backward runs in two steps (PyTorch: `nll_loss` backward makes
+    /// a gradient of the log-probabilities, then `log_softmax` backward the gradient of the
+    /// logits while the first is still alive, so two logits-sized tensors exist at once).
+    /// Otherwise one logits-sized gradient is made.
+    pub cross_entropy_two_step: bool,
 }
 
 impl<'p> Graph<'p> {
@@ -202,6 +207,7 @@ impl<'p> Graph<'p> {
                 .map(|p| p.elems * compute.size())
                 .collect(),
             owns_inputs: false,
+            cross_entropy_two_step: false,
         };
         g.set_segments(crate::checkpoint::segments(program, &[]));
         g
@@ -625,6 +631,13 @@ impl<'p> Graph<'p> {
         let op = p.ops[i];
         let gout = self.grads[op.output as usize].take();
         if let Some(gout) = gout {
+            // the log-probabilities' gradient, alive while the logits' gradient is made
+            let two_step = match op.input_ids().first() {
+                Some(&logits) if op.kind == OpKind::CrossEntropy && self.cross_entropy_two_step => {
+                    Some(store.alloc(self.value_bytes[logits as usize], Category::Temporary)?)
+                }
+                _ => None,
+            };
             for (k, &v) in op.input_ids().iter().enumerate() {
                 if !p.values[v as usize].requires_grad {
                     continue;
@@ -642,6 +655,9 @@ impl<'p> Graph<'p> {
                     // accumulate into the existing gradient: the new part is a temporary
                     Some(_) => store.release(t),
                 }
+            }
+            if let Some(t) = two_step {
+                store.release(t);
             }
             for &pid in p.params_of(&op) {
                 let bytes = self.param_grad_bytes[pid as usize];

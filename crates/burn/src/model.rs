@@ -50,6 +50,9 @@ impl Act {
             ActKind::Silu => Act::Silu,
             ActKind::Tanh => Act::Tanh,
             ActKind::Sigmoid => Act::Sigmoid,
+            // refused before a model is built (run::check_supported): burn has no composed
+            // tanh-approximated GELU
+            ActKind::GeluNew => Act::Gelu,
         }
     }
 

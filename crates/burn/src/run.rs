@@ -302,6 +302,14 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
              which has none of these settings",
         );
     }
+    let activation = match &plan.model {
+        trainmem_core::model::ModelSpec::Transformer(t) => Some(t.activation),
+        trainmem_core::model::ModelSpec::Mlp(m) => Some(m.activation),
+        _ => None,
+    };
+    if activation == Some(trainmem_core::model::Activation::GeluNew) {
+        return no("activation = \"gelu_new\": burn has GELU as one op, not the composed form");
+    }
     if plan.parallel.world_size != 1 || plan.parallel.pipeline_stages != 1 {
         return no("data or pipeline parallelism: a measured run trains on one device");
     }

@@ -179,9 +179,8 @@ impl Fields<'_> {
             return Ok(default);
         };
         match v.as_str() {
-            Some("gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" | "quick_gelu") => {
-                Ok(Activation::Gelu)
-            }
+            Some("gelu" | "gelu_pytorch_tanh") => Ok(Activation::Gelu),
+            Some("gelu_new") => Ok(Activation::GeluNew),
             Some("relu") => Ok(Activation::Relu),
             Some("silu" | "swish") => Ok(Activation::Silu),
             Some("tanh") => Ok(Activation::Tanh),

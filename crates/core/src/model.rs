@@ -72,6 +72,11 @@ pub enum Activation {
     Tanh,
     /// logistic sigmoid; backward needs its output.
     Sigmoid,
+    /// GELU's tanh approximation composed of element-wise ops, as Hugging Face's `gelu_new`
+    /// runs it (`0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`): backward keeps four tensors of
+    /// the input's size (the input, tanh's output, `1 + tanh`, `0.5·x`).
+    #[serde(rename = "gelu_new")]
+    GeluNew,
 }
 
 /// Loss functions at the end of the network.

@@ -12,13 +12,28 @@ pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes,
 #[error("{0}")]
 pub struct LowerError(pub String);
 
-fn act_op(a: Activation) -> OpKind {
+/// Activation `a` over `x` (`n` elements): one op, or for [`Activation::GeluNew`] the
+/// element-wise ops it is composed of, each saving what its backward reads.
+fn activation(b: &mut ProgramBuilder, a: Activation, x: ValueId, n: u64) -> ValueId {
+    let one = |b: &mut ProgramBuilder, kind| b.op(kind, &[x], n, &[]);
     match a {
-        Activation::Relu => OpKind::Relu,
-        Activation::Gelu => OpKind::Gelu,
-        Activation::Silu => OpKind::Silu,
-        Activation::Tanh => OpKind::Tanh,
-        Activation::Sigmoid => OpKind::Sigmoid,
+        Activation::Relu => one(b, OpKind::Relu),
+        Activation::Gelu => one(b, OpKind::Gelu),
+        Activation::Silu => one(b, OpKind::Silu),
+        Activation::Tanh => one(b, OpKind::Tanh),
+        Activation::Sigmoid => one(b, OpKind::Sigmoid),
+        Activation::GeluNew => {
+            // x³ (pow keeps x), · 0.044715, x + ·, · √(2/π), tanh (keeps its output),
+            // 1 + ·, 0.5 · x, and the product (keeps both factors)
+            let cube = b.op(OpKind::Mul, &[x, x], n, &[]);
+            let scaled = b.op(OpKind::Scale, &[cube], n, &[]);
+            let inner = b.op(OpKind::Add, &[x, scaled], n, &[]);
+            let arg = b.op(OpKind::Scale, &[inner], n, &[]);
+            let t = b.op(OpKind::Tanh, &[arg], n, &[]);
+            let one_plus = b.op(OpKind::Scale, &[t], n, &[]);
+            let half = b.op(OpKind::Scale, &[x], n, &[]);
+            b.op(OpKind::Mul, &[half, one_plus], n, &[])
+        }
     }
 }
 
@@ -114,7 +129,7 @@ fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autogra
             ps.push(b.param(h, format!("fc{i}.bias")));
         }
         x = b.op(OpKind::Linear, &[x], h, &ps);
-        x = b.op(act_op(m.activation), &[x], h, &[]);
+        x = activation(&mut b, m.activation, x, h);
         if m.dropout > 0.0 {
             x = b.op(OpKind::Dropout, &[x], h, &[]);
         }
@@ -327,7 +342,7 @@ impl TransformerDims {
         let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
         let n2 = self.norm(b, x, format!("block{i}.norm2"));
         let a = self.linear(b, n2, h, f, format!("block{i}.ffn.up"));
-        let mut g = b.op(act_op(t.activation), &[a], s * f, &[]);
+        let mut g = activation(b, t.activation, a, s * f);
         if t.gated_ffn {
             let gate = self.linear(b, n2, h, f, format!("block{i}.ffn.gate"));
             g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);

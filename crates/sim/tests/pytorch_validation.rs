@@ -1,12 +1,9 @@
 //! The twin against real PyTorch runs recorded on CPU (`fixtures/pytorch/`, written by
 //! `validation/pytorch/record.py`; `cargo xtask validate pytorch` prints the whole table).
 //!
-//! What holds today, and must keep holding: every plan made from a recording has the real
-//! model's parameter count; parameters, gradients and optimizer state are within 0.1% on every
-//! run; the MLP is within target in every category and in its total peak; the LLaMA-style
-//! decoder's activations are within 3%. The transformers' other activations and total peaks
-//! are not yet within target (cross-entropy's two-step backward, dropout's saved noise on CPU
-//! and the small buffers are not modelled); the table shows by how much.
+//! Every recorded run: the plan has the real model's parameter count; parameters, gradients
+//! and optimizer state are within 0.1%, activations, input and temporaries within 3%, and the
+//! total peak within 2% (the targets).
 
 use std::path::PathBuf;
 
@@ -64,32 +61,44 @@ fn model_state_is_within_a_tenth_of_a_percent_on_every_recorded_run() {
 }
 
 #[test]
-fn the_mlp_is_within_target_everywhere_and_llama_activations_within_three_percent() {
-    let all = comparisons();
-    let mut seen = 0;
-    for c in &all {
-        if c.name.starts_with("mlp-") {
-            for r in &c.rows {
-                assert!(
-                    r.within(),
-                    "{} {}: {:+.2}%",
+fn every_figure_of_every_recorded_run_is_within_its_target() {
+    let mut misses = Vec::new();
+    for c in comparisons() {
+        for r in &c.rows {
+            if !r.within() {
+                misses.push(format!(
+                    "{} {}: PyTorch {} twin {} ({:+.2}%, target {:.1}%)",
                     c.name,
                     r.what,
-                    100.0 * r.error()
-                );
+                    r.measured,
+                    r.predicted,
+                    100.0 * r.error(),
+                    100.0 * r.target
+                ));
             }
-            seen += 1;
-        }
-        if c.name.starts_with("llama-tiny-") {
-            let r = row(c, "activation");
-            assert!(
-                r.within(),
-                "{}: activations {:+.2}%",
-                c.name,
-                100.0 * r.error()
-            );
-            seen += 1;
         }
     }
-    assert_eq!(seen, 4);
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
+
+/// The comparison can fail: a prediction one logits-sized tensor short is outside the 2%
+/// total-peak target of a small decoder, and a count off by one parameter tensor is outside
+/// the 0.1% model-state target (one 128 × 128 weight of the tiny GPT-2).
+#[test]
+fn the_targets_catch_the_errors_they_are_meant_to() {
+    use trainmem_sim::validation::{Row, target};
+    let peak = Row {
+        what: "total peak".into(),
+        measured: 15_168_008,
+        predicted: 15_168_008 - 4 * 64 * 1024 * 4,
+        target: target("total peak"),
+    };
+    assert!(!peak.within(), "{:+.3}", peak.error());
+    let state = Row {
+        what: "parameter".into(),
+        measured: 2_177_024,
+        predicted: 2_177_024 - 128 * 128 * 4,
+        target: target("parameter"),
+    };
+    assert!(!state.within(), "{:+.4}", state.error());
 }

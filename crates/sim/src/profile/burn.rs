@@ -103,6 +103,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
     autograd: AutogradRules {
         saved_table: SavedTable::burn,
         forward_owns_batch: true,
+        cross_entropy_two_step: false,
         checkpointing: Checkpointing::Balanced,
         retain_graph: RetainGraph::SeparateForward,
         dropped_graphs: DroppedGraphs::OneLayerPerBackward,
@@ -129,6 +130,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         trainmem_loader: true,
         checkpoint_record_f32: true,
         kernel_scratch: KernelScratch::GemmPacking,
+        dropout_float_noise: false,
     },
     vocabulary: Vocabulary {
         stop_the_leak: " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \

@@ -64,6 +64,9 @@ pub struct AutogradRules {
     /// Forward takes the batch over: an input tensor is freed at its last use unless an op
     /// saved it, and the training loop does not free the batch after backward.
     pub forward_owns_batch: bool,
+    /// Cross-entropy's backward makes the log-probabilities' gradient, then the logits'
+    /// gradient while the first is alive (PyTorch's `nll_loss` and `log_softmax` backward).
+    pub cross_entropy_two_step: bool,
     /// What gradient checkpointing does.
     pub checkpointing: Checkpointing,
     /// What keeping an output with its graph (`leak.retain_graph`) means.
@@ -199,6 +202,9 @@ pub struct CpuRules {
     /// Kernel scratch the compute library keeps for the training thread's life, unless the
     /// plan gives `host.kernel_scratch`.
     pub kernel_scratch: KernelScratch,
+    /// Dropout keeps a noise tensor of the input's dtype for backward (the CPU kernel is
+    /// `input · noise`), not the 1-byte mask of the device kernel.
+    pub dropout_float_noise: bool,
 }
 
 /// Kernel scratch a CPU backend keeps for a thread's whole life.
@@ -230,6 +236,20 @@ impl FrameworkProfile {
     /// The saved-tensor table.
     pub fn saved_table(&self) -> SavedTable {
         (self.autograd.saved_table)()
+    }
+
+    /// The saved-tensor table on a `device` of this kind: the framework's table, with the
+    /// ops whose CPU kernels save something else ([`CpuRules::dropout_float_noise`]) changed
+    /// on a CPU device.
+    pub fn saved_table_on(&self, device: DeviceKind) -> SavedTable {
+        let mut table = self.saved_table();
+        if device == DeviceKind::Cpu && self.cpu.dropout_float_noise {
+            table.set(
+                trainmem_autograd::OpKind::Dropout,
+                vec![trainmem_autograd::Saved::FloatMask],
+            );
+        }
+        table
     }
 
     /// Bytes of kernel scratch a run of `plan` keeps from `start` to `end` under `other` on

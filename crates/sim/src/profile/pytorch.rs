@@ -33,6 +33,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
     autograd: AutogradRules {
         saved_table: SavedTable::pytorch,
         forward_owns_batch: false,
+        cross_entropy_two_step: true,
         checkpointing: Checkpointing::Segments,
         retain_graph: RetainGraph::BackwardKeepsSaved,
         dropped_graphs: DroppedGraphs::Immediately,
@@ -56,6 +57,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         trainmem_loader: false,
         checkpoint_record_f32: false,
         kernel_scratch: KernelScratch::None,
+        dropout_float_noise: true,
     },
     vocabulary: Vocabulary {
         stop_the_leak: " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",

@@ -45,9 +45,10 @@ impl<'p> Autograd<'p> {
     pub(super) fn new(spec: &RunSpec<'p>, sharding: Sharding, grad_dtype: Dtype) -> Autograd<'p> {
         let (plan, program, profile) = (spec.plan, spec.program, spec.profile);
         let compute = plan.precision.compute;
-        let table = profile.saved_table();
+        let table = profile.saved_table_on(plan.device.kind);
         let mut graph = Graph::new(program, &table, compute);
         graph.owns_inputs = profile.autograd.forward_owns_batch;
+        graph.cross_entropy_two_step = profile.autograd.cross_entropy_two_step;
         let policy = policy(plan);
         let mut checkpointing = None;
         if policy != CheckpointPolicy::None {
