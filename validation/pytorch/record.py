@@ -110,8 +110,8 @@ def mlp(batch):
         torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
         torch.nn.Linear(1024, 10),
     )
-    def make_batch():
-        return (torch.randn(batch, 784), torch.randint(0, 10, (batch,)))
+    def make_batch(n):
+        return (torch.randn(n, 784), torch.randint(0, 10, (n,)))
     def loss_of(model, b):
         return torch.nn.functional.cross_entropy(model(b[0]), b[1])
     plan = {"mlp": {"input": 784, "hidden": [1024, 1024], "output": 10, "loss": "cross_entropy"}}
@@ -133,10 +133,10 @@ def hf_model(kind, config, batch, seq):
     else:
         raise ValueError(kind)
     vocab = cfg.vocab_size
-    def make_batch():
-        ids = torch.randint(0, vocab, (batch, seq))
+    def make_batch(n):
+        ids = torch.randint(0, vocab, (n, seq))
         if kind == "bert":
-            return (ids, torch.randint(0, 2, (batch,)))
+            return (ids, torch.randint(0, 2, (n,)))
         # labels as a language-modelling collator makes them: a copy of the ids
         return (ids, ids.clone())
     def loss_of(model, b):
@@ -151,14 +151,19 @@ def optimizer_for(name, model):
         return torch.optim.SGD(model.parameters(), lr=1e-3)
     if name == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if name == "adamw-for-loop":
-        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    if name == "adamw-foreach":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     raise ValueError(name)
 
 
-def record(name, build, optimizer_name, batch, seq, steps):
+def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False):
+    """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
+    micro-batches when `micro` is given, and returns the ledger."""
     model, make_batch, loss_of, described = build()
     model.train()
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    micro_batches = 1 if micro is None else batch // micro
     ledger = Ledger()
     samples = []
     with ledger:
@@ -167,18 +172,21 @@ def record(name, build, optimizer_name, batch, seq, steps):
             ledger.enter(p)
         samples.append(ledger.sample("model_init", 0, model, optimizer, ()))
         for step in range(steps):
-            ledger.phase = "batch"
-            b = make_batch()
-            for t in b:
-                ledger.enter(t)
-            samples.append(ledger.sample("batch_loaded", step, model, optimizer, b))
-            ledger.phase = "forward"
-            loss = loss_of(model, b)
-            samples.append(ledger.sample("forward", step, model, optimizer, b))
-            ledger.phase = "backward"
-            loss.backward()
-            del loss
-            samples.append(ledger.sample("backward", step, model, optimizer, b))
+            for _ in range(micro_batches):
+                ledger.phase = "batch"
+                b = make_batch(batch // micro_batches)
+                for t in b:
+                    ledger.enter(t)
+                samples.append(ledger.sample("batch_loaded", step, model, optimizer, b))
+                ledger.phase = "forward"
+                loss = loss_of(model, b)
+                if micro_batches > 1:
+                    loss = loss / micro_batches
+                samples.append(ledger.sample("forward", step, model, optimizer, b))
+                ledger.phase = "backward"
+                loss.backward()
+                del loss
+                samples.append(ledger.sample("backward", step, model, optimizer, b))
             ledger.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -188,6 +196,8 @@ def record(name, build, optimizer_name, batch, seq, steps):
         "name": name,
         "optimizer": optimizer_name,
         "batch": batch,
+        "micro_batch": micro,
+        "checkpointing": checkpointing,
         "seq": seq,
         "steps": steps,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -208,11 +218,20 @@ def runs():
     tiny_llama = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=344, vocab_size=1024,
                       max_position_embeddings=128, tie_word_embeddings=False)
+    gpt2 = lambda: hf_model("gpt2", tiny_gpt2, 4, 64)  # noqa: E731
+    bert = lambda: hf_model("bert", tiny_bert, 4, 64)  # noqa: E731
+    llama = lambda: hf_model("llama", tiny_llama, 4, 64)  # noqa: E731
     for opt in ["sgd", "adamw"]:
-        yield f"mlp-{opt}", (lambda: mlp(32)), opt, 32, 0
-        yield f"gpt2-tiny-{opt}", (lambda: hf_model("gpt2", tiny_gpt2, 4, 64)), opt, 4, 64
-        yield f"bert-tiny-{opt}", (lambda: hf_model("bert", tiny_bert, 4, 64)), opt, 4, 64
-        yield f"llama-tiny-{opt}", (lambda: hf_model("llama", tiny_llama, 4, 64)), opt, 4, 64
+        yield f"mlp-{opt}", (lambda: mlp(32)), opt, 32, 0, {}
+        yield f"gpt2-tiny-{opt}", gpt2, opt, 4, 64, {}
+        yield f"bert-tiny-{opt}", bert, opt, 4, 64, {}
+        yield f"llama-tiny-{opt}", llama, opt, 4, 64, {}
+    # variants: the foreach AdamW step, gradient accumulation, Hugging Face checkpointing
+    yield "mlp-adamw-foreach", (lambda: mlp(32)), "adamw-foreach", 32, 0, {}
+    yield "gpt2-tiny-adamw-foreach", gpt2, "adamw-foreach", 4, 64, {}
+    yield "gpt2-tiny-adamw-accumulation", gpt2, "adamw", 4, 64, {"micro": 2}
+    yield "llama-tiny-adamw-checkpointing", llama, "adamw", 4, 64, {"checkpointing": True}
+    yield "bert-tiny-sgd-checkpointing", bert, "sgd", 4, 64, {"checkpointing": True}
 
 
 def main():
@@ -224,10 +243,10 @@ def main():
     import os
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
-    for name, build, opt, batch, seq in runs():
+    for name, build, opt, batch, seq, extra in runs():
         if args.only and args.only not in name:
             continue
-        rec = record(name, build, opt, batch, seq, args.steps)
+        rec = record(name, build, opt, batch, seq, args.steps, **extra)
         path = os.path.join(args.out, f"{name}.json")
         with open(path, "w") as f:
             json.dump(rec, f, indent=1)

@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::Deserialize;
 use trainmem_core::Category;
 use trainmem_core::hf_config::{HfOptions, plan_from_hf};
-use trainmem_core::optimizer::OptimizerKind;
+use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 
 use crate::model::ModelSpec;
 use crate::plan::{DeviceKind, Plan};
@@ -30,6 +30,12 @@ pub struct Recording {
     pub optimizer: String,
     /// Samples per step.
     pub batch: u64,
+    /// Samples per micro-batch under gradient accumulation (`None`: one micro-batch).
+    #[serde(default)]
+    pub micro_batch: Option<u64>,
+    /// Whether Hugging Face's gradient checkpointing was on (every block).
+    #[serde(default)]
+    pub checkpointing: bool,
     /// Tokens per sample (0 for models without a sequence).
     pub seq: u64,
     /// Optimizer steps recorded.
@@ -157,9 +163,11 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         name: rec.name.clone(),
         detail,
     };
-    let optimizer = match rec.optimizer.as_str() {
-        "sgd" => OptimizerKind::Sgd,
-        "adamw" | "adamw-for-loop" => OptimizerKind::AdamW,
+    // PyTorch's default step on CPU tensors is the for-loop one
+    let (optimizer, implementation) = match rec.optimizer.as_str() {
+        "sgd" => (OptimizerKind::Sgd, StepImpl::ForLoop),
+        "adamw" => (OptimizerKind::AdamW, StepImpl::ForLoop),
+        "adamw-foreach" => (OptimizerKind::AdamW, StepImpl::Foreach),
         other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
     };
     let mut plan = match (&rec.hf_config, &rec.plan_model) {
@@ -167,6 +175,7 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
             let mut opts = HfOptions::new(rec.batch, rec.seq);
             opts.optimizer = optimizer;
             opts.steps = rec.steps;
+            opts.checkpointing = rec.checkpointing;
             plan_from_hf(&config.to_string(), &opts).map_err(|e| fail(e.to_string()))?
         }
         (None, Some(model)) => {
@@ -187,6 +196,8 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         (None, None) => return Err(fail("neither hf_config nor plan_model".into())),
     };
     plan.name = rec.name.clone();
+    plan.optimizer.implementation = implementation;
+    plan.training.micro_batch_size = rec.micro_batch;
     plan.device.kind = DeviceKind::Cpu;
     plan.device.capacity = crate::ByteSize(1 << 40);
     plan.validate().map_err(|e| fail(e.to_string()))?;
