@@ -407,7 +407,12 @@ fn lower_transformer(
         }
         TransformerKind::Encoder => {
             let classes = t.classes.unwrap_or(2);
-            let mut first = b.op(OpKind::Copy, &[n], h, &[]);
+            let take = if layout.first_token_is_view {
+                OpKind::View
+            } else {
+                OpKind::Copy
+            };
+            let mut first = b.op(take, &[n], h, &[]);
             if t.pooler {
                 let pw = b.param(h * h, "pooler.weight");
                 let pb = b.param(h, "pooler.bias");

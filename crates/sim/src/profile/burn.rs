@@ -99,6 +99,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         value_target: ValueDtype::Compute,
         transformer_final_norm: false,
         lm_head_bias: true,
+        first_token_is_view: false,
     },
     autograd: AutogradRules {
         saved_table: SavedTable::burn,

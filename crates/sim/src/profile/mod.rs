@@ -54,6 +54,9 @@ pub struct Lowering {
     pub transformer_final_norm: bool,
     /// A decoder's language-model head has a bias.
     pub lm_head_bias: bool,
+    /// An encoder's first token is taken as a view of the last hidden states (`h[:, 0]`), so
+    /// the layer that saves it keeps the whole tensor alive; otherwise it is a copy.
+    pub first_token_is_view: bool,
 }
 
 /// What the autograd graph keeps, and for how long.

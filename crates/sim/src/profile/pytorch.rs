@@ -29,6 +29,7 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         value_target: ValueDtype::Fixed(Dtype::F32),
         transformer_final_norm: true,
         lm_head_bias: false,
+        first_token_is_view: true,
     },
     autograd: AutogradRules {
         saved_table: SavedTable::pytorch,
