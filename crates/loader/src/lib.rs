@@ -161,4 +161,4 @@ pub use pagecache::evict_page_cache;
 pub use resume::{LoaderState, ResumeError};
 pub use rng::{Rng, mix};
 pub use sampler::{EpochPlan, epoch_order, shard_order};
-pub use staging::BatchBuffer;
+pub use staging::{BatchBuffer, prefetch_pages};
