@@ -22,15 +22,56 @@ pub enum Order {
     },
 }
 
-/// One rank's share of a data set split across `world_size` ranks. Rank `r` takes positions
-/// `r, r + world_size, r + 2·world_size, ...` of the epoch order, so every sample goes to
-/// exactly one rank per epoch (no padding: shard lengths differ by at most one).
+/// How a [`Shard`] evens out the ranks when the data set length is not a multiple of
+/// `world_size` (PyTorch `DistributedSampler`'s `drop_last`). Either way every rank reads the
+/// same number of samples, so every rank runs the same number of batches and steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardTail {
+    /// Extend the epoch order by repeating it from its start (wrapping around as often as
+    /// needed) up to the next multiple of `world_size`: every sample at least once, the first
+    /// `padded - len` positions of the order twice. PyTorch's default.
+    #[default]
+    Pad,
+    /// Cut the epoch order down to the largest multiple of `world_size`: the last
+    /// `len % world_size` positions of the order are skipped this epoch.
+    Drop,
+}
+
+/// One rank's share of a data set split across `world_size` ranks, as PyTorch's
+/// `DistributedSampler` draws it: the epoch order (the same on every rank for a given seed and
+/// epoch) is padded or cut to a multiple of `world_size` ([`ShardTail`]), then rank `r` takes
+/// positions `r, r + world_size, r + 2·world_size, ...` of it. Every rank gets
+/// `ceil(len / world_size)` samples when padding, `floor(len / world_size)` when dropping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shard {
     /// This rank, `0..world_size`.
     pub rank: usize,
     /// The number of ranks.
     pub world_size: usize,
+    /// Pad (default, also when absent from a serialised config) or drop the tail.
+    #[serde(default)]
+    pub tail: ShardTail,
+}
+
+impl Shard {
+    /// Rank `rank` of `world_size`, padding the tail (PyTorch's default).
+    pub fn new(rank: usize, world_size: usize) -> Shard {
+        Shard {
+            rank,
+            world_size,
+            tail: ShardTail::Pad,
+        }
+    }
+
+    /// Samples every rank reads in an epoch over `len` samples.
+    pub fn samples_per_rank(&self, len: usize) -> usize {
+        let w = self.world_size.max(1);
+        match self.tail {
+            ShardTail::Pad => len.div_ceil(w),
+            ShardTail::Drop => len / w,
+        }
+    }
 }
 
 /// Every knob of a loader.
@@ -114,7 +155,9 @@ impl LoaderConfig {
         if self.workers > 0 && self.prefetch_factor == 0 {
             return Err(ConfigError::ZeroPrefetch);
         }
-        if let Some(Shard { rank, world_size }) = self.shard
+        if let Some(Shard {
+            rank, world_size, ..
+        }) = self.shard
             && rank >= world_size
         {
             return Err(ConfigError::BadShard { rank, world_size });
@@ -138,13 +181,11 @@ impl LoaderConfig {
     }
 
     /// Number of samples this process reads in an epoch over `dataset_len` samples (after
-    /// sharding).
+    /// sharding: the same on every rank, see [`Shard`]).
     pub fn samples_per_epoch(&self, dataset_len: usize) -> usize {
         match self.shard {
             None => dataset_len,
-            Some(Shard { rank, world_size }) if world_size > 0 && rank < world_size => {
-                dataset_len / world_size + usize::from(rank < dataset_len % world_size)
-            }
+            Some(s) if s.world_size > 0 && s.rank < s.world_size => s.samples_per_rank(dataset_len),
             Some(_) => 0,
         }
     }
@@ -202,10 +243,7 @@ mod tests {
             ConfigError::ZeroPrefetch
         );
         assert_eq!(
-            bad(|c| c.shard = Some(Shard {
-                rank: 2,
-                world_size: 2
-            })),
+            bad(|c| c.shard = Some(Shard::new(2, 2))),
             ConfigError::BadShard {
                 rank: 2,
                 world_size: 2
@@ -224,24 +262,31 @@ mod tests {
         c.drop_last = true;
         assert_eq!(c.batches_per_epoch(10), 2);
         assert_eq!(c.batches_per_epoch(3), 0);
-        c.shard = Some(Shard {
-            rank: 1,
-            world_size: 3,
-        });
-        assert_eq!(c.samples_per_epoch(10), 3);
-        let total: usize = (0..3)
-            .map(|rank| {
-                LoaderConfig {
+        // 10 samples over 3 ranks: 4 each when padding (12 = 10 + 2 repeats), 3 each when
+        // dropping the tail (9 of the 10), like PyTorch's DistributedSampler.
+        c.shard = Some(Shard::new(1, 3));
+        assert_eq!(c.samples_per_epoch(10), 4);
+        assert_eq!(c.batches_per_epoch(10), 1);
+        for (tail, per_rank) in [(ShardTail::Pad, 4), (ShardTail::Drop, 3)] {
+            for rank in 0..3 {
+                let c = LoaderConfig {
                     shard: Some(Shard {
                         rank,
                         world_size: 3,
+                        tail,
                     }),
                     ..LoaderConfig::default()
-                }
-                .samples_per_epoch(10)
-            })
-            .sum();
-        assert_eq!(total, 10);
+                };
+                assert_eq!(c.samples_per_epoch(10), per_rank);
+            }
+        }
+        // A world larger than the data set: padding gives every rank one sample, dropping none.
+        assert_eq!(Shard::new(4, 5).samples_per_rank(2), 1);
+        let drop = Shard {
+            tail: ShardTail::Drop,
+            ..Shard::new(4, 5)
+        };
+        assert_eq!(drop.samples_per_rank(2), 0);
     }
 
     #[test]
@@ -261,8 +306,8 @@ mod tests {
             batch_size: 32,
             order: Order::Shuffled { seed: 7 },
             shard: Some(Shard {
-                rank: 0,
-                world_size: 2,
+                tail: ShardTail::Drop,
+                ..Shard::new(0, 2)
             }),
             workers: 4,
             timeout_ms: Some(500),
@@ -275,5 +320,13 @@ mod tests {
             serde_json::from_str(r#"{"batch_size": 8, "workers": 2}"#).expect("partial");
         assert_eq!(partial.prefetch_factor, 2);
         assert!(serde_json::from_str::<LoaderConfig>(r#"{"num_workers": 2}"#).is_err());
+        // A shard written before the tail policy existed reads as padding.
+        let old: LoaderConfig =
+            serde_json::from_str(r#"{"shard": {"rank": 1, "world_size": 4}}"#).expect("old");
+        assert_eq!(old.shard, Some(Shard::new(1, 4)));
+        let dropping: LoaderConfig =
+            serde_json::from_str(r#"{"shard": {"rank": 1, "world_size": 4, "tail": "drop"}}"#)
+                .expect("drop");
+        assert_eq!(dropping.shard.map(|s| s.tail), Some(ShardTail::Drop));
     }
 }

@@ -36,9 +36,22 @@
 //!   opened (a truncated or malformed file is a [`DataError`] naming the file and the
 //!   problem), and the length again at the start of every epoch.
 //! * **Order**: `Sequential` is `0, 1, 2, ...`; `Shuffled { seed }` is a permutation drawn from
-//!   `(seed, epoch)`, the same on every run and rank. A [`Shard`] of rank `r` out of `W` takes
-//!   positions `r, r + W, r + 2W, ...` of that order. An epoch has `ceil(n / batch_size)`
-//!   batches, `floor` with `drop_last`.
+//!   `(seed, epoch)`, the same on every run and rank. An epoch has `ceil(n / batch_size)`
+//!   batches, `floor` with `drop_last`, where `n` is the samples this rank reads.
+//! * **Ranks in step**: a [`Shard`] of rank `r` out of `W` works as PyTorch's
+//!   `DistributedSampler`: the epoch order is padded by repeating it from its start up to a
+//!   multiple of `W` ([`ShardTail::Pad`], the default) or cut down to one
+//!   ([`ShardTail::Drop`]), and rank `r` takes positions `r, r + W, r + 2W, ...` of it
+//!   ([`shard_order`]). Every rank reads the same number of samples (`ceil(len / W)` or
+//!   `floor(len / W)`) and so runs the same number of batches: no rank waits in a collective
+//!   for a step another rank never takes.
+//! * **Resumption**: [`Epoch::state`] (during an epoch) and [`Loader::state`] (between epochs)
+//!   return a [`LoaderState`]: the epoch, the batches delivered in it, and the knobs that decide
+//!   which samples each batch holds; small and serde-serialisable, for a training checkpoint.
+//!   [`Loader::resume`] (a new loader) or [`Loader::restore`] (this one) continue from it with
+//!   exactly the batches the stopped run would have delivered next, whatever the workers,
+//!   prefetch factor or worker lifetime of either run; a state from a different data set
+//!   length, batch size, order, shard or seed is refused ([`ResumeError`]).
 //! * **Delivery** is always in sampler order, whatever the number of workers: a batch that is
 //!   ready early waits in the reorder buffer.
 //! * **Bound**: with `W` workers and prefetch factor `P`, at most `P·W` batches are queued,
@@ -50,7 +63,9 @@
 //!   epoch's first batches while the current one ends.
 //! * **Buffers**: with `reuse_buffers` (the default) or `pin_memory`, batch buffers come from
 //!   a pool of page-aligned blocks, a whole number of 4096-byte pages per column, returned to
-//!   the pool when the batch is dropped (`pin_memory` also `mlock`s them).
+//!   the pool when the batch is dropped (`pin_memory` also `mlock`s them). On x86_64, batch
+//!   buffers of 1 MiB or more are written with non-temporal stores: they are not read back
+//!   before the hand-off, so the copy skips reading each destination line first.
 //! * **Accounting**: [`LoaderMemory::total`] is `queue + reorder + building + scratch +
 //!   staging_idle + sampler`; the sampler holds 8 bytes per sample of the epoch; a batch
 //!   counts once while in flight and not at all once the caller has it. Worker threads tag
@@ -125,6 +140,47 @@
 //! std::fs::remove_dir_all(&dir)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Example: stop part-way through an epoch, resume with another worker count
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainmem_loader::{BoxError, Loader, LoaderConfig, LoaderState, Order, Shard, WorkerContext};
+//!
+//! fn ident(x: &u64, _: &mut WorkerContext) -> Result<u64, BoxError> { Ok(*x) }
+//! fn stack(v: Vec<u64>, _: &mut WorkerContext) -> Result<Vec<u64>, BoxError> { Ok(v) }
+//!
+//! let data: Arc<Vec<u64>> = Arc::new((0..10).collect());
+//! let config = LoaderConfig {
+//!     batch_size: 2,
+//!     order: Order::Shuffled { seed: 1 },
+//!     // Rank 1 of 4: 10 samples padded to 12, 3 for every rank, so 2 batches on every rank.
+//!     shard: Some(Shard::new(1, 4)),
+//!     workers: 2,
+//!     ..LoaderConfig::default()
+//! };
+//! let mut loader = Loader::with_transform(Arc::clone(&data), config.clone(), ident, stack)?;
+//! assert_eq!(loader.batches_per_epoch(), 2);
+//! let mut seen = Vec::new();
+//! let saved = {
+//!     let mut epoch = loader.epoch()?;
+//!     seen.push(epoch.next().expect("batch 0")?);
+//!     serde_json::to_string(&epoch.state())? // saved with the checkpoint
+//! };
+//! drop(loader);
+//!
+//! // Later, in a new process: the same knobs, any worker count.
+//! let state: LoaderState = serde_json::from_str(&saved)?;
+//! assert_eq!((state.epoch, state.batches_delivered), (0, 1));
+//! let mut resumed = Loader::with_transform(data, LoaderConfig { workers: 0, ..config }, ident, stack)?;
+//! resumed.restore(&state)?;
+//! for batch in resumed.epoch()? {
+//!     seen.push(batch?); // batch 1 of epoch 0, then the epoch ends
+//! }
+//! assert_eq!(seen.len(), 2);
+//! assert_eq!(resumed.state().epoch, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod array;
 pub mod augment;
@@ -139,6 +195,7 @@ mod loader;
 mod memory;
 pub mod npy;
 mod pagecache;
+mod resume;
 mod rng;
 mod sampler;
 mod staging;
@@ -149,7 +206,7 @@ pub mod burn_adapter;
 pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
-pub use config::{ConfigError, LoaderConfig, Order, Shard};
+pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
 pub use context::WorkerContext;
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
 pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
@@ -157,6 +214,7 @@ pub use error::{DataError, FileProblem};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use memory::{LoaderMemory, MemoryWatch};
 pub use pagecache::evict_page_cache;
+pub use resume::{LoaderState, ResumeError};
 pub use rng::{Rng, mix};
-pub use sampler::{EpochPlan, epoch_order};
-pub use staging::BatchBuffer;
+pub use sampler::{EpochPlan, epoch_order, shard_order};
+pub use staging::{BatchBuffer, prefetch_pages};

@@ -63,6 +63,7 @@ use crate::context::WorkerContext;
 use crate::dataset::Dataset;
 use crate::error::DataError;
 use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
+use crate::resume::{LoaderState, ResumeError};
 use crate::rng::mix;
 use crate::sampler::EpochPlan;
 use crate::staging::StagingPool;
@@ -132,6 +133,9 @@ pub enum LoaderError {
     /// A worker thread could not be spawned.
     #[error("cannot spawn a loader worker: {0}")]
     Spawn(#[source] std::io::Error),
+    /// A saved [`LoaderState`] does not fit this loader.
+    #[error(transparent)]
+    Resume(#[from] ResumeError),
 }
 
 fn at(sample: Option<usize>, batch: usize) -> String {
@@ -353,6 +357,11 @@ pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
     shared: Arc<Shared<D, Bd>>,
     config: LoaderConfig,
     next_epoch: u64,
+    /// The next batch to deliver as `(epoch, batch)`, after the last epoch run (a finished
+    /// epoch stated as the next one's start) or as restored: what [`Loader::state`] reports.
+    position: (u64, usize),
+    /// A restored position: the epoch it names starts at this batch instead of batch 0.
+    resume_at: Option<(u64, usize)>,
     /// Batches of the next epoch already handed to persistent workers. Declared before `pool`
     /// so that dropping the loader cancels them before the workers are joined.
     ahead: Option<Ahead<Bd::Batch>>,
@@ -439,6 +448,8 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             }),
             config,
             next_epoch: 0,
+            position: (0, 0),
+            resume_at: None,
             ahead: None,
             pool: None,
             spawned: 0,
@@ -458,6 +469,47 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             None => unreachable!("no worker or epoch holds the loader's shared state here"),
         }
         self
+    }
+
+    /// A loader that continues a run from `state` (saved by [`Self::state`] or
+    /// [`Epoch::state`]): its first [`Self::epoch`] is `state.epoch`, starting at batch
+    /// `state.batches_delivered`, and every batch from there on is the one the saved run would
+    /// have delivered next, whatever the worker count, prefetch factor or worker lifetime of
+    /// either. A state whose data set length, batch size, `drop_last`, order, shard or seed
+    /// differ from this loader's is refused ([`LoaderError::Resume`]).
+    pub fn resume(
+        dataset: Arc<D>,
+        config: LoaderConfig,
+        builder: Bd,
+        state: &LoaderState,
+    ) -> Result<Self, LoaderError> {
+        let mut loader = Loader::new(dataset, config, builder)?;
+        loader.restore(state)?;
+        Ok(loader)
+    }
+
+    /// Moves this loader to `state` (see [`Self::resume`]): the next [`Self::epoch`] is
+    /// `state.epoch`, starting at batch `state.batches_delivered`. Batches of another epoch
+    /// that persistent workers had built ahead are discarded.
+    pub fn restore(&mut self, state: &LoaderState) -> Result<(), LoaderError> {
+        state.check(&self.config, self.shared.dataset.len())?;
+        self.next_epoch = state.epoch;
+        self.position = (state.epoch, state.batches_delivered);
+        self.resume_at = Some((state.epoch, state.batches_delivered));
+        Ok(())
+    }
+
+    /// Where this loader stands: the epoch and batches delivered of the last epoch run (or
+    /// the position restored), with a finished epoch stated as the start of the next one.
+    /// Saved with a checkpoint and given to [`Self::resume`], it continues the run with the
+    /// batches not yet delivered. During an epoch, ask the [`Epoch`] ([`Epoch::state`]).
+    ///
+    /// An epoch dropped part-way leaves the state at the batch it reached, while
+    /// [`Self::epoch`] on this same loader still starts the next epoch (as a new iterator
+    /// does in PyTorch); [`Self::restore`] continues the interrupted one instead.
+    pub fn state(&self) -> LoaderState {
+        let (epoch, delivered) = self.position;
+        LoaderState::at(&self.config, self.shared.dataset.len(), epoch, delivered)
     }
 
     /// The configuration.
@@ -526,13 +578,15 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         Ok(pool)
     }
 
-    /// Starts the next epoch (0, 1, 2, ...).
+    /// Starts the next epoch (0, 1, 2, ..., or the one a [`Self::restore`] named, at its
+    /// restored batch).
     pub fn epoch(&mut self) -> Result<Epoch<'_, D, Bd>, LoaderError> {
         let e = self.next_epoch;
         self.epoch_at(e)
     }
 
-    /// Starts epoch `epoch` (its order depends on it when shuffled); the next call to
+    /// Starts epoch `epoch` (its order depends on it when shuffled) at batch 0, or at the
+    /// restored batch when a [`Self::restore`] named this epoch; the next call to
     /// [`Self::epoch`] starts `epoch + 1`.
     pub fn epoch_at(&mut self, epoch: u64) -> Result<Epoch<'_, D, Bd>, LoaderError> {
         self.shared.dataset.check()?;
@@ -540,7 +594,16 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             .dataset
             .advise(matches!(self.config.order, Order::Sequential));
         self.next_epoch = epoch + 1;
-        let mut ahead = self.ahead.take().filter(|a| a.job.epoch == epoch);
+        let first = match self.resume_at.take() {
+            Some((e, k)) if e == epoch => k,
+            _ => 0,
+        };
+        self.position = (epoch, first);
+        // Work built ahead is for batch 0 on: of no use to an epoch resumed past it.
+        let mut ahead = self
+            .ahead
+            .take()
+            .filter(|a| a.job.epoch == epoch && first == 0);
         let plan = match &ahead {
             Some(a) => Arc::clone(&a.plan),
             None => Arc::new(EpochPlan::new(
@@ -553,7 +616,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         if ahead.is_none() {
             self.shared.memory.add(Term::Sampler, sampler_bytes);
         }
-        let mut sent = 0;
+        let mut sent = first;
         let state = if self.config.workers == 0 {
             State::Inline(WorkerContext::new(
                 None,
@@ -608,13 +671,13 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             loader: self,
             plan,
             epoch,
-            next: 0,
+            next: first,
             sent,
             done: false,
             sampler_bytes,
             state,
         };
-        let prime = it.loader.config.max_batches_in_flight().min(it.plan.len());
+        let prime = (first + it.loader.config.max_batches_in_flight()).min(it.plan.len());
         while it.sent < prime {
             it.send_next();
         }
@@ -668,6 +731,23 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
     /// The loader's memory right now.
     pub fn memory(&self) -> LoaderMemory {
         self.loader.memory()
+    }
+
+    /// Where the run stands after the batches delivered so far (see [`Loader::state`]):
+    /// save it with a checkpoint taken after the last batch returned by `next`.
+    pub fn state(&self) -> LoaderState {
+        let (epoch, batch) = self.next_position();
+        let loader = &*self.loader;
+        LoaderState::at(&loader.config, loader.shared.dataset.len(), epoch, batch)
+    }
+
+    /// The next batch as `(epoch, batch)`: a finished epoch is the start of the next one.
+    fn next_position(&self) -> (u64, usize) {
+        if self.next >= self.plan.len() {
+            (self.epoch + 1, 0)
+        } else {
+            (self.epoch, self.next)
+        }
     }
 
     fn send_next(&mut self) {
@@ -858,6 +938,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Iterator for Epoch<'_, D, Bd> {
 impl<D: Dataset, Bd: BatchBuilder<D>> Drop for Epoch<'_, D, Bd> {
     fn drop(&mut self) {
         self.stop();
+        self.loader.position = self.next_position();
         self.loader
             .shared
             .memory

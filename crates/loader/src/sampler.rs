@@ -25,17 +25,29 @@ pub fn epoch_order(len: usize, order: Order, epoch: u64) -> Vec<usize> {
     v
 }
 
+/// This rank's share of an epoch order `full` (PyTorch `DistributedSampler`): positions
+/// `rank, rank + world_size, ...` of `full` padded by wrapping around to a multiple of
+/// `world_size`, or cut to one ([`crate::ShardTail`]). Every rank gets
+/// [`Shard::samples_per_rank`] indices.
+pub fn shard_order(full: &[usize], shard: Shard) -> Vec<usize> {
+    let len = full.len();
+    if len == 0 || shard.world_size == 0 {
+        return Vec::new();
+    }
+    (0..shard.samples_per_rank(len))
+        .map(|k| full[(shard.rank + k * shard.world_size) % len])
+        .collect()
+}
+
 impl EpochPlan {
     /// The plan of `epoch` over a data set of `len` samples: the epoch order, this rank's shard
-    /// of it (positions `rank, rank + world, ...`), cut into batches of `batch_size`, the last
-    /// one shorter unless `drop_last` drops it.
+    /// of it ([`shard_order`]), cut into batches of `batch_size`, the last one shorter unless
+    /// `drop_last` drops it.
     pub fn new(len: usize, config: &LoaderConfig, epoch: u64) -> EpochPlan {
         let full = epoch_order(len, config.order, epoch);
         let order: Vec<usize> = match config.shard {
-            Some(Shard { rank, world_size }) if world_size > 0 => {
-                full.into_iter().skip(rank).step_by(world_size).collect()
-            }
-            _ => full,
+            Some(shard) => shard_order(&full, shard),
+            None => full,
         };
         let batch_size = config.batch_size.max(1);
         let batches = if config.drop_last {
@@ -124,17 +136,21 @@ mod tests {
         let mut seen = Vec::new();
         for rank in 0..3 {
             let c = LoaderConfig {
-                shard: Some(Shard {
-                    rank,
-                    world_size: 3,
-                }),
+                shard: Some(Shard::new(rank, 3)),
                 order: Order::Shuffled { seed: 1 },
                 ..LoaderConfig::default()
             };
-            seen.extend_from_slice(EpochPlan::new(11, &c, 5).order());
+            let p = EpochPlan::new(11, &c, 5);
+            assert_eq!(p.order().len(), 4, "every rank gets ceil(11 / 3)");
+            seen.extend_from_slice(p.order());
         }
+        // 12 positions: all 11 samples, and the epoch's first sample once more.
+        let first = epoch_order(11, Order::Shuffled { seed: 1 }, 5)[0];
         seen.sort_unstable();
-        assert_eq!(seen, (0..11).collect::<Vec<_>>());
+        let mut want: Vec<usize> = (0..11).collect();
+        want.push(first);
+        want.sort_unstable();
+        assert_eq!(seen, want);
     }
 
     #[test]
@@ -152,17 +168,22 @@ mod tests {
         assert_eq!(epoch_order(1, o(42), 0), [0]);
         assert!(epoch_order(0, o(42), 0).is_empty());
         // The shard of rank 1 of 3 takes positions 1, 4, 7 of the epoch order.
-        let c = LoaderConfig {
-            shard: Some(Shard {
-                rank: 1,
-                world_size: 3,
-            }),
+        // Padded to 12 by wrapping around: position 10 is position 0 again (sample 8).
+        let mut c = LoaderConfig {
+            shard: Some(Shard::new(1, 3)),
             batch_size: 2,
             order: o(42),
             ..LoaderConfig::default()
         };
         let p = EpochPlan::new(10, &c, 0);
-        assert_eq!(p.order(), [9, 6, 3]);
-        assert_eq!((p.batch(0), p.batch(1)), (&[9, 6][..], &[3][..]));
+        assert_eq!(p.order(), [9, 6, 3, 8]);
+        assert_eq!((p.batch(0), p.batch(1)), (&[9, 6][..], &[3, 8][..]));
+        c.shard = Some(Shard::new(2, 3));
+        assert_eq!(EpochPlan::new(10, &c, 0).order(), [7, 2, 5, 9]);
+        c.shard = Some(Shard {
+            tail: crate::ShardTail::Drop,
+            ..Shard::new(1, 3)
+        });
+        assert_eq!(EpochPlan::new(10, &c, 0).order(), [9, 6, 3]);
     }
 }

@@ -23,12 +23,13 @@ const HEAP_ALIGN: usize = 64;
 /// CPU to start loading while it copies the current one: the pages of one typical sample row.
 const PREFETCH_AHEAD: usize = 64 * 1024;
 
-/// Hints the CPU to start loading one cache line of each page in the first
-/// [`PREFETCH_AHEAD`] bytes of `part`. With shuffled samples every row starts on pages whose
-/// translations and lines are cold; touching them one row ahead overlaps those misses with the
-/// current copy, which raises the copy bandwidth with shuffled rows. No effect on contents.
+/// Hints the CPU to start loading one cache line of each page in the first 64 KiB of `part`.
+/// With shuffled samples every row starts on pages whose translations and lines are cold;
+/// touching them one row ahead overlaps those misses with the current copy, which raises the
+/// copy bandwidth with shuffled rows. No effect on contents. The loader calls it on the next
+/// row while it copies the current one; it is public so that a baseline copy can do the same.
 #[inline]
-pub(crate) fn prefetch_pages(part: &[u8]) {
+pub fn prefetch_pages(part: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -44,6 +45,86 @@ pub(crate) fn prefetch_pages(part: &[u8]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = part;
+}
+
+/// Batch buffers at least this large are filled with non-temporal (cache-bypassing) stores.
+/// A batch this size is not read back from cache before it is handed out, and the pool
+/// rotates several such buffers (one per batch in flight), so ordinary stores would first read
+/// every destination line from memory (a write-allocate) only to overwrite it, and evict the
+/// rows being read next. Smaller batches, which fit in cache, are copied as usual.
+const STREAM_MIN_BATCH: usize = 1 << 20;
+
+/// Parts shorter than this are copied as usual even into a streamed buffer.
+const STREAM_MIN_PART: usize = 1024;
+
+/// Copies `n` bytes from `src` to `dst` with non-temporal stores for the 16-byte-aligned body
+/// of the destination (ordinary copies for the unaligned head and the tail). The caller must
+/// issue a store fence ([`store_fence`]) before the bytes are read by another thread.
+///
+/// # Safety
+///
+/// `src` must be valid for `n` bytes of reads, `dst` for `n` bytes of writes, and the two
+/// ranges must not overlap.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = dst.align_offset(32).min(n);
+    // SAFETY (every block below): all offsets stay below `n`, inside both ranges the caller
+    // vouches for; `dst + off` is 32-byte aligned after `head` (16-byte aligned is what
+    // `_mm_stream_si128` requires); `_mm_loadu_si128` accepts any alignment; SSE2 is part of
+    // every x86_64 target's baseline, and AVX is used only where the CPU reports it.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut off = head;
+    if std::arch::is_x86_feature_detected!("avx") {
+        off += unsafe { stream_avx(src.add(off), dst.add(off), n - off) };
+    }
+    while off + 16 <= n {
+        unsafe {
+            let v = _mm_loadu_si128(src.add(off).cast::<__m128i>());
+            _mm_stream_si128(dst.add(off).cast::<__m128i>(), v);
+        }
+        off += 16;
+    }
+    unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), n - off) };
+}
+
+/// The 128-byte steps of [`copy_streaming`] with 32-byte AVX loads and non-temporal stores;
+/// returns the bytes copied (a multiple of 128, at most `n`).
+///
+/// # Safety
+///
+/// As [`copy_streaming`], with `dst` 32-byte aligned and a CPU that supports AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream_avx(src: *const u8, dst: *mut u8, n: usize) -> usize {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+    let mut off = 0;
+    while off + 128 <= n {
+        // SAFETY: `off + 128 <= n` keeps both accesses in range; `dst + off` stays 32-byte
+        // aligned (`dst` is, and `off` is a multiple of 128); AVX is enabled for this function
+        // and its caller checked the CPU has it.
+        unsafe {
+            let s = src.add(off).cast::<__m256i>();
+            let d = dst.add(off).cast::<__m256i>();
+            let (a, b) = (_mm256_loadu_si256(s), _mm256_loadu_si256(s.add(1)));
+            let (c, e) = (_mm256_loadu_si256(s.add(2)), _mm256_loadu_si256(s.add(3)));
+            _mm256_stream_si256(d, a);
+            _mm256_stream_si256(d.add(1), b);
+            _mm256_stream_si256(d.add(2), c);
+            _mm256_stream_si256(d.add(3), e);
+        }
+        off += 128;
+    }
+    off
+}
+
+/// Orders the non-temporal stores of [`copy_streaming`] before every later store (the hand-off
+/// of the batch to another thread), as they are otherwise weakly ordered.
+#[cfg(target_arch = "x86_64")]
+fn store_fence() {
+    // SAFETY: `sfence` needs only SSE, part of every x86_64 target's baseline; it reads and
+    // writes no memory.
+    unsafe { std::arch::x86_64::_mm_sfence() };
 }
 
 /// A block of raw memory with its layout.
@@ -258,6 +339,7 @@ impl BatchBuffer {
         };
         if let Some(b) = &buf.block {
             let dst = b.ptr.as_ptr();
+            let stream = cfg!(target_arch = "x86_64") && len >= STREAM_MIN_BATCH;
             let mut off = 0;
             let mut parts = parts.into_iter().peekable();
             while let Some(part) = parts.next() {
@@ -268,8 +350,20 @@ impl BatchBuffer {
                 // SAFETY: `dst + off .. dst + off + n` lies within the block's `len` bytes
                 // (`off + n <= len`), the source is a live slice of `n` bytes, and a fresh
                 // block cannot overlap a borrowed slice.
-                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), n) };
+                unsafe {
+                    #[cfg(target_arch = "x86_64")]
+                    if stream && n >= STREAM_MIN_PART {
+                        copy_streaming(part.as_ptr(), dst.add(off), n);
+                        off += n;
+                        continue;
+                    }
+                    std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), n);
+                }
                 off += n;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if stream {
+                store_fence();
             }
             // SAFETY: the rest of the `len` bytes, within the block; after this every one of
             // the `len` bytes is initialised.
@@ -389,6 +483,56 @@ mod tests {
         let rows: Vec<&[u8]> = data.chunks(PAGE + 3).collect();
         let b = BatchBuffer::concat(None, data.len(), rows.iter().copied());
         assert_eq!(b.as_bytes(), &data[..]);
+    }
+
+    #[test]
+    fn streamed_batches_are_byte_exact() {
+        // A batch above the streaming threshold, from parts of odd lengths at odd source
+        // offsets (unaligned heads and tails, parts below and above the per-part threshold),
+        // and a short fill so the zeroed tail is exercised too.
+        let data: Vec<u8> = (0..STREAM_MIN_BATCH + 300_000)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let cuts = [3usize, 1000, 1023, 1024, 4099, 70_001, 65_536, 17, 300_000];
+        let mut parts = Vec::new();
+        let mut at = 1;
+        for n in cuts.iter().cycle().take(40) {
+            if at + n > data.len() {
+                break;
+            }
+            parts.push(&data[at..at + n]);
+            at += n;
+        }
+        let want: Vec<u8> = parts.concat();
+        let len = want.len() + 333;
+        assert!(len >= STREAM_MIN_BATCH, "{len}");
+        let mem = Arc::new(MemoryCounters::default());
+        let pool = Arc::new(StagingPool::new(false, 4, Arc::clone(&mem)));
+        for p in [None, Some(&pool)] {
+            let b = BatchBuffer::concat(p, len, parts.iter().copied());
+            assert_eq!(&b.as_bytes()[..want.len()], &want[..]);
+            assert!(b.as_bytes()[want.len()..].iter().all(|&x| x == 0));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn streaming_copy_handles_every_alignment() {
+        // Every head misalignment, with lengths around the 16- and 128-byte steps.
+        let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+        for shift in 0..40 {
+            for n in [0, 1, 15, 16, 31, 127, 128, 129, 300, 4096 + 5] {
+                let mut out = vec![0xAAu8; n + 80];
+                let src = &data[7 + shift..7 + shift + n];
+                // SAFETY: `src` holds `n` bytes, `out[shift..]` at least `n`, and they are
+                // separate allocations.
+                unsafe { copy_streaming(src.as_ptr(), out.as_mut_ptr().add(shift), n) };
+                store_fence();
+                assert_eq!(&out[shift..shift + n], src, "shift {shift}, {n} bytes");
+                assert!(out[..shift].iter().all(|&x| x == 0xAA));
+                assert!(out[shift + n..].iter().all(|&x| x == 0xAA));
+            }
+        }
     }
 
     #[test]

@@ -65,13 +65,17 @@ fn buffered(items: Vec<u64>, ctx: &mut WorkerContext) -> Result<Batch, BoxError>
     ))
 }
 
-/// The expected batches, computed from the definition: the epoch order, positions
-/// `rank, rank + world, ...`, cut into `batch` chunks, the short tail dropped with drop_last.
+/// The expected batches, computed from the definition: the epoch order, cycled to a multiple
+/// of the world size (PyTorch's padding), positions `rank, rank + world, ...`, cut into `batch`
+/// chunks, the short tail dropped with drop_last.
 fn expected(len: usize, c: &LoaderConfig, epoch: u64) -> Vec<Vec<u64>> {
     let full = epoch_order(len, c.order, epoch);
     let (rank, world) = c.shard.map_or((0, 1), |s| (s.rank, s.world_size));
+    let padded = len.div_ceil(world) * world;
     let mine: Vec<u64> = full
         .iter()
+        .cycle()
+        .take(padded)
         .enumerate()
         .filter(|(pos, _)| pos % world == rank)
         .map(|(_, &i)| i as u64)
@@ -113,10 +117,7 @@ fn config() -> impl Strategy<Value = LoaderConfig> {
                     drop_last,
                     order: seed.map_or(Order::Sequential, |seed| Order::Shuffled { seed }),
                     // World 1 stands for "no shard".
-                    shard: (world > 1).then(|| Shard {
-                        rank: rank % world,
-                        world_size: world,
-                    }),
+                    shard: (world > 1).then(|| Shard::new(rank % world, world)),
                     workers,
                     prefetch_factor: prefetch,
                     persistent_workers: persistent,

@@ -1,6 +1,7 @@
-//! `cargo xtask bench loader`: trainmem's loader against a memcpy of the same bytes (one thread,
-//! and two threads for the two-worker rows), burn 0.21's own data loader, and PyTorch's
-//! DataLoader, measured side by side in one run; then a streaming run over a data set far larger
+//! `cargo xtask bench loader`: trainmem's loader against a memcpy of the same bytes (the same
+//! rows in the same shuffled batches, on as many threads as the loader has workers, each thread
+//! reusing one destination), burn 0.21's own data loader, and PyTorch's DataLoader, measured
+//! side by side in one run (median, min and max of several epochs); then a streaming run over a data set far larger
 //! than the loader's in-flight bound, checking that anonymous RSS grows by no more than that
 //! bound — optionally in a child process under a cgroup v1 memory limit smaller than the data
 //! set (`--stream-under-limit`), so that the data set cannot fit in the memory it may use.
@@ -9,7 +10,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use burn::backend::Flex;
@@ -17,12 +18,17 @@ use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use trainmem_loader::fixtures::{FixturePaths, FixtureSpec};
-use trainmem_loader::{Dataset, Loader, LoaderConfig, MmapDataset, Order, StackColumns};
+use trainmem_loader::{
+    Dataset, EpochPlan, Loader, LoaderConfig, MmapDataset, Order, StackColumns, prefetch_pages,
+};
 use trainmem_probe::rss;
 
 use crate::gen_data::write_fixture_with_progress;
 
 mod cgroup;
+mod timing;
+
+use timing::{Spread, timed};
 
 /// Arguments of `bench loader`.
 #[derive(Debug, clap::Args)]
@@ -43,8 +49,8 @@ pub struct LoaderBenchArgs {
     /// PyTorch's default, used for the comparison).
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
-    /// Timed epochs per pipeline (the best is kept).
-    #[arg(long, default_value_t = 3)]
+    /// Timed epochs per pipeline, after one warm-up epoch (median, min and max are printed).
+    #[arg(long, default_value_t = 5)]
     pub repeats: usize,
     /// Size of the streaming data set in GiB (0 skips the streaming run).
     #[arg(long, default_value_t = 2.0)]
@@ -63,6 +69,9 @@ pub struct LoaderBenchArgs {
     /// may hold, page cache included). Needs root and a cgroup v1 memory controller.
     #[arg(long, value_parser = cgroup::parse_size)]
     pub stream_under_limit: Option<u64>,
+    /// Worker counts of the throughput rows (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
+    pub workers: Vec<usize>,
     /// Only the streaming run (skip the throughput table).
     #[arg(long)]
     pub stream_only: bool,
@@ -70,8 +79,6 @@ pub struct LoaderBenchArgs {
     #[arg(long, hide = true)]
     pub stream_child: Option<PathBuf>,
 }
-
-const WORKERS: [usize; 3] = [0, 1, 2];
 
 fn fixture(dir: &Path, samples: usize, dim: usize) -> anyhow::Result<FixturePaths> {
     let spec = FixtureSpec {
@@ -96,45 +103,66 @@ fn fixture(dir: &Path, samples: usize, dim: usize) -> anyhow::Result<FixturePath
     write_fixture_with_progress(&out, &spec)
 }
 
-/// Best (shortest) of `repeats` timed runs after one warm-up run.
-fn best_of(repeats: usize, mut run: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
-    run()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..repeats.max(1) {
-        let t = Instant::now();
-        run()?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    Ok(best)
-}
-
-fn memcpy_epoch(ds: &MmapDataset, batch: usize, dst: &mut [Vec<u8>]) {
-    for (k, col) in ds.columns().iter().enumerate() {
-        let bps = col.array.bytes_per_sample();
-        for chunk in col.array.data().chunks(batch * bps) {
-            dst[k][..chunk.len()].copy_from_slice(chunk);
-            black_box(&dst[k]);
+/// Copies every column in file order, `batch` rows at a time, each batch as one contiguous
+/// copy into a reused destination; the batches split between `dst.len()` threads like
+/// [`memcpy_epoch`]'s. The same amount of bytes as an epoch, but long sequential runs: a
+/// reference, not the loader's work (which copies shuffled rows).
+fn memcpy_contiguous(ds: &MmapDataset, batch: usize, dst: &mut [Vec<Vec<u8>>]) {
+    let threads = dst.len().max(1);
+    let copy = |t: usize, mine: &mut Vec<Vec<u8>>| {
+        for (col, out) in ds.columns().iter().zip(mine.iter_mut()) {
+            let bps = col.array.bytes_per_sample();
+            let chunks: Vec<&[u8]> = col.array.data().chunks(batch * bps).collect();
+            let share = chunks.len().div_ceil(threads);
+            for chunk in chunks.iter().skip(t * share).take(share) {
+                out[..chunk.len()].copy_from_slice(chunk);
+                black_box(&out);
+            }
         }
+    };
+    if threads == 1 {
+        copy(0, &mut dst[0]);
+        return;
     }
-}
-
-/// The same copy as [`memcpy_epoch`], the batches split between `dst.len()` threads: thread `t`
-/// copies a contiguous `1 / threads` share of each column's batches into its own buffers.
-fn memcpy_epoch_threads(ds: &MmapDataset, batch: usize, dst: &mut [Vec<Vec<u8>>]) {
-    let threads = dst.len();
     std::thread::scope(|scope| {
         for (t, mine) in dst.iter_mut().enumerate() {
-            scope.spawn(move || {
-                for (k, col) in ds.columns().iter().enumerate() {
-                    let bps = col.array.bytes_per_sample();
-                    let chunks: Vec<&[u8]> = col.array.data().chunks(batch * bps).collect();
-                    let share = chunks.len().div_ceil(threads);
-                    for chunk in chunks.iter().skip(t * share).take(share) {
-                        mine[k][..chunk.len()].copy_from_slice(chunk);
-                        black_box(&mine[k]);
+            scope.spawn(move || copy(t, mine));
+        }
+    });
+}
+
+/// Copies the bytes a loader epoch copies: for every batch of `plan`, each column's rows in
+/// sampler order into that column's destination, with the loader's hint (the next row's pages
+/// are prefetched while a row is copied). The batches are split between `dst.len()`
+/// threads (thread `t` takes a contiguous `1 / threads` share), each reusing its own one
+/// destination per column for every batch (the fewest buffers any loader could use).
+fn memcpy_epoch(ds: &MmapDataset, plan: &EpochPlan, dst: &mut [Vec<Vec<u8>>]) {
+    let threads = dst.len().max(1);
+    let share = plan.len().div_ceil(threads);
+    let copy = |t: usize, mine: &mut Vec<Vec<u8>>| {
+        for k in (t * share..(t + 1) * share).take_while(|&k| k < plan.len()) {
+            for (col, out) in ds.columns().iter().zip(mine.iter_mut()) {
+                let bps = col.array.bytes_per_sample();
+                let rows = plan.batch(k);
+                for (row, &i) in rows.iter().enumerate() {
+                    let src = col.array.samples(i..i + 1).unwrap_or(&[]);
+                    // The loader's hint: the next row's pages start loading during this copy.
+                    if let Some(&next) = rows.get(row + 1) {
+                        prefetch_pages(col.array.samples(next..next + 1).unwrap_or(&[]));
                     }
+                    out[row * bps..(row + 1) * bps].copy_from_slice(src);
                 }
-            });
+                black_box(&out);
+            }
+        }
+    };
+    if threads == 1 {
+        copy(0, &mut dst[0]);
+        return;
+    }
+    std::thread::scope(|scope| {
+        for (t, mine) in dst.iter_mut().enumerate() {
+            scope.spawn(move || copy(t, mine));
         }
     });
 }
@@ -192,19 +220,22 @@ for w in workers:
             n += xb.shape[0]
         return n
     epoch()
-    best = float("inf")
+    times = []
     for _ in range(max(1, repeats)):
-        t = time.perf_counter(); epoch(); best = min(best, time.perf_counter() - t)
-    out["times"][str(w)] = best
+        t = time.perf_counter(); epoch(); times.append(time.perf_counter() - t)
+    out["times"][str(w)] = times
     del dl
 print(json.dumps(out))
 "#;
 
-/// Seconds per epoch for each worker count, or why PyTorch could not run.
-fn torch_times(args: &LoaderBenchArgs, paths: &FixturePaths) -> Result<(String, Vec<f64>), String> {
+/// Seconds of each timed epoch for each worker count, or why PyTorch could not run.
+fn torch_times(
+    args: &LoaderBenchArgs,
+    paths: &FixturePaths,
+) -> Result<(String, Vec<Vec<f64>>), String> {
     let script = args.dir.join("torch_loader_bench.py");
     std::fs::write(&script, TORCH_SCRIPT).map_err(|e| e.to_string())?;
-    let workers: Vec<String> = WORKERS.iter().map(usize::to_string).collect();
+    let workers: Vec<String> = args.workers.iter().map(usize::to_string).collect();
     let out = Command::new(&args.python)
         .arg(&script)
         .arg(&paths.features)
@@ -230,16 +261,21 @@ fn torch_times(args: &LoaderBenchArgs, paths: &FixturePaths) -> Result<(String, 
         return Err(format!("PyTorch not importable with {}: {e}", args.python));
     }
     let version = v["torch"].as_str().unwrap_or("?").to_string();
-    let times = WORKERS
+    let times = args
+        .workers
         .iter()
-        .map(|w| v["times"][w.to_string()].as_f64().unwrap_or(f64::NAN))
+        .map(|w| {
+            v["times"][w.to_string()]
+                .as_array()
+                .map_or_else(Vec::new, |a| a.iter().filter_map(|t| t.as_f64()).collect())
+        })
         .collect();
     Ok((version, times))
 }
 
 struct Row {
     name: String,
-    seconds: f64,
+    seconds: Spread,
 }
 
 /// Runs the benchmark.
@@ -272,57 +308,56 @@ fn bound_threads(workers: usize) -> usize {
     workers.max(1)
 }
 
-fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
-    let paths = fixture(&args.dir, args.samples, args.dim)?;
-    let ds = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels])?);
+/// Seconds of trainmem's epochs with one worker count and of its memcpy bound, timed in pairs
+/// (the bound, then the loader, on the same epoch's batches) so both see the same machine.
+#[derive(Debug, Default)]
+struct Paired {
+    bound: Vec<f64>,
+    /// The copy of contiguous batches in file order (the bound this bench used before; a
+    /// different copy: long sequential runs instead of the shuffled rows the loader copies).
+    contiguous: Vec<f64>,
+    ours: Vec<f64>,
+}
+
+impl Paired {
+    /// trainmem's rate over a bound's (`bound` or `contiguous`), one ratio per round.
+    fn ratios(&self, bound: &[f64]) -> Vec<f64> {
+        bound.iter().zip(&self.ours).map(|(b, o)| b / o).collect()
+    }
+}
+
+type BenchLoader = Loader<MmapDataset, StackColumns>;
+
+/// Waits (untimed) until persistent workers have finished the next epoch's first batches,
+/// which they start while an epoch ends, so that work never overlaps the next timing.
+fn settle(loader: &BenchLoader) {
+    let c = loader.config();
+    let want = c.max_batches_in_flight().min(loader.batches_per_epoch());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while c.persistent_workers && loader.memory().ready_batches < want && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One loader epoch, returning the samples delivered.
+fn loader_epoch(loader: &mut BenchLoader) -> anyhow::Result<usize> {
+    let mut count = 0;
+    for b in loader.epoch()? {
+        let b = b?;
+        count += b.len();
+        black_box(&b);
+    }
+    Ok(count)
+}
+
+/// trainmem with every worker count beside its memcpy bound: one warm-up round, then
+/// `repeats` rounds, each timing every pair once.
+fn paired_runs(args: &LoaderBenchArgs, ds: &Arc<MmapDataset>) -> anyhow::Result<Vec<Paired>> {
     let n = ds.len();
-    let bps = ds.bytes_per_sample();
-    let total_bytes = (n * bps) as f64;
-    println!(
-        "loader bench: {n} samples x {bps} B ({:.2} GiB; f32[{}] + i64 label), batch {}, trainmem prefetch {}, shuffled, page cache warm, best of {}, {} CPUs",
-        total_bytes / f64::from(1u32 << 30),
-        args.dim,
-        args.batch,
-        args.prefetch,
-        args.repeats,
-        std::thread::available_parallelism().map_or(0, usize::from)
-    );
-
-    let mut rows = Vec::new();
-    let buffers = || -> Vec<Vec<u8>> {
-        ds.columns()
-            .iter()
-            .map(|c| vec![0u8; args.batch * c.array.bytes_per_sample()])
-            .collect()
-    };
-    let mut dst = buffers();
-    let memcpy1 = best_of(args.repeats, || {
-        memcpy_epoch(&ds, args.batch, &mut dst);
-        Ok(())
-    })?;
-    rows.push(Row {
-        name: "memcpy, 1 thread (bound)".into(),
-        seconds: memcpy1,
-    });
-    let mut dst2 = vec![buffers(), buffers()];
-    let memcpy2 = best_of(args.repeats, || {
-        memcpy_epoch_threads(&ds, args.batch, &mut dst2);
-        Ok(())
-    })?;
-    rows.push(Row {
-        name: "memcpy, 2 threads (bound for 2 workers)".into(),
-        seconds: memcpy2,
-    });
-    let memcpy_for = |w: usize| {
-        if bound_threads(w) >= 2 {
-            memcpy2
-        } else {
-            memcpy1
-        }
-    };
-
-    let mut ours = Vec::new();
-    for w in WORKERS {
+    let mut loaders = Vec::new();
+    let mut dst = Vec::new();
+    for &w in &args.workers {
         let config = LoaderConfig {
             batch_size: args.batch,
             workers: w,
@@ -331,59 +366,123 @@ fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
             order: Order::Shuffled { seed: 7 },
             ..LoaderConfig::default()
         };
-        let mut loader = Loader::new(Arc::clone(&ds), config, StackColumns)?;
-        let s = best_of(args.repeats, || {
-            let mut count = 0;
-            for b in loader.epoch()? {
-                let b = b?;
-                count += b.len();
-                black_box(&b);
-            }
-            anyhow::ensure!(count == n, "trainmem delivered {count} of {n} samples");
-            Ok(())
-        })?;
-        ours.push(s);
-        rows.push(Row {
-            name: format!("trainmem, {w} workers"),
-            seconds: s,
-        });
+        loaders.push(Loader::new(Arc::clone(ds), config, StackColumns)?);
+        let buffers = || -> Vec<Vec<u8>> {
+            ds.columns()
+                .iter()
+                .map(|c| vec![0u8; args.batch * c.array.bytes_per_sample()])
+                .collect()
+        };
+        dst.push((0..bound_threads(w)).map(|_| buffers()).collect::<Vec<_>>());
     }
-
-    let mut burn = Vec::new();
-    if !args.no_burn {
-        let items: Vec<(Vec<f32>, i64)> = (0..n)
-            .map(|i| {
-                let s = ds.sample(i).map_err(anyhow::Error::from)?;
-                Ok((s.field::<f32>(0)?.to_vec(), s.field::<i64>(1)?[0]))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        // One in-memory copy of the data set, shared by every worker count.
-        let shared = Arc::new(InMemDataset::new(items));
-        for w in WORKERS {
-            let mut b = DataLoaderBuilder::<Flex, _, _>::new(ConcatBatcher)
-                .batch_size(args.batch)
-                .shuffle(7);
-            if w > 0 {
-                b = b.num_workers(w);
+    let mut out: Vec<Paired> = args.workers.iter().map(|_| Paired::default()).collect();
+    for round in 0..=args.repeats.max(1) {
+        for (i, loader) in loaders.iter_mut().enumerate() {
+            // The loader's next epoch, and the same batches for the bound: the same bytes.
+            let plan = EpochPlan::new(n, loader.config(), loader.state().epoch);
+            let t = Instant::now();
+            memcpy_epoch(ds, &plan, &mut dst[i]);
+            let bound = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            memcpy_contiguous(ds, args.batch, &mut dst[i]);
+            let contiguous = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let count = loader_epoch(loader)?;
+            let ours = t.elapsed().as_secs_f64();
+            anyhow::ensure!(count == n, "trainmem delivered {count} of {n} samples");
+            settle(loader);
+            if round > 0 {
+                out[i].bound.push(bound);
+                out[i].contiguous.push(contiguous);
+                out[i].ours.push(ours);
             }
-            let dl = b.build(Arc::clone(&shared));
-            let s = best_of(args.repeats, || {
-                let mut count = 0;
-                for (x, _y) in dl.iter() {
-                    count += x.len() / args.dim;
-                    black_box(&x);
-                }
-                anyhow::ensure!(count == n, "burn delivered {count} of {n} samples");
-                Ok(())
-            })?;
-            burn.push(s);
-            rows.push(Row {
-                name: format!("burn 0.21 DataLoader, {w} workers (in-memory)"),
-                seconds: s,
-            });
         }
     }
+    Ok(out)
+}
 
+/// burn's loader over an in-memory copy of the data set, for every worker count.
+fn burn_runs(args: &LoaderBenchArgs, ds: &MmapDataset) -> anyhow::Result<Vec<Vec<f64>>> {
+    let n = ds.len();
+    let items: Vec<(Vec<f32>, i64)> = (0..n)
+        .map(|i| {
+            let s = ds.sample(i).map_err(anyhow::Error::from)?;
+            Ok((s.field::<f32>(0)?.to_vec(), s.field::<i64>(1)?[0]))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    // One in-memory copy of the data set, shared by every worker count.
+    let shared = Arc::new(InMemDataset::new(items));
+    let mut out = Vec::new();
+    for &w in &args.workers {
+        let mut b = DataLoaderBuilder::<Flex, _, _>::new(ConcatBatcher)
+            .batch_size(args.batch)
+            .shuffle(7);
+        if w > 0 {
+            b = b.num_workers(w);
+        }
+        let dl = b.build(Arc::clone(&shared));
+        out.push(timed(args.repeats, || {
+            let mut count = 0;
+            for (x, _y) in dl.iter() {
+                count += x.len() / args.dim;
+                black_box(&x);
+            }
+            anyhow::ensure!(count == n, "burn delivered {count} of {n} samples");
+            Ok(())
+        })?);
+    }
+    Ok(out)
+}
+
+fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
+    let paths = fixture(&args.dir, args.samples, args.dim)?;
+    let ds = Arc::new(MmapDataset::open(&[&paths.features, &paths.labels])?);
+    let n = ds.len();
+    let bps = ds.bytes_per_sample();
+    let total_bytes = (n * bps) as f64;
+    println!(
+        "loader bench: {n} samples x {bps} B ({:.2} GiB; f32[{}] + i64 label), batch {}, trainmem prefetch {}, persistent workers, shuffled, page cache warm, median of {} epochs after a warm-up, {} CPUs",
+        total_bytes / f64::from(1u32 << 30),
+        args.dim,
+        args.batch,
+        args.prefetch,
+        args.repeats.max(1),
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+
+    let paired = paired_runs(args, &ds)?;
+    let mut rows = Vec::new();
+    for (w, p) in args.workers.iter().zip(&paired) {
+        rows.push(Row {
+            name: format!(
+                "memcpy of the same batches, {} thread(s)",
+                bound_threads(*w)
+            ),
+            seconds: Spread::of(&p.bound),
+        });
+        rows.push(Row {
+            name: format!("trainmem, {w} workers"),
+            seconds: Spread::of(&p.ours),
+        });
+        rows.push(Row {
+            name: format!(
+                "(reference) memcpy of contiguous batches in file order, {} thread(s)",
+                bound_threads(*w)
+            ),
+            seconds: Spread::of(&p.contiguous),
+        });
+    }
+    let burn = if args.no_burn {
+        Vec::new()
+    } else {
+        burn_runs(args, &ds)?
+    };
+    for (w, t) in args.workers.iter().zip(&burn) {
+        rows.push(Row {
+            name: format!("burn 0.21 DataLoader, {w} workers (in-memory)"),
+            seconds: Spread::of(t),
+        });
+    }
     let torch = if args.no_torch {
         Err("skipped (--no-torch)".to_string())
     } else {
@@ -391,56 +490,76 @@ fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
     };
     match &torch {
         Ok((version, times)) => {
-            for (w, s) in WORKERS.iter().zip(times) {
+            for (w, t) in args.workers.iter().zip(times) {
                 rows.push(Row {
                     name: format!("PyTorch {version} DataLoader, {w} workers (np.memmap)"),
-                    seconds: *s,
+                    seconds: Spread::of(t),
                 });
             }
         }
         Err(why) => println!("PyTorch column: {why}"),
     }
+    print_tables(&args.workers, n, total_bytes, &rows, &paired, &burn, &torch);
+    Ok(())
+}
 
+/// The pipeline table, the ratios against the bound, and the other targets against it.
+fn print_tables(
+    workers: &[usize],
+    n: usize,
+    total_bytes: f64,
+    rows: &[Row],
+    paired: &[Paired],
+    burn: &[Vec<f64>],
+    torch: &Result<(String, Vec<Vec<f64>>), String>,
+) {
     let gbs = |s: f64| total_bytes / s / 1e9;
     println!();
-    println!("| pipeline | samples/s | GB/s | vs memcpy 1 thread | vs memcpy 2 threads |");
+    println!("| pipeline | samples/s (median) | GB/s median | GB/s min | GB/s max |");
     println!("|---|---:|---:|---:|---:|");
-    for r in &rows {
+    for r in rows {
+        let g = r.seconds.map_decreasing(gbs);
         println!(
             "| {} | {:.0} | {:.2} | {:.2} | {:.2} |",
             r.name,
-            n as f64 / r.seconds,
-            gbs(r.seconds),
-            memcpy1 / r.seconds,
-            memcpy2 / r.seconds
+            n as f64 / r.seconds.median,
+            g.median,
+            g.min,
+            g.max
         );
     }
     println!();
     println!(
-        "ratios, same run (targets: >= 0.80 of memcpy, >= 3x burn, >= 5x PyTorch); the memcpy bound for W workers is a memcpy on max(W, 1) threads:"
+        "trainmem against its memcpy bound (the same rows of the same batches, on max(W, 1) threads, each reusing one destination), per pair of epochs timed back to back; target >= 0.80 at every worker count:"
     );
     println!(
-        "| workers | trainmem / memcpy 1 thread | trainmem / memcpy bound | burn / memcpy bound | trainmem / burn | trainmem / PyTorch |"
+        "| workers | bound GB/s (median) | trainmem GB/s (median) | trainmem / bound: median | min | max | >= 0.80 | trainmem / contiguous memcpy (median) | trainmem / burn | trainmem / PyTorch |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for (i, w) in WORKERS.iter().enumerate() {
-        let bound = memcpy_for(*w);
-        let (burn_bound, vs_burn) = burn.get(i).map_or(("n/a".into(), "n/a".into()), |b| {
-            (format!("{:.2}", bound / b), format!("{:.2}x", b / ours[i]))
-        });
-        let vs_torch = match &torch {
-            Ok((_, t)) => format!("{:.2}x", t[i] / ours[i]),
-            Err(_) => "n/a".to_string(),
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|");
+    for (i, (w, p)) in workers.iter().zip(paired).enumerate() {
+        let r = Spread::of(&p.ratios(&p.bound));
+        let contiguous = Spread::of(&p.ratios(&p.contiguous)).median;
+        let ours = Spread::of(&p.ours).median;
+        let vs = |t: Option<&Vec<f64>>| {
+            t.filter(|t| !t.is_empty()).map_or("n/a".to_string(), |t| {
+                format!("{:.2}x", Spread::of(t).median / ours)
+            })
         };
         println!(
-            "| {w} | {:.2} | {:.2} | {burn_bound} | {vs_burn} | {vs_torch} |",
-            memcpy1 / ours[i],
-            bound / ours[i]
+            "| {w} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {contiguous:.2} | {} | {} |",
+            gbs(Spread::of(&p.bound).median),
+            gbs(ours),
+            r.median,
+            r.min,
+            r.max,
+            if r.median >= 0.8 { "yes" } else { "NO" },
+            vs(burn.get(i)),
+            vs(torch.as_ref().ok().and_then(|(_, t)| t.get(i)))
         );
     }
 
-    // Can any loader that copies the bytes reach the targets? Compare each target rate with the
-    // memcpy bound on as many threads as the loader has workers.
+    // Can any loader that copies the bytes reach the burn and PyTorch targets? Compare each
+    // target rate with the memcpy bound on as many threads as the loader has workers.
     println!();
     println!(
         "targets against the physical bound (a target above the memcpy bound cannot be met by a loader that copies every byte once):"
@@ -449,26 +568,25 @@ fn throughput(args: &LoaderBenchArgs) -> anyhow::Result<()> {
         "| workers | target | target rate GB/s | memcpy bound GB/s (threads) | target / bound | trainmem GB/s |"
     );
     println!("|---:|---|---:|---:|---:|---:|");
-    let mut targets: Vec<(&str, f64, &[f64])> = Vec::new();
+    let mut targets: Vec<(&str, f64, &[Vec<f64>])> = Vec::new();
     if !burn.is_empty() {
-        targets.push(("3x burn", 3.0, &burn));
+        targets.push(("3x burn", 3.0, burn));
     }
-    if let Ok((_, t)) = &torch {
+    if let Ok((_, t)) = torch {
         targets.push(("5x PyTorch", 5.0, t));
     }
     for (name, k, times) in targets {
-        for (i, w) in WORKERS.iter().enumerate() {
-            let target = k * gbs(times[i]);
-            let bound = gbs(memcpy_for(*w));
+        for (i, w) in workers.iter().enumerate() {
+            let target = k * gbs(Spread::of(&times[i]).median);
+            let bound = gbs(Spread::of(&paired[i].bound).median);
             println!(
                 "| {w} | {name} | {target:.2} | {bound:.2} ({}) | {:.2} | {:.2} |",
                 bound_threads(*w),
                 target / bound,
-                gbs(ours[i])
+                gbs(Spread::of(&paired[i].ours).median)
             );
         }
     }
-    Ok(())
 }
 
 /// The streaming data set (written on first use) and its sample count.
