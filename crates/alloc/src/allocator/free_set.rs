@@ -190,7 +190,7 @@ impl FreeSet {
 
     /// The chunk where `key` belongs: the last one whose first key is at most `key` (chunk 0
     /// for keys below every chunk, and for an empty set).
-    #[inline]
+    #[inline(always)]
     fn chunk_for(&self, key: u128) -> usize {
         if self.firsts.len() <= 1 {
             return 0;
@@ -199,24 +199,45 @@ impl FreeSet {
     }
 
     /// Splits chunk `c` in two if it grew past the limit.
-    #[inline]
+    #[inline(always)]
     fn after_grow(&mut self, c: usize) {
-        let chunk = &mut self.chunks[c];
+        let chunk = &self.chunks[c];
         self.firsts[c] = chunk.keys[0];
         if chunk.len() > self.max {
-            let half = chunk.len() / 2;
-            let tail = SortedArray {
-                keys: chunk.keys.split_off(half),
-                idxs: chunk.idxs.split_off(half),
-            };
-            self.firsts.insert(c + 1, tail.keys[0]);
-            self.chunks.insert(c + 1, tail);
+            self.split(c);
         }
     }
 
+    /// Splits chunk `c` in two halves (rare: once per `max / 2` insertions at most).
+    #[cold]
+    #[inline(never)]
+    fn split(&mut self, c: usize) {
+        let chunk = &mut self.chunks[c];
+        let half = chunk.len() / 2;
+        let tail = SortedArray {
+            keys: chunk.keys.split_off(half),
+            idxs: chunk.idxs.split_off(half),
+        };
+        self.firsts.insert(c + 1, tail.keys[0]);
+        self.chunks.insert(c + 1, tail);
+    }
+
     /// Drops chunk `c` if it emptied, or joins it to a neighbour if it is too small.
-    #[inline]
+    #[inline(always)]
     fn after_shrink(&mut self, c: usize) {
+        let len = self.chunks[c].len();
+        if len == 0 || (len < self.min && self.chunks.len() > 1) {
+            self.shrink(c);
+        } else {
+            self.firsts[c] = self.chunks[c].keys[0];
+        }
+    }
+
+    /// [`after_shrink`](Self::after_shrink)'s rare cases: drops an empty chunk, or joins a
+    /// small one to a neighbour.
+    #[cold]
+    #[inline(never)]
+    fn shrink(&mut self, c: usize) {
         let len = self.chunks[c].len();
         if len == 0 {
             self.chunks.remove(c);
@@ -224,20 +245,18 @@ impl FreeSet {
             return;
         }
         self.firsts[c] = self.chunks[c].keys[0];
-        if len < self.min && self.chunks.len() > 1 {
-            let a = if c + 1 < self.chunks.len() { c } else { c - 1 };
-            let b = self.chunks.remove(a + 1);
-            self.firsts.remove(a + 1);
-            let chunk = &mut self.chunks[a];
-            chunk.keys.extend_from_slice(&b.keys);
-            chunk.idxs.extend_from_slice(&b.idxs);
-            self.after_grow(a);
-        }
+        let a = if c + 1 < self.chunks.len() { c } else { c - 1 };
+        let b = self.chunks.remove(a + 1);
+        self.firsts.remove(a + 1);
+        let chunk = &mut self.chunks[a];
+        chunk.keys.extend_from_slice(&b.keys);
+        chunk.idxs.extend_from_slice(&b.idxs);
+        self.after_grow(a);
     }
 
     /// Files block `idx` under `key` (the key must not be present: keys are unique because
     /// addresses are).
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, key: u128, idx: u32) {
         if self.chunks.is_empty() {
             self.chunks.push(SortedArray::default());
@@ -249,7 +268,7 @@ impl FreeSet {
     }
 
     /// Removes `key`, returning its block index if it was present.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove(&mut self, key: u128) -> Option<u32> {
         let c = self.chunk_for(key);
         let r = self.chunks.get_mut(c)?.remove(key);
@@ -274,7 +293,7 @@ impl FreeSet {
     }
 
     /// The first entry with key `>= lo`: its chunk and position.
-    #[inline]
+    #[inline(always)]
     fn lower_bound(&self, lo: u128) -> Option<(usize, usize)> {
         let c = self.chunk_for(lo);
         let chunk = self.chunks.get(c)?;
@@ -289,7 +308,7 @@ impl FreeSet {
     }
 
     /// The first entry with `lo <= key < hi` (best fit), left in the set.
-    #[inline]
+    #[inline(always)]
     pub(super) fn first_in(&self, lo: u128, hi: u128) -> Option<Found> {
         let (chunk, pos) = self.lower_bound(lo)?;
         let a = &self.chunks[chunk];
@@ -324,7 +343,7 @@ impl FreeSet {
     }
 
     /// Re-files the entry `found` under `new` with block index `idx`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn replace_found(&mut self, found: Found, new: u128, idx: u32) {
         let c = found.chunk;
         if self.chunk_for(new) == c {
@@ -337,7 +356,7 @@ impl FreeSet {
     }
 
     /// Removes the entry `found`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove_found(&mut self, found: Found) {
         self.chunks[found.chunk].remove_at(found.pos);
         self.after_shrink(found.chunk);
@@ -466,6 +485,11 @@ mod tests {
                     let want = m.range(key..hi).next().map(|(&k, &v)| (k, v));
                     let found = s.first_in(key, hi);
                     assert_eq!(found.map(|f| f.idx), want.map(|(_, v)| v));
+                    if let (Some((k, _)), Some(f)) = (want, found) {
+                        assert_eq!(s.key_of(f), k);
+                        let after = m.range(k + 1..).next().map(|(&k, &v)| (k, v));
+                        assert_eq!(s.next(f).map(|n| (s.key_of(n), n.idx)), after);
+                    }
                     if let (Some((k, v)), Some(found)) = (want, found) {
                         m.remove(&k);
                         let new = u128::from((x >> 30) % 16) << 64 | u128::from((x >> 40) % 16);
