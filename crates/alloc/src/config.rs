@@ -205,13 +205,14 @@ impl RoundupPower2Divisions {
 ///
 /// Build it from a string with [`AllocatorConfig::parse`] / `str::parse`, or from code with
 /// the `with_*` methods. The defaults are PyTorch's: no split limit, 20 MiB non-split rounding,
-/// no power-of-two divisions, no garbage collection.
+/// no power-of-two divisions, no garbage collection, no expandable segments.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllocatorConfig {
     max_split_size: Option<u64>,
     max_non_split_rounding: u64,
     roundup_power2_divisions: RoundupPower2Divisions,
     garbage_collection_threshold: Option<f64>,
+    expandable_segments: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -221,6 +222,7 @@ impl Default for AllocatorConfig {
             max_non_split_rounding: LARGE_BUFFER,
             roundup_power2_divisions: RoundupPower2Divisions::default(),
             garbage_collection_threshold: None,
+            expandable_segments: false,
         }
     }
 }
@@ -231,7 +233,7 @@ impl AllocatorConfig {
     ///
     /// Keys: `max_split_size_mb` (≥ 20), `max_non_split_rounding_mb` (≥ 20),
     /// `roundup_power2_divisions` (a power of two, or a `[MB:div,...,>:div]` list),
-    /// `garbage_collection_threshold` (0 < x < 1), `expandable_segments` (`False` only),
+    /// `garbage_collection_threshold` (0 < x < 1), `expandable_segments` (`True` or `False`),
     /// `backend` (`native` only). An empty string gives the defaults.
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
         let mut cfg = AllocatorConfig::default();
@@ -274,14 +276,8 @@ impl AllocatorConfig {
                     })?;
             }
             "expandable_segments" => match value {
-                "False" | "false" => {}
-                "True" | "true" => {
-                    return Err(ConfigError::Unsupported {
-                        key: key.into(),
-                        value: value.into(),
-                        reason: "expandable segments (virtual-memory mapped segments) are not implemented; use max_split_size_mb to limit fragmentation".into(),
-                    });
-                }
+                "False" | "false" => self.expandable_segments = false,
+                "True" | "true" => self.expandable_segments = true,
                 _ => return Err(invalid(key, value, "expected True or False")),
             },
             "backend" => match value {
@@ -357,6 +353,22 @@ impl AllocatorConfig {
         Ok(self)
     }
 
+    /// Turns expandable segments on or off: with them on, each stream and pool has one
+    /// segment that grows by mapping pages (2 MiB in the small pool, 20 MiB in the large one)
+    /// instead of a new segment per miss, and gives whole free pages back on `empty_cache`.
+    /// The device must support address reservation and page mapping (see
+    /// [`DeviceMemory::map`](crate::DeviceMemory::map)).
+    pub fn with_expandable_segments(mut self, on: bool) -> Self {
+        self.expandable_segments = on;
+        self
+    }
+
+    /// True when expandable segments are on.
+    #[inline]
+    pub fn expandable_segments(&self) -> bool {
+        self.expandable_segments
+    }
+
     /// The split limit in bytes (`None` = unlimited).
     pub fn max_split_size(&self) -> Option<u64> {
         self.max_split_size
@@ -419,6 +431,9 @@ impl fmt::Display for AllocatorConfig {
         }
         if let Some(t) = self.garbage_collection_threshold {
             parts.push(format!("garbage_collection_threshold:{t}"));
+        }
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".to_string());
         }
         write!(f, "{}", parts.join(","))
     }
@@ -519,6 +534,27 @@ mod tests {
     }
 
     #[test]
+    fn expandable_segments_round_trip() {
+        let c = AllocatorConfig::parse("max_split_size_mb:128,expandable_segments:True").unwrap();
+        assert!(c.expandable_segments());
+        assert_eq!(
+            c.to_string(),
+            "max_split_size_mb:128,expandable_segments:True"
+        );
+        assert_eq!(AllocatorConfig::parse(&c.to_string()).unwrap(), c);
+        assert!(
+            !AllocatorConfig::parse("expandable_segments:False")
+                .unwrap()
+                .expandable_segments()
+        );
+        assert!(
+            AllocatorConfig::default()
+                .with_expandable_segments(true)
+                .expandable_segments()
+        );
+    }
+
+    #[test]
     fn rejects_bad_input() {
         let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();
         assert!(
@@ -534,9 +570,10 @@ mod tests {
                 key: "frobnicate".into()
             }
         );
-        let e = AllocatorConfig::parse("expandable_segments:True").unwrap_err();
+        let e = AllocatorConfig::parse("backend:cudaMallocAsync").unwrap_err();
         assert!(matches!(e, ConfigError::Unsupported { .. }));
         assert!(e.to_string().contains("not supported"));
+        assert!(AllocatorConfig::parse("expandable_segments:maybe").is_err());
         assert!(AllocatorConfig::parse("garbage_collection_threshold:1.0").is_err());
         assert!(AllocatorConfig::parse("garbage_collection_threshold:0").is_err());
         assert!(AllocatorConfig::parse("garbage_collection_threshold:NaN").is_err());

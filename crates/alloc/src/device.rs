@@ -62,6 +62,44 @@ pub trait DeviceMemory: Send {
             self.name()
         )))
     }
+
+    /// Reserves `size` bytes of address space with no memory behind it (expandable
+    /// segments; CUDA's `cuMemAddressReserve`) and returns its first address. Pages are then
+    /// backed with [`map`](DeviceMemory::map). Devices without virtual memory management
+    /// (the default) answer [`DeviceError::Unavailable`].
+    fn reserve_address_space(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let _ = size;
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot reserve address space (expandable segments)",
+            self.name()
+        )))
+    }
+    /// Backs `[address, address + size)`, inside a reserved range and not backed yet, with
+    /// memory. Lack of memory must be reported as [`DeviceError::OutOfMemory`].
+    fn map(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (address, size);
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot map pages (expandable segments)",
+            self.name()
+        )))
+    }
+    /// Gives back the memory behind `[address, address + size)`, a backed part of a
+    /// reserved range; the addresses stay reserved.
+    fn unmap(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (address, size);
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot unmap pages (expandable segments)",
+            self.name()
+        )))
+    }
+    /// Gives back a reserved range (nothing in it may be backed any more).
+    fn release_address_space(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let _ = (address, size);
+        Err(DeviceError::Unavailable(format!(
+            "{} cannot release address space (expandable segments)",
+            self.name()
+        )))
+    }
 }
 
 impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
@@ -82,6 +120,18 @@ impl<D: DeviceMemory + ?Sized> DeviceMemory for Box<D> {
     }
     fn adopt(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
         (**self).adopt(address, size)
+    }
+    fn reserve_address_space(&mut self, size: u64) -> Result<u64, DeviceError> {
+        (**self).reserve_address_space(size)
+    }
+    fn map(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).map(address, size)
+    }
+    fn unmap(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).unmap(address, size)
+    }
+    fn release_address_space(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        (**self).release_address_space(address, size)
     }
 }
 
@@ -104,6 +154,8 @@ pub struct SimulatedDevice {
     external: u64,
     next_address: u64,
     live: BTreeMap<u64, u64>,
+    /// Reserved address ranges (expandable segments): base → (size, bytes mapped).
+    spaces: BTreeMap<u64, (u64, u64)>,
     planned: VecDeque<(u64, u64)>,
     name: String,
 }
@@ -121,6 +173,7 @@ impl SimulatedDevice {
             external: 0,
             next_address: Self::DEFAULT_BASE_ADDRESS,
             live: BTreeMap::new(),
+            spaces: BTreeMap::new(),
             planned: VecDeque::new(),
             name: "simulated device".to_string(),
         }
@@ -193,6 +246,19 @@ impl SimulatedDevice {
     /// Bytes currently handed out to the allocator.
     pub fn used_bytes(&self) -> u64 {
         self.used
+    }
+
+    /// Number of address ranges currently reserved (expandable segments).
+    pub fn reserved_spaces(&self) -> usize {
+        self.spaces.len()
+    }
+
+    /// The reserved range holding `[address, address + size)`: its base.
+    fn space_of(&self, address: u64, size: u64) -> Result<u64, DeviceError> {
+        match self.spaces.range(..=address).next_back() {
+            Some((&base, &(len, _))) if address.saturating_add(size) <= base + len => Ok(base),
+            _ => Err(DeviceError::UnknownAddress { address }),
+        }
     }
 
     /// Number of ranges currently handed out.
@@ -276,6 +342,61 @@ impl DeviceMemory for SimulatedDevice {
     fn name(&self) -> String {
         self.name.clone()
     }
+
+    /// Takes fresh addresses (above every planned and handed-out range); uses no capacity.
+    fn reserve_address_space(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let address = self.next_address;
+        self.next_address = size
+            .div_ceil(512)
+            .checked_mul(512)
+            .and_then(|s| address.checked_add(s))
+            .ok_or_else(|| DeviceError::Driver("simulated address space exhausted".into()))?;
+        self.spaces.insert(address, (size, 0));
+        Ok(address)
+    }
+
+    fn map(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let base = self.space_of(address, size)?;
+        let free = self.free_bytes();
+        if size > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free,
+            });
+        }
+        self.used += size;
+        if let Some(space) = self.spaces.get_mut(&base) {
+            space.1 += size;
+        }
+        Ok(())
+    }
+
+    fn unmap(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        let base = self.space_of(address, size)?;
+        let space = self.spaces.get_mut(&base).expect("found above");
+        if space.1 < size {
+            return Err(DeviceError::Driver(format!(
+                "unmapping {size} bytes at {address:#x}, only {} mapped there",
+                space.1
+            )));
+        }
+        space.1 -= size;
+        self.used -= size;
+        Ok(())
+    }
+
+    fn release_address_space(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
+        match self.spaces.get(&address) {
+            Some(&(len, 0)) if len == size => {
+                self.spaces.remove(&address);
+                Ok(())
+            }
+            Some(&(_, mapped)) if mapped > 0 => Err(DeviceError::Driver(format!(
+                "releasing address space at {address:#x} with {mapped} bytes still mapped"
+            ))),
+            _ => Err(DeviceError::UnknownAddress { address }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -322,6 +443,36 @@ mod tests {
         assert_eq!(d.allocate(4 << 20), Ok(0x20_0000_0000 + (20 << 20)));
         assert_eq!(d.planned_left(), 0);
         assert_eq!(d.used_bytes(), 6 << 20);
+    }
+
+    #[test]
+    fn reserved_ranges_cost_nothing_until_mapped() {
+        let mut d = SimulatedDevice::new(8 << 20).with_base_address(4096);
+        let base = d.reserve_address_space(64 << 20).unwrap();
+        assert_eq!(base, 4096);
+        assert_eq!(d.free_bytes(), 8 << 20);
+        d.map(base, 4 << 20).unwrap();
+        d.map(base + (60 << 20), 2 << 20).unwrap();
+        assert_eq!(d.free_bytes(), 2 << 20);
+        assert!(matches!(
+            d.map(base + (4 << 20), 4 << 20),
+            Err(DeviceError::OutOfMemory { requested, free }) if requested == 4 << 20 && free == 2 << 20
+        ));
+        // Outside the reservation, or past its end.
+        assert!(d.map(base + (63 << 20), 2 << 20).is_err());
+        assert!(d.map(base + (64 << 20), 2 << 20).is_err());
+        // A segment allocated now lies above the reservation.
+        assert_eq!(d.allocate(2 << 20), Ok(base + (64 << 20)));
+        assert!(
+            d.release_address_space(base, 64 << 20).is_err(),
+            "still mapped"
+        );
+        d.unmap(base, 4 << 20).unwrap();
+        d.unmap(base + (60 << 20), 2 << 20).unwrap();
+        assert!(d.unmap(base, 2 << 20).is_err(), "nothing left to unmap");
+        d.release_address_space(base, 64 << 20).unwrap();
+        assert_eq!(d.reserved_spaces(), 0);
+        assert_eq!(d.free_bytes(), 6 << 20);
     }
 
     #[test]

@@ -109,8 +109,8 @@ impl std::fmt::Display for OutOfMemory {
             f,
             "Of the allocated memory {} is allocated by trainmem, and {} is reserved by trainmem but unallocated. \
              If reserved but unallocated memory is large, the cache is fragmented: try setting \
-             max_split_size_mb (e.g. max_split_size_mb:128) so large cached blocks are not split; \
-             expandable segments, the other remedy, are not implemented by trainmem.",
+             max_split_size_mb (e.g. max_split_size_mb:128) so large cached blocks are not split, \
+             or expandable_segments:True to avoid fragmentation.",
             format_size(self.allocated),
             format_size(self.reserved_unallocated())
         )

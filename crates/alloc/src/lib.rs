@@ -77,6 +77,22 @@
 //!   memory exceeds threshold × allowed memory, release unsplit large cached blocks whose age
 //!   (cache lookups since they were freed) is at least the average, repeating until enough is
 //!   reclaimed or nothing more qualifies.
+//! * **Expandable segments** (`expandable_segments:True`,
+//!   [`AllocatorConfig::with_expandable_segments`]): per stream and pool, one segment
+//!   reserves address space for 9/8 of the device and grows by mapping pages (2 MiB in the
+//!   small pool, 20 MiB in the large) through [`DeviceMemory::reserve_address_space`] /
+//!   [`DeviceMemory::map`] ([`SimulatedDevice`] implements them; [`HostDevice`] and
+//!   [`CudaDevice`] answer [`DeviceError::Unavailable`]). A miss maps just enough whole pages
+//!   at the lowest place where free and unmapped blocks together have room (the growing end,
+//!   or a hole an unmap left); best fit passes over a block at the growing end when the next
+//!   block by size could grow to less; both pools split any remainder of 512 B or more.
+//!   `empty_cache` and step 3 of the ladder unmap every whole page inside a free block (at
+//!   the end or in the middle; `segment_unmap` trace entries); a segment with nothing mapped
+//!   gives its address range back. Reserved bytes are the mapped pages; each mapping and
+//!   unmapping counts in `num_device_alloc` / `num_device_free`; expandable segments count
+//!   in neither the `segment` nor the `inactive_split` statistics, and the oversize and
+//!   garbage-collection rules never release them. Snapshots report each mapped range as a
+//!   segment with `is_expandable` set.
 //! * **Streams**: a freed block is reused only on its stream. After
 //!   [`record_stream`](CachingAllocator::record_stream), a free is *pending*
 //!   (`active_pending_free`) until every recorded stream's work is declared complete with

@@ -81,6 +81,9 @@ pub struct SegmentInfo {
     pub stream: StreamId,
     /// Small or large pool.
     pub segment_type: PoolKind,
+    /// True for one mapped range of an expandable segment (PyTorch reports each contiguous
+    /// mapped range of an expandable segment as a segment of its own).
+    pub is_expandable: bool,
     /// The blocks, in address order.
     pub blocks: Vec<BlockInfo>,
 }
@@ -104,7 +107,7 @@ impl serde::Serialize for SegmentInfo {
         m.serialize_entry("stream", &self.stream.0)?;
         m.serialize_entry("segment_type", self.segment_type.as_str())?;
         m.serialize_entry("segment_pool_id", &(0u32, 0u32))?;
-        m.serialize_entry("is_expandable", &false)?;
+        m.serialize_entry("is_expandable", &self.is_expandable)?;
         m.serialize_entry("frames", &Frames(None))?;
         m.serialize_entry("blocks", &self.blocks)?;
         m.end()
@@ -121,7 +124,7 @@ pub struct AllocatorSettings {
     pub max_split_size: i64,
     /// Garbage-collection threshold (0 when off).
     pub garbage_collection_threshold: f64,
-    /// Always false (not implemented).
+    /// Whether expandable segments are on.
     pub expandable_segments: bool,
     /// Division count per interval, keyed by the interval's lower bound in MB (`"1"`, `"2"`, …).
     pub roundup_power2_divisions: BTreeMap<String, u64>,
@@ -169,7 +172,7 @@ impl AllocatorSettings {
                 .max_split_size()
                 .map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64),
             garbage_collection_threshold: c.garbage_collection_threshold().unwrap_or(0.0),
-            expandable_segments: false,
+            expandable_segments: c.expandable_segments(),
             roundup_power2_divisions: c
                 .roundup_power2_divisions()
                 .intervals()
@@ -209,11 +212,13 @@ impl Snapshot {
     }
 
     /// Free bytes inside segments that also hold active blocks (`inactive_split_bytes`):
-    /// cached memory that `empty_cache` cannot release.
+    /// cached memory that `empty_cache` cannot release. Expandable segments are left out (as
+    /// PyTorch leaves them out of `inactive_split_bytes`): their whole free pages can be
+    /// given back.
     pub fn non_releasable(&self) -> u64 {
         self.segments
             .iter()
-            .filter(|s| s.blocks.len() > 1)
+            .filter(|s| s.blocks.len() > 1 && !s.is_expandable)
             .flat_map(|s| s.blocks.iter())
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size)

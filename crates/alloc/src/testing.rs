@@ -23,7 +23,7 @@ use crate::config::{AllocatorConfig, RoundupPower2Divisions};
 use crate::device::DeviceMemory;
 use crate::error::AllocError;
 use crate::size::MIB;
-use crate::snapshot::{BlockState, Snapshot};
+use crate::snapshot::{BlockState, SegmentInfo, Snapshot};
 use crate::stream::StreamId;
 
 /// One allocator operation. `pick` selects a live block as `pick % live.len()` (a no-op when
@@ -100,8 +100,19 @@ pub fn ops_strategy(
 }
 
 /// Configurations exercising the knobs: optional `max_split_size_mb` (20–40), optional
-/// uniform `roundup_power2_divisions` (2, 4 or 8).
+/// uniform `roundup_power2_divisions` (2, 4 or 8), and expandable segments on in one case in
+/// three.
 pub fn config_strategy() -> impl Strategy<Value = AllocatorConfig> {
+    (
+        whole_segment_config_strategy(),
+        proptest::bool::weighted(1.0 / 3.0),
+    )
+        .prop_map(|(c, expandable)| c.with_expandable_segments(expandable))
+}
+
+/// [`config_strategy`] without expandable segments (every segment allocated whole, as
+/// [`CachingAllocator::from_state`] builds them).
+pub fn whole_segment_config_strategy() -> impl Strategy<Value = AllocatorConfig> {
     (
         proptest::option::of(20u64..=40),
         prop_oneof![Just(0u64), Just(2), Just(4), Just(8)],
@@ -120,6 +131,42 @@ pub fn config_strategy() -> impl Strategy<Value = AllocatorConfig> {
 
 fn fail(msg: String) -> InvariantViolation {
     InvariantViolation(msg)
+}
+
+/// After an out-of-memory error, a mapped range of an expandable segment lies inside one
+/// that existed before (the flush only unmaps pages), holds an active block and no pending
+/// free.
+fn check_expandable_after_oom(
+    before: &Snapshot,
+    seg: &SegmentInfo,
+) -> Result<(), InvariantViolation> {
+    let end = seg.address + seg.total_size;
+    let inside = before.segments.iter().any(|old| {
+        old.is_expandable
+            && old.stream == seg.stream
+            && old.address <= seg.address
+            && end <= old.address + old.total_size
+    });
+    if !inside {
+        return Err(fail(format!(
+            "out-of-memory left mapped range {:#x}..{end:#x} that was not mapped before",
+            seg.address
+        )));
+    }
+    if seg.is_free() {
+        return Err(fail(format!(
+            "fully free mapped range {:#x} survived the out-of-memory flush",
+            seg.address
+        )));
+    }
+    if seg
+        .blocks
+        .iter()
+        .any(|b| b.state == BlockState::ActivePendingFree)
+    {
+        return Err(fail("pending free survived the out-of-memory flush".into()));
+    }
+    Ok(())
 }
 
 /// Allocated blocks of a snapshot as (address, size, requested size), in address order.
@@ -209,6 +256,10 @@ impl OpRunner {
                             return Err(fail("out-of-memory changed allocation stats".into()));
                         }
                         for seg in &after.segments {
+                            if seg.is_expandable {
+                                check_expandable_after_oom(&before, seg)?;
+                                continue;
+                            }
                             let Some(old) =
                                 before.segments.iter().find(|s| s.address == seg.address)
                             else {

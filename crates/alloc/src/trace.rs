@@ -22,6 +22,11 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A segment was returned to the device. `size` = the segment size.
     SegmentFree,
+    /// Expandable segments: pages were mapped at the end of (or into a hole of) a segment.
+    /// `addr`/`size` = the mapped range.
+    SegmentMap,
+    /// Expandable segments: whole free pages were unmapped. `addr`/`size` = the range.
+    SegmentUnmap,
     /// An allocation failed. `size` = the rounded request; `addr` holds the bytes the device
     /// reported free (serialised as `device_free`).
     Oom,
@@ -36,6 +41,8 @@ impl TraceAction {
             TraceAction::FreeCompleted => "free_completed",
             TraceAction::SegmentAlloc => "segment_alloc",
             TraceAction::SegmentFree => "segment_free",
+            TraceAction::SegmentMap => "segment_map",
+            TraceAction::SegmentUnmap => "segment_unmap",
             TraceAction::Oom => "oom",
         }
     }

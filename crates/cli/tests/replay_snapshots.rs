@@ -115,6 +115,8 @@ fn what_if_table_runs_on_every_shared_snapshot() {
             "roundup_power2_divisions:[256:1,512:2,>:8]",
             "--what-if",
             "garbage_collection_threshold:0.8",
+            "--what-if",
+            "expandable_segments:True",
         ];
         let text = run_ok(&args);
         assert!(text.contains("what-if on 80.00 GiB:"), "{p}: {text}");
@@ -122,6 +124,7 @@ fn what_if_table_runs_on_every_shared_snapshot() {
             "recorded",
             "max_split_size_mb:128",
             "garbage_collection_threshold:0.8",
+            "expandable_segments:True",
         ] {
             assert!(
                 text.lines().any(|l| l.starts_with(name)),
@@ -132,7 +135,7 @@ fn what_if_table_runs_on_every_shared_snapshot() {
         json_args.push("--json");
         let v: serde_json::Value = serde_json::from_str(&run_ok(&json_args)).unwrap();
         let rows = v["replay"]["what_if"].as_array().unwrap();
-        assert_eq!(rows.len(), 4, "{p}");
+        assert_eq!(rows.len(), 5, "{p}");
         assert_eq!(
             rows[0]["peak_reserved"], v["replay"]["recorded"]["peak_reserved"],
             "{p}"
@@ -238,18 +241,84 @@ fn verify_reports_the_first_divergence_with_both_sides() {
     assert!(text.contains("trainmem: no segment call"), "{text}");
 }
 
+/// On a snapshot whose cache is fragmented (cranberrii+ftcourse: 654 MiB reserved but
+/// unused at the peak), expandable segments reserve no more than the recorded configuration.
 #[test]
-fn the_answer_names_the_remedies_that_fit_with_their_figures() {
-    // 30 MiB allocated and freed, then 12 MiB (served by splitting the cached 30 MiB block)
-    // and 25 MiB (a new 26 MiB segment): 56 MiB reserved. On 48 MiB the 26 MiB segment does
-    // not fit and nothing can be released (the 30 MiB segment is split): out of memory at
-    // entry 6. With max_split_size_mb:20 the 30 MiB block is not split for 12 MiB (a new
-    // 12 MiB segment) and serves 25 MiB whole: 42 MiB, it fits. max_split_size_mb:128 leaves
-    // 30 MiB splittable: no help. (At the 42 MiB peak all of it is allocated: the 30 MiB
-    // block serves the 25 MiB request whole.)
+fn expandable_segments_reserve_no_more_on_a_fragmented_shared_snapshot() {
+    let Some(path) = snapshots()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("cranberrii+ftcourse"))
+    else {
+        return;
+    };
+    let p = path.to_str().unwrap();
+    let args = [
+        "replay",
+        p,
+        "--what-if",
+        "expandable_segments:True",
+        "--json",
+    ];
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&args)).unwrap();
+    let rows = v["replay"]["what_if"].as_array().unwrap();
+    assert_eq!(rows[1]["name"], "expandable_segments:True");
+    let (default, expandable) = (&rows[0], &rows[1]);
+    let reserved = |r: &serde_json::Value| r["peak_reserved"].as_u64().unwrap();
+    let unused = |r: &serde_json::Value| r["unused_at_peak"].as_u64().unwrap();
+    assert!(reserved(expandable) <= reserved(default), "{rows:?}");
+    // The recorded run holds over 512 MiB unused at its peak; expandable segments far less.
+    assert!(unused(default) > 512 * MIB as u64, "{rows:?}");
+    assert!(unused(expandable) < unused(default) / 4, "{rows:?}");
+}
+
+/// The same fragmenting trace as below, replayed with expandable segments on 48 MiB (page
+/// arithmetic by hand; the large pool maps 20 MiB pages, the address range is 9/8 of the
+/// capacity = 54 MiB, i.e. 3 pages):
+/// * alloc 30 MiB: nothing cached, map 2 pages [0, 40); the block is [0, 30), [30, 40) free;
+/// * free: one free block [0, 40);
+/// * alloc 12 MiB: [0, 12), free [12, 40) (28 MiB);
+/// * alloc 25 MiB: fits the 28 MiB block: [12, 37), free [37, 40) (3 MiB).
+///
+/// Peak reserved 40 MiB (recorded: 56 MiB), peak allocated 37 MiB, 3 MiB unused at the peak
+/// (the largest free block), one mapping, no out-of-memory.
+#[test]
+fn expandable_segments_what_if_gives_the_page_arithmetic() {
+    let path = fragmenting_snapshot("fragmenting-expandable.pickle");
+    let p = path.to_str().unwrap();
+    let args = [
+        "replay",
+        p,
+        "--capacity",
+        "48MiB",
+        "--what-if",
+        "expandable_segments:True",
+    ];
+    let text = run_ok(&args);
+    assert!(
+        text.contains(
+            "  expandable_segments:True: peak reserved 40.00 MiB (3.00 MiB unused at the peak), 1 cudaMalloc calls"
+        ),
+        "{text}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&json_args)).unwrap();
+    let row = &v["replay"]["what_if"][1];
+    assert_eq!(row["name"], "expandable_segments:True");
+    assert_eq!(row["peak_reserved"], 40 * MIB);
+    assert_eq!(row["peak_allocated"], 37 * MIB);
+    assert_eq!(row["unused_at_peak"], 3 * MIB);
+    assert_eq!(row["largest_free_at_peak"], 3 * MIB);
+    assert_eq!(row["cuda_mallocs"], 1);
+    assert_eq!(row["cuda_frees"], 0);
+    assert_eq!(row["ooms"], 0);
+}
+
+/// 30 MiB allocated and freed, then 12 MiB and 25 MiB (see the test below).
+fn fragmenting_snapshot(name: &str) -> PathBuf {
     let (a, b) = (0x7000_0000i64, 0x7400_0000i64);
-    let path = write_snapshot(
-        "fragmenting.pickle",
+    write_snapshot(
+        name,
         vec![
             segment(
                 a,
@@ -270,7 +339,19 @@ fn the_answer_names_the_remedies_that_fit_with_their_figures() {
             entry("segment_alloc", b, 26 * MIB),
             entry("alloc", b, 25 * MIB),
         ],
-    );
+    )
+}
+
+#[test]
+fn the_answer_names_the_remedies_that_fit_with_their_figures() {
+    // 30 MiB allocated and freed, then 12 MiB (served by splitting the cached 30 MiB block)
+    // and 25 MiB (a new 26 MiB segment): 56 MiB reserved. On 48 MiB the 26 MiB segment does
+    // not fit and nothing can be released (the 30 MiB segment is split): out of memory at
+    // entry 6. With max_split_size_mb:20 the 30 MiB block is not split for 12 MiB (a new
+    // 12 MiB segment) and serves 25 MiB whole: 42 MiB, it fits. max_split_size_mb:128 leaves
+    // 30 MiB splittable: no help. (At the 42 MiB peak all of it is allocated: the 30 MiB
+    // block serves the 25 MiB request whole.)
+    let path = fragmenting_snapshot("fragmenting.pickle");
     let p = path.to_str().unwrap();
     let text = run_ok(&[
         "replay",

@@ -2,25 +2,27 @@
 //!
 //! The allocator's hot path is "best fit": the first block whose key `size << 64 | address` is
 //! at or after `request << 64`, then a removal; frees do one insertion and one removal per
-//! merged neighbour. A free set holds a few hundred blocks in training workloads, and for
-//! sets of that size a sorted array beats a B-tree: a lookup is a branch-free binary search
-//! over one contiguous array (no per-node linear scans, no pointer chasing) and an insertion
-//! or removal is one `memmove` of the tail. Keys and block indices are kept in two parallel
-//! vectors so that the searched array holds keys only (16 bytes each, no padding). A split or
-//! a merge re-files one entry in place of another ([`FreeSet::replace`]), moving only the
-//! entries between the two positions.
+//! merged neighbour. A free set holds a few hundred blocks in most training workloads, and
+//! for sets of that size a sorted array beats a B-tree: a lookup is a branch-free binary
+//! search over one contiguous array (no per-node linear scans, no pointer chasing) and an
+//! insertion or removal is one `memmove` of the tail. Keys and block indices are kept in two
+//! parallel vectors so that the searched array holds keys only (16 bytes each, no padding). A
+//! split or a merge re-files one entry in place of another ([`FreeSet::replace`]), moving only
+//! the entries between the two positions.
 //!
-//! Insertion and removal in an array are O(n) moves, so a set that grows past
-//! [`TO_TREE`] entries switches to a B-tree (O(log n) per operation), and switches back
-//! below [`TO_ARRAY`] (the gap keeps a set near the boundary from switching back and forth).
-//! Both forms give the same answers; only the cost differs.
+//! Deep models hold tens of thousands of cached blocks in one set, where one array would move
+//! too much per insertion. The set is therefore a sequence of sorted arrays (chunks) of at
+//! most [`CHUNK_MAX`] entries, with the first key of each chunk in a small array of its own
+//! that is searched first: every operation is two binary searches and a move of at most one
+//! chunk, so its cost hardly grows with the set (a set of up to [`CHUNK_MAX`] blocks is one
+//! chunk, the plain sorted array). A chunk that fills up splits in two; one that drops below
+//! [`CHUNK_MIN`] entries joins a neighbour.
 
-use std::collections::BTreeMap;
-
-/// Above this many entries a free set becomes a B-tree.
-const TO_TREE: usize = 2048;
-/// Below this many entries a B-tree free set becomes an array again.
-const TO_ARRAY: usize = 512;
+/// A chunk that grows past this many entries splits in two.
+const CHUNK_MAX: usize = 128;
+/// A chunk that shrinks below this many entries joins a neighbour (`CHUNK_MAX / 8`, so that
+/// a chunk just split needs many removals before it joins again).
+const CHUNK_MIN: usize = CHUNK_MAX / 8;
 
 /// A sorted array of keys `size << 64 | address` with each block's slab index beside its key.
 #[derive(Debug, Default)]
@@ -77,8 +79,7 @@ impl SortedArray {
         self.replace_at(i, new, idx);
     }
 
-    /// [`replace`](Self::replace) for the entry at position `pos` (as returned by
-    /// [`first_in`](Self::first_in), with no change to the set in between).
+    /// [`replace`](Self::replace) for the entry at position `pos`.
     #[inline]
     fn replace_at(&mut self, pos: usize, new: u128, idx: u32) {
         let (i, old) = (pos, self.keys[pos]);
@@ -108,18 +109,6 @@ impl SortedArray {
         self.idxs[at] = idx;
     }
 
-    /// The first entry with `lo <= key < hi` (best fit), left in the set: its block index
-    /// and its position (valid for [`replace_at`](Self::replace_at) and
-    /// [`remove_at`](Self::remove_at) until the set next changes).
-    #[inline]
-    fn first_in(&self, lo: u128, hi: u128) -> Option<(u32, usize)> {
-        let i = self.lower_bound(lo);
-        match self.keys.get(i) {
-            Some(&k) if k < hi => Some((self.idxs[i], i)),
-            _ => None,
-        }
-    }
-
     /// Removes the entry at position `pos`.
     #[inline]
     fn remove_at(&mut self, pos: usize) {
@@ -135,12 +124,6 @@ impl SortedArray {
         } else {
             None
         }
-    }
-
-    /// The first entry with key `>= lo`.
-    fn first_from(&self, lo: u128) -> Option<(u128, u32)> {
-        let i = self.lower_bound(lo);
-        Some((*self.keys.get(i)?, self.idxs[i]))
     }
 
     /// Entries with key `< hi`, largest key first.
@@ -159,25 +142,21 @@ impl SortedArray {
     }
 }
 
-/// The form a free set currently has.
-#[derive(Debug)]
-enum Repr {
-    Array(SortedArray),
-    Tree(BTreeMap<u128, u32>),
-}
-
 /// The free blocks of one (stream, pool), ordered by key `size << 64 | address`, each with
-/// its slab index.
+/// its slab index: sorted chunks, each chunk's keys above the previous chunk's.
 #[derive(Debug)]
 pub(super) struct FreeSet {
-    repr: Repr,
-    to_tree: usize,
-    to_array: usize,
+    /// The first key of each chunk (`firsts[c] == chunks[c].keys[0]`).
+    firsts: Vec<u128>,
+    /// Never empty chunks, in key order.
+    chunks: Vec<SortedArray>,
+    max: usize,
+    min: usize,
 }
 
 impl Default for FreeSet {
     fn default() -> Self {
-        FreeSet::with_limits(TO_TREE, TO_ARRAY)
+        FreeSet::with_limits(CHUNK_MAX, CHUNK_MIN)
     }
 }
 
@@ -187,163 +166,228 @@ impl Default for FreeSet {
 pub(super) struct Found {
     /// The block's slab index.
     pub(super) idx: u32,
-    key: u128,
-    /// Position in the array form (unused in the tree form).
+    chunk: usize,
     pos: usize,
 }
 
 impl FreeSet {
-    /// A set that becomes a tree above `to_tree` entries and an array below `to_array`.
-    fn with_limits(to_tree: usize, to_array: usize) -> Self {
-        debug_assert!(to_array < to_tree);
+    /// A set whose chunks split above `max` entries and join a neighbour below `min`.
+    fn with_limits(max: usize, min: usize) -> Self {
+        debug_assert!(2 <= max && min < max / 2);
         FreeSet {
-            repr: Repr::Array(SortedArray::default()),
-            to_tree,
-            to_array,
+            firsts: Vec::new(),
+            chunks: Vec::new(),
+            max,
+            min,
         }
     }
 
     /// Number of blocks in the set.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        match &self.repr {
-            Repr::Array(a) => a.len(),
-            Repr::Tree(t) => t.len(),
+        self.chunks.iter().map(SortedArray::len).sum()
+    }
+
+    /// The chunk where `key` belongs: the last one whose first key is at most `key` (chunk 0
+    /// for keys below every chunk, and for an empty set).
+    #[inline(always)]
+    fn chunk_for(&self, key: u128) -> usize {
+        if self.firsts.len() <= 1 {
+            return 0;
+        }
+        self.firsts.partition_point(|&f| f <= key).saturating_sub(1)
+    }
+
+    /// Splits chunk `c` in two if it grew past the limit.
+    #[inline(always)]
+    fn after_grow(&mut self, c: usize) {
+        let chunk = &self.chunks[c];
+        self.firsts[c] = chunk.keys[0];
+        if chunk.len() > self.max {
+            self.split(c);
         }
     }
 
-    /// Switches an array that grew too large to a tree.
-    #[inline]
-    fn after_grow(&mut self) {
-        if let Repr::Array(a) = &mut self.repr
-            && a.len() > self.to_tree
-        {
-            let a = std::mem::take(a);
-            self.repr = Repr::Tree(a.iter().collect());
+    /// Splits chunk `c` in two halves (rare: once per `max / 2` insertions at most).
+    #[cold]
+    #[inline(never)]
+    fn split(&mut self, c: usize) {
+        let chunk = &mut self.chunks[c];
+        let half = chunk.len() / 2;
+        let tail = SortedArray {
+            keys: chunk.keys.split_off(half),
+            idxs: chunk.idxs.split_off(half),
+        };
+        self.firsts.insert(c + 1, tail.keys[0]);
+        self.chunks.insert(c + 1, tail);
+    }
+
+    /// Drops chunk `c` if it emptied, or joins it to a neighbour if it is too small.
+    #[inline(always)]
+    fn after_shrink(&mut self, c: usize) {
+        let len = self.chunks[c].len();
+        if len == 0 || (len < self.min && self.chunks.len() > 1) {
+            self.shrink(c);
+        } else {
+            self.firsts[c] = self.chunks[c].keys[0];
         }
     }
 
-    /// Switches a tree that shrank enough back to an array.
-    #[inline]
-    fn after_shrink(&mut self) {
-        if let Repr::Tree(t) = &mut self.repr
-            && t.len() < self.to_array
-        {
-            let t = std::mem::take(t);
-            self.repr = Repr::Array(SortedArray {
-                keys: t.keys().copied().collect(),
-                idxs: t.values().copied().collect(),
-            });
+    /// [`after_shrink`](Self::after_shrink)'s rare cases: drops an empty chunk, or joins a
+    /// small one to a neighbour.
+    #[cold]
+    #[inline(never)]
+    fn shrink(&mut self, c: usize) {
+        let len = self.chunks[c].len();
+        if len == 0 {
+            self.chunks.remove(c);
+            self.firsts.remove(c);
+            return;
         }
+        self.firsts[c] = self.chunks[c].keys[0];
+        let a = if c + 1 < self.chunks.len() { c } else { c - 1 };
+        let b = self.chunks.remove(a + 1);
+        self.firsts.remove(a + 1);
+        let chunk = &mut self.chunks[a];
+        chunk.keys.extend_from_slice(&b.keys);
+        chunk.idxs.extend_from_slice(&b.idxs);
+        self.after_grow(a);
     }
 
     /// Files block `idx` under `key` (the key must not be present: keys are unique because
     /// addresses are).
-    #[inline]
+    #[inline(always)]
     pub(super) fn insert(&mut self, key: u128, idx: u32) {
-        match &mut self.repr {
-            Repr::Array(a) => a.insert(key, idx),
-            Repr::Tree(t) => {
-                let old = t.insert(key, idx);
-                debug_assert!(old.is_none(), "duplicate free-set key");
-            }
+        if self.chunks.is_empty() {
+            self.chunks.push(SortedArray::default());
+            self.firsts.push(key);
         }
-        self.after_grow();
+        let c = self.chunk_for(key);
+        self.chunks[c].insert(key, idx);
+        self.after_grow(c);
     }
 
     /// Removes `key`, returning its block index if it was present.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove(&mut self, key: u128) -> Option<u32> {
-        let r = match &mut self.repr {
-            Repr::Array(a) => a.remove(key),
-            Repr::Tree(t) => t.remove(&key),
-        };
-        self.after_shrink();
+        let c = self.chunk_for(key);
+        let r = self.chunks.get_mut(c)?.remove(key);
+        if r.is_some() {
+            self.after_shrink(c);
+        }
         r
     }
 
     /// Removes `old` (which must be present) and files `idx` under `new` (which must not be).
     #[inline]
     pub(super) fn replace(&mut self, old: u128, new: u128, idx: u32) {
-        match &mut self.repr {
-            Repr::Array(a) => a.replace(old, new, idx),
-            Repr::Tree(t) => {
-                let was = t.remove(&old);
-                debug_assert!(was.is_some(), "replaced key not in the set");
-                t.insert(new, idx);
-            }
+        let c = self.chunk_for(old);
+        if self.chunk_for(new) == c {
+            self.chunks[c].replace(old, new, idx);
+            self.firsts[c] = self.chunks[c].keys[0];
+        } else {
+            let was = self.remove(old);
+            debug_assert!(was.is_some(), "replaced key not in the set");
+            self.insert(new, idx);
+        }
+    }
+
+    /// The first entry with key `>= lo`: its chunk and position.
+    #[inline(always)]
+    fn lower_bound(&self, lo: u128) -> Option<(usize, usize)> {
+        let c = self.chunk_for(lo);
+        let chunk = self.chunks.get(c)?;
+        let pos = chunk.lower_bound(lo);
+        if pos < chunk.len() {
+            Some((c, pos))
+        } else if c + 1 < self.chunks.len() {
+            Some((c + 1, 0))
+        } else {
+            None
         }
     }
 
     /// The first entry with `lo <= key < hi` (best fit), left in the set.
-    #[inline]
+    #[inline(always)]
     pub(super) fn first_in(&self, lo: u128, hi: u128) -> Option<Found> {
-        match &self.repr {
-            Repr::Array(a) => a.first_in(lo, hi).map(|(idx, pos)| Found {
-                idx,
-                key: a.keys[pos],
-                pos,
-            }),
-            Repr::Tree(t) => t
-                .range(lo..hi)
-                .next()
-                .map(|(&key, &idx)| Found { idx, key, pos: 0 }),
-        }
+        let (chunk, pos) = self.lower_bound(lo)?;
+        let a = &self.chunks[chunk];
+        (a.keys[pos] < hi).then(|| Found {
+            idx: a.idxs[pos],
+            chunk,
+            pos,
+        })
+    }
+
+    /// The key of the entry `found`.
+    #[inline]
+    pub(super) fn key_of(&self, found: Found) -> u128 {
+        self.chunks[found.chunk].keys[found.pos]
+    }
+
+    /// The entry after `found` in key order.
+    #[inline]
+    pub(super) fn next(&self, found: Found) -> Option<Found> {
+        let (chunk, pos) = if found.pos + 1 < self.chunks[found.chunk].len() {
+            (found.chunk, found.pos + 1)
+        } else if found.chunk + 1 < self.chunks.len() {
+            (found.chunk + 1, 0)
+        } else {
+            return None;
+        };
+        Some(Found {
+            idx: self.chunks[chunk].idxs[pos],
+            chunk,
+            pos,
+        })
     }
 
     /// Re-files the entry `found` under `new` with block index `idx`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn replace_found(&mut self, found: Found, new: u128, idx: u32) {
-        match &mut self.repr {
-            Repr::Array(a) => a.replace_at(found.pos, new, idx),
-            Repr::Tree(_) => self.replace(found.key, new, idx),
+        let c = found.chunk;
+        if self.chunk_for(new) == c {
+            self.chunks[c].replace_at(found.pos, new, idx);
+            self.firsts[c] = self.chunks[c].keys[0];
+        } else {
+            self.remove_found(found);
+            self.insert(new, idx);
         }
     }
 
     /// Removes the entry `found`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn remove_found(&mut self, found: Found) {
-        match &mut self.repr {
-            Repr::Array(a) => a.remove_at(found.pos),
-            Repr::Tree(t) => {
-                t.remove(&found.key);
-            }
-        }
-        self.after_shrink();
+        self.chunks[found.chunk].remove_at(found.pos);
+        self.after_shrink(found.chunk);
     }
 
     /// The block index filed under `key`.
     pub(super) fn get(&self, key: &u128) -> Option<&u32> {
-        match &self.repr {
-            Repr::Array(a) => a.get(key),
-            Repr::Tree(t) => t.get(key),
-        }
+        self.chunks.get(self.chunk_for(*key))?.get(key)
     }
 
     /// The first entry with key `>= lo`.
     pub(super) fn first_from(&self, lo: u128) -> Option<(u128, u32)> {
-        match &self.repr {
-            Repr::Array(a) => a.first_from(lo),
-            Repr::Tree(t) => t.range(lo..).next().map(|(&k, &v)| (k, v)),
-        }
+        let (c, pos) = self.lower_bound(lo)?;
+        let a = &self.chunks[c];
+        Some((a.keys[pos], a.idxs[pos]))
     }
 
     /// Entries with key `< hi`, largest key first.
     pub(super) fn below_rev(&self, hi: u128) -> impl Iterator<Item = (u128, u32)> + '_ {
-        let (a, t) = match &self.repr {
-            Repr::Array(a) => (Some(a.below_rev(hi)), None),
-            Repr::Tree(t) => (None, Some(t.range(..hi).rev().map(|(&k, &v)| (k, v)))),
-        };
-        a.into_iter().flatten().chain(t.into_iter().flatten())
+        let c = self.chunk_for(hi);
+        let first = self.chunks.get(c).map(|a| a.below_rev(hi));
+        let rest = self.chunks[..c.min(self.chunks.len())]
+            .iter()
+            .rev()
+            .flat_map(|a| a.below_rev(u128::MAX));
+        first.into_iter().flatten().chain(rest)
     }
 
     /// Every entry in key order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
-        let (a, t) = match &self.repr {
-            Repr::Array(a) => (Some(a.iter()), None),
-            Repr::Tree(t) => (None, Some(t.iter().map(|(&k, &v)| (k, v)))),
-        };
-        a.into_iter().flatten().chain(t.into_iter().flatten())
+        self.chunks.iter().flat_map(SortedArray::iter)
     }
 }
 
@@ -365,6 +409,10 @@ mod tests {
         );
         let found = s.first_in(11, 30).expect("20 is in range");
         assert_eq!(found.idx, 2);
+        assert_eq!(s.key_of(found), 20);
+        let after = s.next(found).expect("30 follows");
+        assert_eq!((after.idx, s.key_of(after)), (3, 30));
+        assert_eq!(s.next(after), None);
         s.replace_found(found, 5, 2); // moves down past 10
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![(5, 2), (10, 1), (30, 3)]);
         s.replace(5, 40, 4); // moves up past 10 and 30
@@ -394,18 +442,21 @@ mod tests {
     /// pseudo-random sequence of insertions, removals and best-fit takes.
     #[test]
     fn agrees_with_an_ordered_map() {
-        // Small limits, so that the set changes form many times during the run.
-        let switches = agree(FreeSet::with_limits(40, 24));
-        assert!(switches >= 4, "only {switches} changes of form");
+        // Small chunks, so that chunks split and join many times during the run.
+        let (splits, joins) = agree(FreeSet::with_limits(8, 2));
+        assert!(
+            splits >= 4 && joins >= 4,
+            "only {splits} splits and {joins} joins"
+        );
         agree(FreeSet::default());
     }
 
-    /// Runs the comparison; returns how many times the set changed form.
-    fn agree(mut s: FreeSet) -> u32 {
+    /// Runs the comparison; returns how many times the set gained and lost chunks.
+    fn agree(mut s: FreeSet) -> (u32, u32) {
         let mut m: BTreeMap<u128, u32> = BTreeMap::new();
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut switches = 0;
-        let mut was_tree = false;
+        let (mut splits, mut joins) = (0, 0);
+        let mut chunks = 0;
         for step in 0..20_000u32 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -434,6 +485,11 @@ mod tests {
                     let want = m.range(key..hi).next().map(|(&k, &v)| (k, v));
                     let found = s.first_in(key, hi);
                     assert_eq!(found.map(|f| f.idx), want.map(|(_, v)| v));
+                    if let (Some((k, _)), Some(f)) = (want, found) {
+                        assert_eq!(s.key_of(f), k);
+                        let after = m.range(k + 1..).next().map(|(&k, &v)| (k, v));
+                        assert_eq!(s.next(f).map(|n| (s.key_of(n), n.idx)), after);
+                    }
                     if let (Some((k, v)), Some(found)) = (want, found) {
                         m.remove(&k);
                         let new = u128::from((x >> 30) % 16) << 64 | u128::from((x >> 40) % 16);
@@ -462,14 +518,23 @@ mod tests {
                     .collect::<Vec<_>>()
             );
             assert_eq!(s.len(), m.len());
-            let is_tree = matches!(s.repr, Repr::Tree(_));
-            switches += u32::from(is_tree != was_tree);
-            was_tree = is_tree;
+            assert!(
+                s.chunks
+                    .iter()
+                    .all(|c| !c.keys.is_empty() && c.len() <= s.max)
+            );
+            assert_eq!(
+                s.firsts,
+                s.chunks.iter().map(|c| c.keys[0]).collect::<Vec<_>>()
+            );
+            splits += u32::from(s.chunks.len() > chunks);
+            joins += u32::from(s.chunks.len() < chunks);
+            chunks = s.chunks.len();
         }
         assert_eq!(
             s.iter().collect::<Vec<_>>(),
             m.iter().map(|(&k, &v)| (k, v)).collect::<Vec<_>>()
         );
-        switches
+        (splits, joins)
     }
 }

@@ -1,5 +1,6 @@
 //! The invariant checker: recounts the allocator's state from its blocks and compares.
 
+use super::expandable::expandable_page_size;
 use super::{CachingAllocator, NONE, NodeState, fkey, pidx};
 use crate::device::DeviceMemory;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind};
@@ -71,6 +72,8 @@ struct Walk {
     visited: usize,
     /// Free blocks among them.
     free: usize,
+    /// Unmapped blocks among them.
+    unmapped: usize,
     /// Stream events outstanding on pending blocks.
     pending_events: u64,
     /// Sum of the segment sizes.
@@ -83,6 +86,9 @@ struct Seg {
     pool: usize,
     stream: StreamId,
     split: bool,
+    /// An expandable segment (its blocks tile the reserved range; only mapped blocks count
+    /// as reserved).
+    expandable: bool,
 }
 
 /// Checks every structural and accounting invariant of `alloc`:
@@ -90,6 +96,8 @@ struct Seg {
 /// * the blocks of each segment tile it exactly (address order, no gap, no overlap, linked
 ///   both ways, same stream and pool), every block is in exactly one segment, sizes are
 ///   multiples of 512;
+/// * in expandable segments, unmapped blocks are whole pages, are exactly the members of the
+///   unmapped sets, and no two are neighbours; reserved counts their mapped blocks only;
 /// * free blocks are exactly the members of the free sets, and no two free blocks are
 ///   neighbours (frees merge);
 /// * the address map holds exactly the allocated blocks; pending frees match their events;
@@ -116,7 +124,9 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
             by_addr.insert(n.addr, i as u32);
         }
     }
-    for (&base, &seg_size) in &alloc.segments {
+    let whole = alloc.segments.iter().map(|(&b, &s)| (b, s, false));
+    let expandable = alloc.expandable.iter().map(|(&b, &s)| (b, s, true));
+    for (base, seg_size, is_exp) in whole.chain(expandable) {
         let Some(&head) = by_addr.get(&base) else {
             return Err(InvariantViolation(format!(
                 "segment {base:#x} has no head block"
@@ -128,16 +138,19 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
             pool: pidx(hn.pool),
             stream: hn.stream,
             split: hn.next != NONE,
+            expandable: is_exp,
         };
-        walk.reserved += seg_size;
-        walk.counts.segment[seg.pool] += 1;
-        walk.counts.reserved_bytes[seg.pool] += seg_size;
-        if seg_size >= max_split {
-            walk.counts.oversize_segments += 1;
+        if !is_exp {
+            walk.reserved += seg_size;
+            walk.counts.segment[seg.pool] += 1;
+            walk.counts.reserved_bytes[seg.pool] += seg_size;
+            if seg_size >= max_split {
+                walk.counts.oversize_segments += 1;
+            }
         }
         let mut cursor = base;
         let mut prev = NONE;
-        let mut prev_free = false;
+        let mut prev_state = NodeState::Vacant;
         let mut cur = head;
         while cur != NONE {
             let n = &alloc.nodes[cur as usize];
@@ -165,8 +178,22 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
                 "block {cur} has size {}",
                 n.size
             );
-            check_block(alloc, &seg, cur, prev_free, max_split, &mut walk)?;
-            prev_free = n.state == NodeState::Free;
+            ensure!(
+                n.expandable == is_exp,
+                "segment {base:#x}: block {cur} disagrees on being expandable"
+            );
+            ensure!(
+                n.state != prev_state || !matches!(n.state, NodeState::Free | NodeState::Unmapped),
+                "segment {base:#x}: two neighbouring {:?} blocks at {:#x}",
+                n.state,
+                n.addr
+            );
+            if is_exp && n.state != NodeState::Unmapped {
+                walk.reserved += n.size;
+                walk.counts.reserved_bytes[seg.pool] += n.size;
+            }
+            check_block(alloc, &seg, cur, max_split, &mut walk)?;
+            prev_state = n.state;
             cursor += n.size;
             prev = cur;
             cur = n.next;
@@ -186,20 +213,32 @@ fn check_block<D: DeviceMemory>(
     alloc: &CachingAllocator<D>,
     seg: &Seg,
     cur: u32,
-    prev_free: bool,
     max_split: u64,
     walk: &mut Walk,
 ) -> Result<(), InvariantViolation> {
     let n = &alloc.nodes[cur as usize];
     match n.state {
-        NodeState::Free => {
-            walk.free += 1;
+        NodeState::Unmapped => {
+            let page = expandable_page_size(n.pool);
+            walk.unmapped += 1;
             ensure!(
-                !prev_free,
-                "segment {:#x}: two neighbouring free blocks at {:#x}",
-                seg.base,
+                seg.expandable,
+                "unmapped block {cur} outside an expandable segment"
+            );
+            ensure!(
+                (n.addr - seg.base).is_multiple_of(page) && n.size.is_multiple_of(page),
+                "unmapped block {cur} at {:#x} of {} bytes is not whole pages of {page}",
+                n.addr,
+                n.size
+            );
+            ensure!(
+                alloc.pools[n.slot as usize].unmapped[seg.pool].get(&n.addr) == Some(&cur),
+                "unmapped block {cur} at {:#x} missing from its unmapped set",
                 n.addr
             );
+        }
+        NodeState::Free => {
+            walk.free += 1;
             let sp = &alloc.pools[n.slot as usize];
             ensure!(
                 sp.stream == seg.stream,
@@ -215,7 +254,7 @@ fn check_block<D: DeviceMemory>(
                 n.event_count == 0 && !n.has_uses,
                 "free block {cur} has stream uses"
             );
-            if seg.split {
+            if seg.split && !seg.expandable {
                 walk.counts.inactive_split[seg.pool] += 1;
                 walk.counts.inactive_split_bytes[seg.pool] += n.size;
             }
@@ -272,6 +311,16 @@ fn check_indexes<D: DeviceMemory>(
         walk.visited == live,
         "{live} blocks in the slab but {} reachable from segments",
         walk.visited
+    );
+    let in_unmapped: usize = alloc
+        .pools
+        .iter()
+        .map(|sp| sp.unmapped.iter().map(|m| m.len()).sum::<usize>())
+        .sum();
+    ensure!(
+        in_unmapped == walk.unmapped,
+        "unmapped sets hold {in_unmapped} blocks, {} blocks are unmapped",
+        walk.unmapped
     );
     let in_sets = alloc.free_entries().count();
     ensure!(
@@ -409,7 +458,7 @@ fn check_totals<D: DeviceMemory>(
     for s in &snap.segments {
         let small = s.segment_type == PoolKind::Small;
         ensure!(
-            !small || s.total_size == crate::size::SMALL_BUFFER,
+            !small || s.is_expandable || s.total_size == crate::size::SMALL_BUFFER,
             "small segment {:#x} of {} bytes",
             s.address,
             s.total_size

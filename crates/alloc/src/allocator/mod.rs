@@ -17,6 +17,7 @@ use crate::stats::MemoryStats;
 use crate::stream::StreamId;
 use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
 
+mod expandable;
 mod free_set;
 pub(crate) mod invariants;
 mod seed;
@@ -66,6 +67,8 @@ enum NodeState {
     Allocated,
     /// Freed by the client, waiting for other streams' work (record_stream).
     Pending,
+    /// Address space of an expandable segment with no memory behind it (whole pages).
+    Unmapped,
 }
 
 /// A block: a contiguous range inside one segment. Blocks of a segment form a doubly linked
@@ -88,6 +91,8 @@ struct Node {
     event_count: u32,
     /// Other streams recorded with `record_stream` (kept in `stream_uses` while set).
     has_uses: bool,
+    /// Part of an expandable segment.
+    expandable: bool,
     label: Option<Label>,
 }
 
@@ -121,6 +126,7 @@ impl Node {
             raii: false,
             event_count: 0,
             has_uses: false,
+            expandable: false,
             label: None,
         }
     }
@@ -138,6 +144,8 @@ impl Node {
 struct StreamPools {
     stream: StreamId,
     free: [FreeSet; 2],
+    /// Unmapped blocks of the stream's expandable segments, per pool: address → slab index.
+    unmapped: [BTreeMap<u64, u32>; 2],
 }
 
 #[inline]
@@ -185,9 +193,9 @@ pub struct ReleasedMemory {
 /// [`SharedAllocator`](crate::SharedAllocator), which wraps it in a mutex.
 ///
 /// Data structures: blocks live in a slab (`Vec`) linked per segment by prev/next indices;
-/// free blocks are kept per stream and pool in a sorted array keyed by (size, address), or a
-/// B-tree once a set holds thousands of blocks (see `free_set`), so best fit is one binary
-/// search. A malloc hit costs that lookup, O(1) slab work, O(1) statistics and one removal or,
+/// free blocks are kept per stream and pool in sorted arrays of at most 128 entries keyed by
+/// (size, address), with each array's first key in a small index (see `free_set`), so best
+/// fit is two binary searches. A malloc hit costs that lookup, O(1) slab work, O(1) statistics and one removal or,
 /// when it splits, one re-filing (the remainder takes the found block's place); a free costs
 /// one insertion, or a re-filing (plus a removal when both neighbours merge). No heap
 /// allocation happens on these paths when tracing is off, apart from a free set's growth.
@@ -204,8 +212,11 @@ pub struct CachingAllocator<D: DeviceMemory> {
     addr_index: Option<AddrMap>,
     /// Streams recorded on live blocks (`record_stream`), by slot.
     stream_uses: HashMap<u32, Vec<StreamId>>,
-    /// Segment base address → size.
+    /// Segment base address → size (segments allocated whole; expandable ones are in
+    /// `expandable`).
     segments: BTreeMap<u64, u64>,
+    /// Expandable segments: base address → size of the reserved address range.
+    expandable: BTreeMap<u64, u64>,
     pending: Vec<(StreamId, u32)>,
     next_seq: u64,
     pool_calls: [u64; 2],
@@ -261,6 +272,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             addr_index: None,
             stream_uses: HashMap::new(),
             segments: BTreeMap::new(),
+            expandable: BTreeMap::new(),
             pending: Vec::new(),
             next_seq: 1,
             pool_calls: [0, 0],
@@ -353,6 +365,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 self.pools.push(StreamPools {
                     stream,
                     free: [FreeSet::default(), FreeSet::default()],
+                    unmapped: [BTreeMap::new(), BTreeMap::new()],
                 });
                 (self.pools.len() - 1) as u32
             }
@@ -398,7 +411,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         } else {
             size.saturating_add(max_rounding)
         };
-        self.pools[slot as usize].free[p].first_in(fkey(size, 0), fkey(limit, 0))
+        let set = &self.pools[slot as usize].free[p];
+        if self.config.expandable_segments() {
+            return self.best_fit_expandable(set, size, limit);
+        }
+        set.first_in(fkey(size, 0), fkey(limit, 0))
     }
 
     /// The miss path: new segment, then release oversize blocks, then flush everything.
@@ -415,16 +432,16 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if self.gc_enabled() {
             self.garbage_collect_cached_blocks()?;
         }
-        if let Some(i) = self.alloc_segment(alloc_size, slot, pool, false, label)? {
+        if let Some(i) = self.alloc_segment(size, alloc_size, slot, pool, false, label)? {
             return Ok(i);
         }
         if self.release_available_cached_blocks(size, slot, pool)?
-            && let Some(i) = self.alloc_segment(alloc_size, slot, pool, false, label)?
+            && let Some(i) = self.alloc_segment(size, alloc_size, slot, pool, false, label)?
         {
             return Ok(i);
         }
         self.release_cached_blocks()?;
-        if let Some(i) = self.alloc_segment(alloc_size, slot, pool, true, label)? {
+        if let Some(i) = self.alloc_segment(size, alloc_size, slot, pool, true, label)? {
             return Ok(i);
         }
         let device_free = self.device.free_bytes();
@@ -464,9 +481,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.vacant.push(idx);
     }
 
-    /// Allocates a segment from the device. `Ok(None)` = no memory (or over the fraction).
+    /// Allocates a segment of `alloc_size` bytes from the device for a request of `size`
+    /// (with expandable segments: maps pages for `size` bytes instead). `Ok(None)` = no
+    /// memory (or over the fraction).
     fn alloc_segment(
         &mut self,
+        size: u64,
         alloc_size: u64,
         slot: u32,
         pool: PoolKind,
@@ -477,6 +497,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        // The fraction check is on the whole-segment size also with expandable segments,
+        // as in PyTorch.
         if let Some(max) = self.allowed_max
             && self
                 .reserved
@@ -484,6 +506,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 .is_none_or(|t| t > max)
         {
             return Ok(None);
+        }
+        if self.config.expandable_segments() {
+            return self.alloc_expandable(size, slot, pool, label);
         }
         let addr = match self.device.allocate(alloc_size) {
             Ok(a) => a,
@@ -518,7 +543,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         label: Option<Label>,
     ) -> Block {
         let max_split = self.config.max_split_size_or_max();
-        let (bsize, pool, next, addr, stream, slot, already_split) = {
+        let (bsize, pool, next, addr, stream, slot, already_split, expandable) = {
             let n = &self.nodes[idx as usize];
             (
                 n.size,
@@ -528,16 +553,22 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 n.stream,
                 n.slot,
                 n.is_split(),
+                n.expandable,
             )
         };
         let remaining = bsize - size;
-        let split = match pool {
-            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
-            PoolKind::Large => size < max_split && remaining > SMALL_SIZE,
+        // With expandable segments on, both pools split off any remainder of 512 B or more.
+        let split = if pool == PoolKind::Small || self.config.expandable_segments() {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < max_split && remaining > SMALL_SIZE
         };
+        // Expandable segments stay out of the inactive-split statistics (PyTorch: their
+        // fully free pages can always be given back).
+        let count_split = !expandable;
         if split {
             let p = pidx(pool);
-            let r = self.new_node(Node::free_block(
+            let mut rest = Node::free_block(
                 addr + size,
                 remaining,
                 stream,
@@ -546,7 +577,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 self.pool_calls[p],
                 idx,
                 next,
-            ));
+            );
+            rest.expandable = expandable;
+            let r = self.new_node(rest);
             if next != NONE {
                 self.nodes[next as usize].prev = r;
             }
@@ -558,13 +591,14 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 Some(found) => set.replace_found(found, fkey(remaining, addr + size), r),
                 None => set.insert(fkey(remaining, addr + size), r),
             }
-            if already_split {
+            if !count_split {
+            } else if already_split {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else {
                 self.stats.inactive_split_bytes.increase(pool, remaining);
                 self.stats.inactive_split.increase(pool, 1);
             }
-        } else if already_split {
+        } else if already_split && count_split {
             self.stats.inactive_split_bytes.decrease(pool, bsize);
             self.stats.inactive_split.decrease(pool, 1);
         }
@@ -791,7 +825,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         }
         let n = &mut self.nodes[idx as usize];
         n.gc_base = self.pool_calls[p];
-        let (after_count, after_bytes) = if n.is_split() {
+        if n.expandable {
+            (before_count, before_bytes) = (0, 0);
+        }
+        let (after_count, after_bytes) = if n.is_split() && !n.expandable {
             (1i64, n.size as i64)
         } else {
             (0, 0)
@@ -900,21 +937,41 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         self.stats.num_sync_all_streams += 1;
         self.synchronize();
         let mut released = ReleasedMemory::default();
+        // Whole free segments, and every free block of an expandable segment (its whole
+        // pages are unmapped).
         let mut victims: Vec<FreeKey> = self
             .free_entries()
-            .filter(|k| !self.nodes[k.idx as usize].is_split())
+            .filter(|k| {
+                let n = &self.nodes[k.idx as usize];
+                n.expandable || !n.is_split()
+            })
             .collect();
         // Large pool first, as PyTorch releases large_blocks before small_blocks; within a
-        // pool in the pool's order: (stream, size, address).
+        // pool in the pool's order: (stream, size, address), whole segments before the pages
+        // of expandable ones.
         victims.sort_by_key(|k| {
             let stream = self.pools[k.slot as usize].stream;
-            (k.pool == PoolKind::Small, stream, k.size, k.addr)
+            let expandable = self.nodes[k.idx as usize].expandable;
+            (
+                k.pool == PoolKind::Small,
+                expandable,
+                stream,
+                k.size,
+                k.addr,
+            )
         });
         for k in victims {
-            self.release_block(k)?;
-            released.bytes += k.size;
-            released.segments += 1;
+            if self.nodes[k.idx as usize].expandable {
+                let (bytes, gone) = self.unmap_block(k.idx)?;
+                released.bytes += bytes;
+                released.segments += u64::from(gone);
+            } else {
+                self.release_block(k)?;
+                released.bytes += k.size;
+                released.segments += 1;
+            }
         }
+        released.segments += self.release_unmapped_segments()?;
         Ok(released)
     }
 
@@ -956,8 +1013,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let key_size = size.max(max_split);
         let lo = fkey(key_size, 0);
         let map = &self.pools[slot as usize].free[pidx(pool)];
+        // Blocks of expandable segments are never released whole.
+        let whole = |n: &Node| !n.is_split() && !n.expandable;
         if let Some((k, idx)) = map.first_from(lo)
-            && !self.nodes[idx as usize].is_split()
+            && whole(&self.nodes[idx as usize])
         {
             self.release_block(FreeKey::from_entry(slot, pool, k, idx))?;
             return Ok(true);
@@ -972,7 +1031,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             if total >= key_size {
                 break;
             }
-            if !self.nodes[k.idx as usize].is_split() {
+            if whole(&self.nodes[k.idx as usize]) {
                 self.release_block(k)?;
                 total += k.size;
             }
@@ -1014,7 +1073,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 .filter(|k| k.pool == PoolKind::Large)
                 .filter_map(|k| {
                     let n = &self.nodes[k.idx as usize];
-                    (!n.is_split() && age(n) as f64 >= threshold_age).then(|| (k, age(n)))
+                    (!n.is_split() && !n.expandable && age(n) as f64 >= threshold_age)
+                        .then(|| (k, age(n)))
                 })
                 .collect();
             for (k, a) in victims {
@@ -1124,9 +1184,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .unwrap_or(0)
     }
 
-    /// Number of device segments held.
+    /// Number of device segments held: segments allocated whole, plus the address ranges
+    /// of expandable segments.
     pub fn segment_count(&self) -> usize {
-        self.segments.len()
+        self.segments.len() + self.expandable.len()
     }
 
     /// A text table of the statistics in the spirit of PyTorch's `memory_summary()`.
@@ -1137,59 +1198,86 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// The allocator state: every segment with its blocks (address order), the trace (if
     /// enabled) and the settings. Serialises as PyTorch's snapshot dict.
     pub fn snapshot(&self) -> Snapshot {
-        let mut heads: HashMap<u64, u32> = HashMap::with_capacity(self.segments.len());
+        let mut heads: HashMap<u64, u32> =
+            HashMap::with_capacity(self.segments.len() + self.expandable.len());
         for (i, n) in self.nodes.iter().enumerate() {
             if n.state != NodeState::Vacant && n.prev == NONE {
                 heads.insert(n.addr, i as u32);
             }
         }
         let mut segments = Vec::with_capacity(self.segments.len());
-        for (&addr, &total) in &self.segments {
-            let Some(&head) = heads.get(&addr) else {
-                continue;
-            };
-            let hn = &self.nodes[head as usize];
-            let mut seg = SegmentInfo {
-                address: addr,
-                total_size: total,
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: 0,
-                stream: hn.stream,
-                segment_type: hn.pool,
-                blocks: Vec::new(),
-            };
-            let mut cur = head;
+        for &addr in self.segments.keys() {
+            if let Some(&head) = heads.get(&addr) {
+                segments.push(self.segment_info(head, false));
+            }
+        }
+        // An expandable segment is reported as one segment per run of mapped blocks.
+        for &base in self.expandable.keys() {
+            let mut cur = heads.get(&base).copied().unwrap_or(NONE);
             while cur != NONE {
                 let n = &self.nodes[cur as usize];
-                let state = match n.state {
-                    NodeState::Allocated => BlockState::ActiveAllocated,
-                    NodeState::Pending => BlockState::ActivePendingFree,
-                    _ => BlockState::Inactive,
-                };
-                if state == BlockState::ActiveAllocated {
-                    seg.allocated_size += n.size;
+                if n.state == NodeState::Unmapped {
+                    cur = n.next;
+                    continue;
                 }
-                if state != BlockState::Inactive {
-                    seg.active_size += n.size;
-                    seg.requested_size += n.requested;
+                let seg = self.segment_info(cur, true);
+                cur = self.nodes[cur as usize].next;
+                for _ in 1..seg.blocks.len() {
+                    cur = self.nodes[cur as usize].next;
                 }
-                seg.blocks.push(BlockInfo {
-                    address: n.addr,
-                    size: n.size,
-                    requested_size: n.requested,
-                    state,
-                    label: n.label.clone(),
-                });
-                cur = n.next;
+                segments.push(seg);
             }
-            segments.push(seg);
+        }
+        if !self.expandable.is_empty() {
+            segments.sort_by_key(|s| s.address);
         }
         Snapshot {
             segments,
             device_traces: vec![self.trace.entries().iter().cloned().collect()],
             allocator_settings: AllocatorSettings::from_config(&self.config),
         }
+    }
+
+    /// The segment (or, with `expandable`, the mapped run) starting at block `head`.
+    fn segment_info(&self, head: u32, expandable: bool) -> SegmentInfo {
+        let hn = &self.nodes[head as usize];
+        let mut seg = SegmentInfo {
+            address: hn.addr,
+            total_size: 0,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: hn.stream,
+            segment_type: hn.pool,
+            is_expandable: expandable,
+            blocks: Vec::new(),
+        };
+        let mut cur = head;
+        while cur != NONE && self.nodes[cur as usize].state != NodeState::Unmapped {
+            let n = &self.nodes[cur as usize];
+            let state = match n.state {
+                NodeState::Allocated => BlockState::ActiveAllocated,
+                NodeState::Pending => BlockState::ActivePendingFree,
+                _ => BlockState::Inactive,
+            };
+            if state == BlockState::ActiveAllocated {
+                seg.allocated_size += n.size;
+            }
+            if state != BlockState::Inactive {
+                seg.active_size += n.size;
+                seg.requested_size += n.requested;
+            }
+            seg.total_size += n.size;
+            seg.blocks.push(BlockInfo {
+                address: n.addr,
+                size: n.size,
+                requested_size: n.requested,
+                state,
+                label: n.label.clone(),
+            });
+            cur = n.next;
+        }
+        seg
     }
 
     // ----------------------------------------------------------------- tracing
@@ -1300,11 +1388,14 @@ impl<D: DeviceMemory> Drop for CachingAllocator<D> {
     /// Returns every segment to the device (live blocks included: their ids become invalid
     /// together with the allocator).
     fn drop(&mut self) {
+        self.drop_expandable();
         for (&addr, &size) in &self.segments {
             let _ = self.device.free(addr, size);
         }
     }
 }
 
+#[cfg(test)]
+mod expandable_tests;
 #[cfg(test)]
 mod tests;

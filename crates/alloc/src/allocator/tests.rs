@@ -342,7 +342,7 @@ fn out_of_memory_reports_and_changes_only_counters() {
         msg.contains("17.00 MiB is reserved by trainmem but unallocated"),
         "{msg}"
     );
-    assert!(msg.contains("max_split_size_mb") && msg.contains("expandable segments"));
+    assert!(msg.contains("max_split_size_mb") && msg.contains("expandable_segments:True"));
     let st = a.stats();
     assert_eq!(st.num_ooms, 1);
     assert_eq!(st.num_alloc_retries, 1);

@@ -197,6 +197,8 @@ impl From<TraceAction> for Action {
             TraceAction::FreeCompleted => Action::FreeCompleted,
             TraceAction::SegmentAlloc => Action::SegmentAlloc,
             TraceAction::SegmentFree => Action::SegmentFree,
+            TraceAction::SegmentMap => Action::SegmentMap,
+            TraceAction::SegmentUnmap => Action::SegmentUnmap,
             TraceAction::Oom => Action::Oom,
         }
     }

@@ -495,3 +495,40 @@ fn kernel_scratch_comes_from_the_machine_given_not_the_one_running() {
         1024
     );
 }
+
+/// A plan's allocator string may turn expandable segments on: the simulation runs over one
+/// growing segment per pool, which here reserves less than whole segments do (their cached
+/// blocks of earlier, differently sized tensors cannot be merged across segments).
+#[test]
+fn plans_accept_expandable_segments() {
+    let plan = |allocator: &str| {
+        Plan::from_toml_str(&format!(
+            "[model.transformer]\nlayers = 4\nhidden = 512\nheads = 8\nseq_len = 256\n\
+             vocab = 8000\n[training]\nbatch_size = 4\nepochs = 1\nsteps_per_epoch = 3\n\
+             [device]\ncapacity = \"8GiB\"\nallocator = \"{allocator}\"\n"
+        ))
+        .unwrap()
+    };
+    let whole = simulate(&plan(""), SimOptions::default()).unwrap().summary;
+    let grown = simulate(&plan("expandable_segments:True"), SimOptions::default())
+        .unwrap()
+        .summary;
+    assert!(whole.oom.is_none() && grown.oom.is_none());
+    assert!(grown.all_freed_at_teardown);
+    assert!(
+        grown.peak_reserved < whole.peak_reserved,
+        "expandable {} vs whole segments {}",
+        grown.peak_reserved,
+        whole.peak_reserved
+    );
+    // Expandable segments split off every remainder of 512 B or more, so no block is larger
+    // than with whole segments.
+    assert!(grown.peak_allocated <= whole.peak_allocated);
+    assert!(
+        plan("expandable_segments:Maybe")
+            .device
+            .allocator
+            .contains("Maybe")
+    );
+    assert!(simulate(&plan("expandable_segments:Maybe"), SimOptions::default()).is_err());
+}

@@ -7,7 +7,7 @@ use super::*;
 use crate::device::SimulatedDevice;
 use crate::host::HostDevice;
 use crate::size::MIB;
-use crate::testing::{Op, check_invariants, config_strategy, op_strategy};
+use crate::testing::{Op, check_invariants, op_strategy, whole_segment_config_strategy};
 
 const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
@@ -229,7 +229,7 @@ proptest! {
     /// with the same blocks, run out of memory at the same requests and end in the same state.
     #[test]
     fn seeding_any_reached_state_gives_the_same_allocator(
-        cfg in config_strategy(),
+        cfg in whole_segment_config_strategy(),
         prefix in proptest::collection::vec(op_strategy(2), 0..40),
         suffix in proptest::collection::vec(op_strategy(2), 0..40),
     ) {
