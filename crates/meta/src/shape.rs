@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn matmul_broadcasts_batch_dims() {
-        let out = matmul("m", &Shape::new([2, 1, 4, 8]), &Shape::new([3, 8, 5]));
+        let out = matmul("m", &Shape::new([2, 1, 4, 8]), &Shape::new([1, 3, 8, 5]));
         assert_eq!(out, Shape::new([2, 3, 4, 5]));
     }
 
