@@ -11,8 +11,11 @@ use crate::tensor::MetaTensor;
 pub(crate) fn binary(op: &str, lhs: MetaTensor, rhs: MetaTensor) -> MetaTensor {
     let out = shape::broadcast(op, &lhs.shape(), &rhs.shape());
     let dtype = lhs.dtype();
+    // Whether the left operand is uniquely owned is judged while the right one is still alive
+    // (`x * x` shares one buffer between the two and so is not written in place).
+    let result = lhs.map_into(out, dtype);
     drop(rhs);
-    lhs.map_into(out, dtype)
+    result
 }
 
 /// Comparison of two tensors: a fresh bool tensor of the broadcast shape.
@@ -50,9 +53,10 @@ pub(crate) fn gather(op: &str, dim: usize, tensor: MetaTensor, indices: MetaTens
 
 /// Scatter / select-add style updates: written into `tensor` when it can be.
 pub(crate) fn update(tensor: MetaTensor, value: MetaTensor) -> MetaTensor {
-    drop(value);
     let (shape, dtype) = (tensor.shape(), tensor.dtype());
-    tensor.map_into(shape, dtype)
+    let result = tensor.map_into(shape, dtype);
+    drop(value);
+    result
 }
 
 /// Select along `dim`.
