@@ -47,4 +47,9 @@ impl Backend for Meta {
     fn device_count(_type_id: u16) -> usize {
         1
     }
+
+    /// Runs the device's memory model's `empty_cache` (nothing for exact accounting).
+    fn memory_cleanup(device: &Self::Device) {
+        device.ledger().empty_cache();
+    }
 }

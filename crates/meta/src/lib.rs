@@ -82,6 +82,10 @@
 //!   contiguous; concatenation allocates once. On a two-layer MLP trained with Adam and AdamW
 //!   the bytes per category agree with the bytes Flex really allocates, counted by
 //!   trainmem-probe's allocator, within 1% + 16 KiB at every phase (`tests/flex_bytes.rs`).
+//! * **trainmem-alloc's caching allocator** ([`CachingModel`]): every buffer is a `malloc` /
+//!   `free` of PyTorch's caching allocator over a modelled device, so a run predicts allocated
+//!   and reserved bytes, the cache, `empty_cache` (`Backend::memory_cleanup`), out-of-memory
+//!   reports, and gives a PyTorch-format snapshot for memory_viz.
 //! * **Further memory models** plug in through [`AllocationHook`] ([`MetaDevice::with_hook`]),
 //!   which sees every allocation and free in order.
 //!
@@ -112,10 +116,12 @@
 //!   (≈1% of the tensor bytes on the MLP test).
 //! * Where Flex first copies a non-contiguous operand into a contiguous buffer before an
 //!   element-wise op, Meta allocates only the output.
-//! * Device memory models: trainmem-alloc's caching allocator and cubecl's pools are not wired
-//!   in yet; [`AllocationHook`] is the place they attach.
+//! * cubecl's memory pools (what burn's CUDA backend reserves) are not modelled yet;
+//!   [`AllocationHook`] is where such a model attaches. The caching model treats all buffers
+//!   as allocations on one stream.
 
 mod backend;
+pub mod caching;
 mod device;
 pub mod memory;
 mod ops;
@@ -124,7 +130,8 @@ mod shape;
 pub mod tensor;
 
 pub use backend::Meta;
+pub use caching::CachingModel;
 pub use device::MetaDevice;
-pub use memory::{AllocationHook, Ledger, MemoryStats};
+pub use memory::{AllocationHook, DeviceTotals, Ledger, MemoryStats};
 pub use run::{MetaRun, Recorder, materialize, predict, predict_on};
 pub use tensor::{MetaQTensor, MetaTensor, tensor_bytes};

@@ -24,6 +24,28 @@ pub trait AllocationHook: Send + fmt::Debug {
     fn allocated(&mut self, id: u64, bytes: u64, category: Category);
     /// The buffer `id` (of `bytes` bytes, created under `category`) was released.
     fn freed(&mut self, id: u64, bytes: u64, category: Category);
+
+    /// Device totals for models that have them (a caching allocator's allocated and reserved
+    /// bytes, with their peaks since the previous call); `None` by default.
+    fn device_totals(&mut self) -> Option<DeviceTotals> {
+        None
+    }
+
+    /// Releases cached, unused memory (`empty_cache`); nothing by default.
+    fn empty_cache(&mut self) {}
+}
+
+/// Device figures of a memory model at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    /// Bytes in allocated blocks (after the model's rounding).
+    pub allocated: u64,
+    /// Bytes the model holds from the device (allocated plus cached).
+    pub reserved: u64,
+    /// Highest `allocated` since the previous reading.
+    pub peak_allocated: u64,
+    /// Highest `reserved` since the previous reading.
+    pub peak_reserved: u64,
 }
 
 /// Live and peak bytes of one device, per category and in total.
@@ -114,6 +136,16 @@ impl Ledger {
         let mut state = self.lock();
         let hook: Option<&mut Box<dyn AllocationHook>> = state.hook.as_mut();
         hook.map(|h| f(h.as_mut()))
+    }
+
+    /// The hook's device totals, when it has any (see [`AllocationHook::device_totals`]).
+    pub fn device_totals(&self) -> Option<DeviceTotals> {
+        self.with_hook_mut(|h| h.device_totals()).flatten()
+    }
+
+    /// Asks the hook to release cached memory (see [`AllocationHook::empty_cache`]).
+    pub fn empty_cache(&self) {
+        self.with_hook_mut(|h| h.empty_cache());
     }
 
     fn allocate(&self, bytes: u64, category: Category) -> u64 {

@@ -6,9 +6,11 @@
 //! marked, plus the per-category peaks over the whole run (including peaks inside phases,
 //! which boundary samples alone would miss).
 //!
-//! Meta models burn's CPU backend, whose tensors are host memory, so the bytes go to each
-//! sample's host categories (as a measured run on Flex with the counting allocator reports
-//! them); RSS and the device domain stay zero. The timeline's source is
+//! With exact accounting, Meta models burn's CPU backend, whose tensors are host memory, so the
+//! bytes go to each sample's host categories (as a measured run on Flex with the counting
+//! allocator reports them) and the device domain stays zero. With a device memory model
+//! ([`crate::CachingModel`]) the bytes go to the device categories instead, with the model's
+//! allocated and reserved totals and `cache = reserved − allocated`. RSS stays zero. The timeline's source is
 //! [`Source::Simulated`] (it is a prediction) with producer `trainmem-meta`.
 
 use std::time::Instant;
@@ -85,11 +87,27 @@ impl Recorder {
         let mut sample = Sample::new(phase, self.step);
         sample.epoch = self.epoch;
         sample.time_us = self.start.elapsed().as_secs_f64() * 1e6;
-        for category in Category::ALL {
-            sample
-                .host
-                .categories
-                .set(category, stats.live_bytes(category));
+        match self.device.ledger().device_totals() {
+            // A device model (a caching allocator): tensors are device memory.
+            Some(totals) => {
+                let device = &mut sample.device;
+                for category in Category::ALL {
+                    device.categories.set(category, stats.live_bytes(category));
+                }
+                let cached = totals.reserved.saturating_sub(totals.allocated);
+                device.categories.set(Category::Cache, cached);
+                device.allocated = totals.allocated;
+                device.reserved = totals.reserved;
+                device.peak_allocated = totals.peak_allocated;
+                device.peak_reserved = totals.peak_reserved;
+            }
+            // Exact accounting of the CPU backend: tensors are host memory.
+            None => {
+                let host = &mut sample.host;
+                for category in Category::ALL {
+                    host.categories.set(category, stats.live_bytes(category));
+                }
+            }
         }
         self.timeline.push(sample);
     }
@@ -192,5 +210,30 @@ mod tests {
         );
         assert_eq!(run.timeline.samples[3].host.categories.total(), 0);
         assert_eq!(run.total_peak, 768);
+    }
+
+    #[test]
+    fn with_a_caching_model_the_bytes_are_device_bytes_with_the_cache() {
+        use crate::CachingModel;
+        use trainmem_alloc::{CachingAllocator, SimulatedDevice};
+        let model = CachingModel::new(CachingAllocator::new(SimulatedDevice::new(1 << 30)));
+        let run = predict_on("cached", model.device(), |rec| {
+            let device = rec.device();
+            let big = rec.phase(Phase::Forward, Category::Activation, || {
+                Tensor::<Meta, 2>::random([768, 1024], Distribution::Default, &device)
+            });
+            drop(big);
+            rec.sample(Phase::Backward);
+        });
+        let forward = &run.timeline.samples[1].device;
+        assert_eq!(forward.categories.get(Category::Activation), 3 << 20);
+        assert_eq!((forward.allocated, forward.reserved), (3 << 20, 20 << 20));
+        assert_eq!(forward.categories.get(Category::Cache), 17 << 20);
+        let backward = &run.timeline.samples[2].device;
+        assert_eq!((backward.allocated, backward.reserved), (0, 20 << 20));
+        // Peaks cover the interval since the previous sample, which began with the block live.
+        assert_eq!(backward.peak_allocated, 3 << 20);
+        assert_eq!(run.timeline.samples[0].device.peak_allocated, 0);
+        assert_eq!(run.timeline.samples[1].host.categories.total(), 0);
     }
 }
