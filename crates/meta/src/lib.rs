@@ -121,6 +121,7 @@
 //!   as allocations on one stream.
 
 mod backend;
+pub mod burn_runs;
 pub mod caching;
 mod device;
 pub mod memory;
@@ -130,6 +131,7 @@ mod shape;
 pub mod tensor;
 
 pub use backend::Meta;
+pub use burn_runs::run_plan;
 pub use caching::CachingModel;
 pub use device::MetaDevice;
 pub use memory::{AllocationHook, DeviceTotals, Ledger, MemoryStats};
