@@ -159,3 +159,22 @@ fn a_matmul_output_has_its_exact_size_and_dropping_frees_it() {
     assert_eq!(device.stats().total_live, 0);
     assert_eq!(device.stats().total_peak, before + 128);
 }
+
+#[test]
+fn tensors_of_any_size_cost_no_host_memory() {
+    let device = MetaDevice::new();
+    let before = trainmem_probe::rss::read().map(|r| r.rss_anon);
+    // 16 GiB each.
+    let zeros = Tensor::<Meta, 2>::zeros([65536, 65536], &device);
+    let ones = Tensor::<Meta, 2>::ones([65536, 65536], &device);
+    let sum = zeros.clone() + ones.clone();
+    assert_eq!(device.stats().total_live, 3 << 34);
+    if let (Ok(before), Ok(after)) = (before, trainmem_probe::rss::read().map(|r| r.rss_anon)) {
+        assert!(
+            after.saturating_sub(before) < 64 << 20,
+            "{before} → {after}"
+        );
+    }
+    drop((zeros, ones, sum));
+    assert_eq!(device.stats().total_live, 0);
+}

@@ -109,6 +109,25 @@ impl FloatTensorOps<Self> for Meta {
         tensor.fresh(tensor.shape(), out_dtype.into())
     }
 
+    // burn's defaults build filled tensors from host data of the full size; Meta allocates the
+    // counted buffer only, so no host memory of the tensor's size is ever made.
+    fn float_zeros(shape: Shape, device: &MetaDevice, dtype: FloatDType) -> FloatTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
+    fn float_ones(shape: Shape, device: &MetaDevice, dtype: FloatDType) -> FloatTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
+    fn float_full(
+        shape: Shape,
+        _fill_value: Scalar,
+        device: &MetaDevice,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
     fn float_empty(shape: Shape, device: &MetaDevice, dtype: FloatDType) -> FloatTensor<Self> {
         MetaTensor::new(shape, dtype.into(), *device)
     }

@@ -75,6 +75,25 @@ macro_rules! along_dim_same_shape {
 }
 
 impl IntTensorOps<Self> for Meta {
+    // burn's defaults build filled tensors from host data of the full size; Meta allocates the
+    // counted buffer only, so no host memory of the tensor's size is ever made.
+    fn int_zeros(shape: Shape, device: &MetaDevice, dtype: IntDType) -> IntTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
+    fn int_ones(shape: Shape, device: &MetaDevice, dtype: IntDType) -> IntTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
+    fn int_full(
+        shape: Shape,
+        _fill_value: Scalar,
+        device: &MetaDevice,
+        dtype: IntDType,
+    ) -> IntTensor<Self> {
+        MetaTensor::new(shape, dtype.into(), *device)
+    }
+
     fn int_empty(shape: Shape, device: &MetaDevice, dtype: IntDType) -> IntTensor<Self> {
         MetaTensor::new(shape, dtype.into(), *device)
     }
