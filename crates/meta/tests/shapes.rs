@@ -374,3 +374,22 @@ same_on_flex!(attention_and_fft, |d| {
         sig!(burn::tensor::signal::rfft(signal, 1, Some(8)).0),
     ]
 });
+
+same_on_flex!(quantized, |d| {
+    use burn::tensor::quantization::QuantScheme;
+    let scheme = QuantScheme::default();
+    let a = rand::<B, 2>([6, 8], d);
+    let q = a.clone().quantize_dynamic(&scheme);
+    vec![
+        sig!(q),
+        sig!(q.clone().dequantize()),
+        sig!(q.clone().reshape([8, 6])),
+        sig!(q.clone().swap_dims(0, 1)),
+        sig!(q.clone().slice(s![1..3, ..])),
+        sig!(
+            q.clone()
+                .select(0, Tensor::<B, 1, Int>::from_data([0, 5], d))
+        ),
+        sig!(q.matmul(rand::<B, 2>([8, 3], d))),
+    ]
+});
