@@ -39,5 +39,6 @@ pub fn device_memory(device: &CudaDevice) -> Option<DeviceMemory> {
         bytes_reserved: usage.bytes_reserved,
         driver_free: driver.map(|d| d.0),
         driver_total: driver.map(|d| d.1),
+        categories: None,
     })
 }

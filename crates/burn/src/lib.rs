@@ -84,4 +84,5 @@ pub use model::{Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape
 pub use probe::{DeviceMemory, MemoryBackend, Probe, ProbeSample, host_counting_available};
 pub use run::{
     BackendChoice, MeasuredRun, Progress, RunOptions, run_measured, run_measured_detailed,
+    run_on_backend,
 };

@@ -44,6 +44,10 @@ pub struct DeviceMemory {
     pub driver_free: Option<u64>,
     /// Total device memory according to the driver, when it could be read.
     pub driver_total: Option<u64>,
+    /// Bytes in use per category, for backends that attribute their own tensors
+    /// (trainmem-meta); `None` where the split is not observable (CUDA).
+    #[serde(default)]
+    pub categories: Option<CategoryArray>,
 }
 
 /// A backend whose memory a [`Probe`] can read beyond the host allocator.

@@ -251,6 +251,22 @@ fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, Bu
     }
 }
 
+/// Trains `plan` on a backend the caller chooses (one outside [`BackendChoice`], such as
+/// trainmem-meta's), under autodiff, with the same loop and probes as every measured run;
+/// `producer` names the backend in the timeline. Runs on the calling thread.
+pub fn run_on_backend<B: MemoryBackend>(
+    plan: &Plan,
+    opts: RunOptions<'_>,
+    device: B::Device,
+    producer: &str,
+) -> Result<MeasuredRun, BurnRunError> {
+    check_supported(plan)?;
+    let _turn = RUN_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    train_on::<B>(plan, opts, device, producer)
+}
+
 /// Trains on base backend `B` under autodiff, with burn's balanced checkpointing when the plan
 /// asks for any checkpointing policy.
 fn train_on<B: MemoryBackend>(

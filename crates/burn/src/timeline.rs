@@ -5,7 +5,8 @@
 //! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`;
 //! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
 //!   `cache = reserved - allocated`; the per-category split of device bytes is not observable
-//!   there and stays zero. On a CPU backend tensors are host memory, so `device` is all zero
+//!   there and stays zero (a backend that attributes its own tensors, trainmem-meta, fills
+//!   it through [`crate::DeviceMemory::categories`]). On a CPU backend tensors are host memory, so `device` is all zero
 //!   and every tensor byte is in the host categories.
 
 use trainmem_core::plan::Plan;
@@ -32,6 +33,9 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
         device.reserved = d.bytes_reserved;
         device.peak_allocated = d.bytes_in_use;
         device.peak_reserved = d.bytes_reserved;
+        if let Some(categories) = d.categories {
+            device.categories = CategoryBytes(categories);
+        }
         device.categories.set(
             Category::Cache,
             d.bytes_reserved.saturating_sub(d.bytes_in_use),
@@ -149,6 +153,7 @@ mod tests {
                 bytes_reserved: 1000,
                 driver_free: Some(1),
                 driver_total: Some(2),
+                categories: None,
             }),
             trace_events: None,
         };

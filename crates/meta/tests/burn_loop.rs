@@ -1,0 +1,143 @@
+//! trainmem-burn's training loop on Meta against the same loop measured on Flex, for every
+//! scenario plan that runs on the CPU: tensor bytes per category at every phase boundary agree
+//! within 1% + 16 KiB. (Each plan is cut to at most 2 epochs of 3 steps to keep the test short.)
+
+use trainmem_burn::{RunOptions, run_measured_detailed};
+use trainmem_core::Category;
+use trainmem_core::plan::Plan;
+use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_probe::CountingAlloc;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc::new();
+
+const COMPARED: [Category; 5] = [
+    Category::Parameter,
+    Category::Gradient,
+    Category::OptimizerState,
+    Category::Activation,
+    Category::Input,
+];
+
+/// Runs one plan on Flex and on Meta; returns a line per category (largest error over the
+/// phases) and the phases outside the tolerance.
+fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
+    let mut plan = Plan::from_toml_str(text).expect("plan");
+    plan.training.epochs = plan.training.epochs.min(2);
+    plan.training.steps_per_epoch = Some(plan.training.steps_per_epoch.unwrap_or(3).min(3));
+    let flex = run_measured_detailed(&plan, RunOptions::default()).expect("flex run");
+    let meta = run_plan(&plan, RunOptions::default(), MetaDevice::new()).expect("meta run");
+    assert_eq!(
+        flex.timeline.samples.len(),
+        meta.timeline.samples.len(),
+        "{name}"
+    );
+    // With loader worker threads, how many batches sit in the prefetch queue at a phase
+    // boundary depends on thread scheduling, in either run; input bytes are compared only for
+    // loaders without workers.
+    let compared = if plan.loader.workers == 0 { 5 } else { 4 };
+    let mut worst = [(0u64, 0u64, 0u64); 5];
+    let mut failures = Vec::new();
+    for (f, m) in flex.timeline.samples.iter().zip(&meta.timeline.samples) {
+        assert_eq!((f.phase, f.step), (m.phase, m.step), "{name}");
+        for (i, c) in COMPARED.iter().enumerate().take(compared) {
+            // Flex: tensors are host memory. Meta: tensors are device bytes, the rest (loader
+            // buffers, bookkeeping) host memory.
+            let flex_bytes = f.host.categories.get(*c);
+            let meta_bytes = m.device.categories.get(*c) + m.host.categories.get(*c);
+            let diff = flex_bytes.abs_diff(meta_bytes);
+            if diff > worst[i].0 {
+                worst[i] = (diff, flex_bytes, meta_bytes);
+            }
+            if diff > flex_bytes / 100 + 16 * 1024 {
+                failures.push(format!(
+                    "{name} {} step {} {c:?}: flex {flex_bytes}, meta {meta_bytes}",
+                    f.phase.name(),
+                    f.step
+                ));
+            }
+        }
+    }
+    let lines = COMPARED
+        .iter()
+        .zip(worst)
+        .take(compared)
+        .map(|(c, (diff, f, m))| format!("{name:>22} {:>16} {f:>12} {m:>12} {diff:>8}", c.name()))
+        .collect();
+    (lines, failures)
+}
+
+#[test]
+fn the_measured_loop_on_meta_matches_flex_per_category_on_every_cpu_scenario() {
+    let plans = [
+        (
+            "activation-retention",
+            include_str!("../../scenarios/plans/activation-retention.toml"),
+        ),
+        (
+            "checkpoint-save",
+            include_str!("../../scenarios/plans/checkpoint-save.toml"),
+        ),
+        (
+            "empty-cache",
+            include_str!("../../scenarios/plans/empty-cache.toml"),
+        ),
+        (
+            "epoch-spike",
+            include_str!("../../scenarios/plans/epoch-spike.toml"),
+        ),
+        (
+            "grad-accumulation",
+            include_str!("../../scenarios/plans/grad-accumulation.toml"),
+        ),
+        (
+            "grad-checkpointing",
+            include_str!("../../scenarios/plans/grad-checkpointing.toml"),
+        ),
+        (
+            "logging-growth",
+            include_str!("../../scenarios/plans/logging-growth.toml"),
+        ),
+        (
+            "memmap-vs-preload",
+            include_str!("../../scenarios/plans/memmap-vs-preload.toml"),
+        ),
+        (
+            "mixed-precision",
+            include_str!("../../scenarios/plans/mixed-precision.toml"),
+        ),
+        (
+            "optimizer-jump",
+            include_str!("../../scenarios/plans/optimizer-jump.toml"),
+        ),
+        (
+            "per-batch-plateau",
+            include_str!("../../scenarios/plans/per-batch-plateau.toml"),
+        ),
+        (
+            "pinned-staging",
+            include_str!("../../scenarios/plans/pinned-staging.toml"),
+        ),
+        (
+            "retained-leak",
+            include_str!("../../scenarios/plans/retained-leak.toml"),
+        ),
+        (
+            "startup",
+            include_str!("../../scenarios/plans/startup.toml"),
+        ),
+    ];
+    let mut failures = Vec::new();
+    eprintln!(
+        "{:>22} {:>16} {:>12} {:>12} {:>8}",
+        "scenario", "category", "flex", "meta", "max |err|"
+    );
+    for (name, text) in plans {
+        let (lines, fails) = compare(name, text);
+        for line in lines {
+            eprintln!("{line}");
+        }
+        failures.extend(fails);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
