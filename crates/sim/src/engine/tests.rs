@@ -497,8 +497,9 @@ fn kernel_scratch_comes_from_the_machine_given_not_the_one_running() {
 }
 
 /// A plan's allocator string may turn expandable segments on: the simulation runs over one
-/// growing segment per pool, which here reserves less than whole segments do (their cached
-/// blocks of earlier, differently sized tensors cannot be merged across segments).
+/// growing segment per pool, which reserves no more than whole segments do (here the same:
+/// this plan's tensors reuse their cached blocks exactly; trainmem-alloc's
+/// `expandable_tests` works a trace where it reserves less by hand).
 #[test]
 fn plans_accept_expandable_segments() {
     let plan = |allocator: &str| {
@@ -516,7 +517,7 @@ fn plans_accept_expandable_segments() {
     assert!(whole.oom.is_none() && grown.oom.is_none());
     assert!(grown.all_freed_at_teardown);
     assert!(
-        grown.peak_reserved < whole.peak_reserved,
+        grown.peak_reserved <= whole.peak_reserved,
         "expandable {} vs whole segments {}",
         grown.peak_reserved,
         whole.peak_reserved
