@@ -127,6 +127,9 @@
 //! ```
 
 mod array;
+mod arrow_collate;
+mod arrow_dataset;
+mod arrow_ipc_file;
 pub mod augment;
 mod builder;
 pub mod config;
@@ -135,18 +138,28 @@ mod dataset;
 mod dtype;
 mod error;
 pub mod fixtures;
+mod indexed;
 mod loader;
+mod mapped;
 mod memory;
 pub mod npy;
 mod pagecache;
 mod rng;
+mod safetensors_file;
 mod sampler;
 mod staging;
+mod tokens;
 
 #[cfg(feature = "burn")]
 pub mod burn_adapter;
 
 pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
+pub use arrow_collate::{
+    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, Segment, StackArrowColumns,
+    scalar_bytes,
+};
+pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
+pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard};
@@ -154,9 +167,16 @@ pub use context::WorkerContext;
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
 pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
 pub use error::{DataError, FileProblem};
+pub use indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_indexed};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
+pub use mapped::MappedFile;
 pub use memory::{LoaderMemory, MemoryWatch};
 pub use pagecache::evict_page_cache;
 pub use rng::{Rng, mix};
+pub use safetensors_file::{dtype_of_safetensors, open_safetensors};
 pub use sampler::{EpochPlan, epoch_order};
 pub use staging::BatchBuffer;
+pub use tokens::{
+    StackWindows, TOKEN_DTYPES, TokenBatch, TokenFile, TokenWindows, Window, WindowOrder,
+    WindowSpec,
+};
