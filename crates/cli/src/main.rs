@@ -15,6 +15,7 @@ static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new
 mod cmd_data;
 mod cmd_replay;
 mod cmd_sim;
+mod data_describe;
 mod progress;
 mod replay_snapshot;
 mod replay_what_if;
