@@ -100,6 +100,31 @@ impl ArrowColumn {
         &self.arrow_type
     }
 
+    /// The bytes the column's rows span in each record batch (zero-copy).
+    pub fn value_bytes(&self) -> Vec<&[u8]> {
+        let size = self.dtype.size() as usize;
+        self.chunks
+            .iter()
+            .map(|c| {
+                let span = match &c.offsets {
+                    Offsets::None => return c.values.as_slice(),
+                    Offsets::I32(o) => bytemuck::try_cast_slice::<u8, i32>(o.as_slice())
+                        .ok()
+                        .and_then(|o| Some((i64::from(*o.first()?), i64::from(*o.last()?)))),
+                    Offsets::I64(o) => bytemuck::try_cast_slice::<u8, i64>(o.as_slice())
+                        .ok()
+                        .and_then(|o| Some((*o.first()?, *o.last()?))),
+                };
+                span.and_then(|(a, b)| {
+                    let a = usize::try_from(a).ok()?.checked_mul(size)?;
+                    let b = usize::try_from(b).ok()?.checked_mul(size)?;
+                    c.values.as_slice().get(a..b)
+                })
+                .unwrap_or(&[])
+            })
+            .collect()
+    }
+
     /// Row `row` of record batch `chunk` as raw bytes.
     fn row(&self, chunk: usize, row: usize) -> Option<&[u8]> {
         let c = self.chunks.get(chunk)?;

@@ -138,6 +138,7 @@ mod dataset;
 mod dtype;
 mod error;
 pub mod fixtures;
+pub mod format_fixtures;
 mod indexed;
 mod loader;
 mod mapped;

@@ -215,6 +215,15 @@ fn check_arrow(name: &str, format: ArrowFormat) {
         assert!(r.get::<u8>(3).is_err(), "dtype is checked");
     }
     assert!(ds.sample(rows).is_err());
+    // The rows of each record batch lie back to back: the column's value bytes are the rows
+    // concatenated.
+    let regions = ds.columns()[0].value_bytes();
+    assert_eq!(regions.len(), ds.record_batches());
+    let joined: Vec<u8> = regions.concat();
+    let rows_joined: Vec<u8> = (0..rows)
+        .flat_map(|i| ds.row_bytes(0, i).expect("row").to_vec())
+        .collect();
+    assert_eq!(joined, rows_joined);
 }
 
 #[test]
