@@ -178,7 +178,7 @@ mod tests {
         let a = ArrowDataset::open(fixture("hf_stream.arrow")).expect("arrow");
         let r: OwnedSample = BurnTrait::get(&a, 20).expect("row");
         let ids: Vec<i32> = (0..3 + (7 * 20) % 13)
-            .map(|j| ((31 * 20 + 17 * j) % 50257) as i32)
+            .map(|j| (31 * 20 + 17 * j) % 50257)
             .collect();
         assert_eq!(r.field::<i32>(0).expect("ids"), ids);
         assert_eq!(r.field::<i64>(3).expect("label"), vec![0]);
