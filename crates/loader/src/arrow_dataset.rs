@@ -285,6 +285,8 @@ pub struct ArrowDataset {
     batch_starts: Vec<usize>,
     len: usize,
     columns: Vec<ArrowColumn>,
+    /// Where the mapping lies in memory (addresses), to tell views from copies.
+    mapping: std::ops::Range<usize>,
 }
 
 impl ArrowDataset {
@@ -302,6 +304,8 @@ impl ArrowDataset {
         let path = path.as_ref();
         let (file, file_len, bytes) = MappedFile::open(path)?.into_parts();
         let buf = Buffer::from(bytes.unwrap_or_default());
+        let base = buf.as_ptr() as usize;
+        let mapping = base..base + buf.len();
         let decoded = decode(path, buf)?;
         let schema = decoded.schema;
         let names: Vec<String> = if columns.is_empty() {
@@ -328,6 +332,18 @@ impl ArrowDataset {
             batch_starts,
             len,
             columns: out,
+            mapping,
+        })
+    }
+
+    /// Whether column `k`'s values are views into the file's mapping in every record batch
+    /// (`false` when the reader had to copy them, e.g. to align them).
+    pub fn is_zero_copy(&self, k: usize) -> bool {
+        self.columns.get(k).is_some_and(|c| {
+            c.chunks.iter().all(|ch| {
+                let r = ch.values.as_slice().as_ptr_range();
+                self.mapping.contains(&(r.start as usize)) && r.end as usize <= self.mapping.end
+            })
         })
     }
 

@@ -204,6 +204,9 @@ fn check_arrow(name: &str, format: ArrowFormat) {
         ]
     );
     assert_eq!(ds.bytes_per_sample(), None, "list columns vary per sample");
+    for k in 0..4 {
+        assert!(ds.is_zero_copy(k), "column {k} is a view into the mapping");
+    }
     for i in 0..rows {
         let r = ds.sample(i).expect("row");
         let want: Vec<i32> = (0..row_len(i)).map(|j| input_id(i, j)).collect();
