@@ -191,8 +191,11 @@ impl BatchBuilder<ArrowDataset> for PadCollate {
             let n = row.len().min(row_bytes);
             let dst = &mut out[r * row_bytes..(r + 1) * row_bytes];
             dst[..n].copy_from_slice(&row[..n]);
-            for pad in dst[n..].chunks_exact_mut(size) {
-                pad.copy_from_slice(&self.pad);
+            // The buffer starts zeroed: a zero padding id needs no second pass.
+            if self.pad.iter().any(|&b| b != 0) {
+                for pad in dst[n..].chunks_exact_mut(size) {
+                    pad.copy_from_slice(&self.pad);
+                }
             }
             m[r * width..r * width + n / size].fill(1);
             lengths.push(n / size);
@@ -340,8 +343,11 @@ impl BatchBuilder<ArrowDataset> for PackCollate {
         let mut ids = ctx.alloc_buffer(packed * row_bytes);
         let mut mask = ctx.alloc_buffer(packed * self.length);
         let (out, m) = (ids.as_bytes_mut(), mask.as_bytes_mut());
-        for sep in out.chunks_exact_mut(size) {
-            sep.copy_from_slice(&self.separator);
+        // The buffer starts zeroed: a zero separator needs no fill pass.
+        if self.separator.iter().any(|&b| b != 0) {
+            for sep in out.chunks_exact_mut(size) {
+                sep.copy_from_slice(&self.separator);
+            }
         }
         for (s, row) in segments.iter().zip(&rows) {
             let at = s.row * row_bytes + s.start * size;

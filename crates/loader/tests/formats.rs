@@ -268,8 +268,13 @@ fn fixed_width_arrow_columns_stack_through_the_loader() {
 #[test]
 fn padding_to_the_longest_row_and_to_a_fixed_length() {
     let ds = Arc::new(ArrowDataset::open(data("hf_stream.arrow")).expect("open"));
-    for (to, workers) in [(PadTo::Longest, 0), (PadTo::Fixed(8), 2)] {
-        let pad = PadCollate::new(&ds, "input_ids", -1, to).expect("pad");
+    let cases = [
+        (PadTo::Longest, 0, -1),
+        (PadTo::Fixed(8), 2, -1),
+        (PadTo::Longest, 2, 0),
+    ];
+    for (to, workers, pad_id) in cases {
+        let pad = PadCollate::new(&ds, "input_ids", pad_id, to).expect("pad");
         let mut loader = Loader::new(Arc::clone(&ds), config(5, workers), pad).expect("loader");
         for batch in loader.epoch().expect("epoch") {
             let b = batch.expect("batch");
@@ -288,7 +293,7 @@ fn padding_to_the_longest_row_and_to_a_fixed_length() {
                     if j < n {
                         assert_eq!((id, m), (input_id(i, j), 1));
                     } else {
-                        assert_eq!((id, m), (-1, 0));
+                        assert_eq!((id, m), (pad_id as i32, 0));
                     }
                 }
             }
