@@ -44,6 +44,9 @@ pub struct LoaderFormatsBenchArgs {
     /// Timed epochs per row (the median, min and max are printed).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Read samples in order instead of shuffled (to separate the cost of random access).
+    #[arg(long)]
+    pub sequential: bool,
 }
 
 const WORKERS: [usize; 4] = [0, 1, 2, 4];
@@ -114,16 +117,22 @@ fn measure<D: Dataset, B: BatchBuilder<D> + Clone>(
             workers: w,
             prefetch_factor: args.prefetch,
             persistent_workers: true,
-            order: Order::Shuffled { seed: 7 },
+            order: if args.sequential {
+                Order::Sequential
+            } else {
+                Order::Shuffled { seed: 7 }
+            },
             ..LoaderConfig::default()
         };
         let mut loader = Loader::new(Arc::clone(data), config, builder.clone())?;
+        let mut held = 0;
         let ours = timed(args.reps, || {
             let mut count = 0;
+            held = 0;
             for b in loader.epoch()? {
                 let b = b?;
                 count += 1;
-                black_box(b.byte_size());
+                held += black_box(b.byte_size());
             }
             anyhow::ensure!(count == batches, "{label}: {count} of {batches} batches");
             Ok(())
@@ -137,6 +146,12 @@ fn measure<D: Dataset, B: BatchBuilder<D> + Clone>(
             times: bound,
             bound: None,
         });
+        if w == 0 {
+            println!(
+                "{label}: batches hold {:.1} MiB per epoch (the bound copies the source bytes)",
+                held as f64 / f64::from(1u32 << 20)
+            );
+        }
         rows.push(Row {
             name: format!("{label}, {w} workers"),
             times: ours,
@@ -194,9 +209,14 @@ fn arrow_file(args: &LoaderFormatsBenchArgs) -> anyhow::Result<PathBuf> {
 pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.dir)?;
     println!(
-        "loader-formats bench: batch {}, prefetch {}, shuffled, persistent workers, page cache warm, median of {} (min, max), {} CPUs",
+        "loader-formats bench: batch {}, prefetch {}, {}, persistent workers, page cache warm, median of {} (min, max), {} CPUs",
         args.batch,
         args.prefetch,
+        if args.sequential {
+            "in order"
+        } else {
+            "shuffled"
+        },
         args.reps,
         std::thread::available_parallelism().map_or(0, usize::from)
     );
