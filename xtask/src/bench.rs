@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod alloc;
 mod loader;
+mod loader_formats;
 mod replay;
 mod sim;
 
@@ -14,6 +15,8 @@ pub enum BenchCommand {
     Alloc(alloc::AllocBenchArgs),
     /// The memory-mapped prefetching loader against memcpy, burn's loader and PyTorch's.
     Loader(loader::LoaderBenchArgs),
+    /// The loader on token windows and an Arrow list column against memcpy, 0/1/2/4 workers.
+    LoaderFormats(loader_formats::LoaderFormatsBenchArgs),
     /// The simulator's speed on a large plan.
     Sim(sim::SimBenchArgs),
     /// `trainmem replay`'s speed on the largest shared PyTorch snapshot, in events per second.
@@ -25,6 +28,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Alloc(args) => alloc::run(args),
         BenchCommand::Loader(args) => loader::run(args),
+        BenchCommand::LoaderFormats(args) => loader_formats::run(args),
         BenchCommand::Sim(args) => sim::run(args),
         BenchCommand::Replay(args) => replay::run(args),
     }

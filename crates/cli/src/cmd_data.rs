@@ -1,24 +1,36 @@
-//! `trainmem data`: inspect data-set files (memory-mapped `.npy` and raw record files).
+//! `trainmem data`: inspect data-set files (memory-mapped `.npy` and raw record files, token
+//! files, indexed token data sets, Arrow IPC files and streams, safetensors).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use trainmem_loader::MappedArray;
+use trainmem_loader::Dtype;
+
+use crate::data_describe::{TokenOptions, describe};
 
 /// Subcommands of `trainmem data`.
 #[derive(Debug, clap::Subcommand)]
 pub enum DataCommand {
-    /// Validate files and print their format, dtype, shape, sample count and bytes per sample.
-    /// Exits 0 only if every file is usable.
+    /// Validate files and print their format, dtype, shape or columns, sample count and bytes
+    /// per sample. Exits 0 only if every file is usable.
     Check(CheckArgs),
 }
 
 /// Arguments of `trainmem data check`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// `.npy` files (versions 1-3) or raw record files with a `<file>.json` sidecar.
+    /// `.npy` files (versions 1-3), raw record files with a `<file>.json` sidecar, flat token
+    /// files (`.bin`, with `--token-dtype`), Megatron indexed data sets (`.idx` or its `.bin`),
+    /// Arrow IPC files or streams (`.arrow`, e.g. a `datasets` cache file) and `.safetensors`.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// Read `.bin` files without a sidecar or `.idx` as flat token files (nanoGPT's
+    /// `train.bin`) of this element type: u8, u16, u32, i32 or i64.
+    #[arg(long, value_parser = parse_token_dtype)]
+    pub token_dtype: Option<Dtype>,
+    /// Check that every token id of token files and indexed data sets is below this.
+    #[arg(long)]
+    pub vocab: Option<u64>,
     /// Also require every file to have the same number of samples (columns of one data set).
     #[arg(long)]
     pub same_length: bool,
@@ -36,34 +48,28 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn parse_token_dtype(s: &str) -> Result<Dtype, String> {
+    trainmem_loader::TOKEN_DTYPES
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| format!("{s:?} is not a token type (u8, u16, u32, i32, i64)"))
+}
+
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let mut all_ok = true;
     let mut lengths = Vec::new();
+    let tokens = TokenOptions {
+        dtype: args.token_dtype,
+        vocab: args.vocab,
+    };
     for path in &args.files {
-        match MappedArray::open(path) {
-            Ok(a) => {
-                lengths.push((path.clone(), a.len()));
+        match describe(path, tokens) {
+            Ok(d) => {
+                lengths.push((path.clone(), d.samples));
                 if args.json {
-                    let v = serde_json::json!({
-                        "file": path.display().to_string(),
-                        "ok": true,
-                        "format": a.format().to_string(),
-                        "dtype": a.dtype().name(),
-                        "shape": a.shape(),
-                        "samples": a.len(),
-                        "bytes_per_sample": a.bytes_per_sample(),
-                    });
-                    println!("{v}");
+                    println!("{}", d.json(path));
                 } else {
-                    println!(
-                        "{}: ok  {}  {}  shape {:?}  {} samples  {} bytes/sample",
-                        path.display(),
-                        a.format(),
-                        a.dtype(),
-                        a.shape(),
-                        a.len(),
-                        a.bytes_per_sample()
-                    );
+                    println!("{}", d.line(path));
                 }
             }
             Err(e) => {

@@ -16,6 +16,7 @@ mod cmd_data;
 mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
+mod data_describe;
 mod progress;
 mod replay_snapshot;
 mod replay_what_if;

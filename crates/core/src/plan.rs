@@ -253,6 +253,24 @@ pub enum DataStorage {
     Preload,
     /// Read per batch and dropped: no resident data set.
     Stream,
+    /// A memory-mapped flat token file (nanoGPT `train.bin`): page cache, like `mmap`.
+    Tokens,
+    /// A memory-mapped Megatron-LM indexed data set (`.bin` + `.idx`): page cache, like
+    /// `mmap`.
+    Indexed,
+    /// A memory-mapped Arrow IPC file or stream (a Hugging Face `datasets` cache): page
+    /// cache, like `mmap`.
+    Arrow,
+    /// A memory-mapped safetensors file: page cache, like `mmap`.
+    Safetensors,
+}
+
+impl DataStorage {
+    /// Whether the data set is read through a memory map: it costs page cache (file RSS) up
+    /// to the bytes touched, and no anonymous memory.
+    pub fn is_memory_mapped(self) -> bool {
+        !matches!(self, DataStorage::Preload | DataStorage::Stream)
+    }
 }
 
 /// `[data]`.

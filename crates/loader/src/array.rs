@@ -36,6 +36,8 @@ pub enum FileFormat {
     },
     /// Fixed-size records described by a sidecar.
     Raw,
+    /// One tensor of a safetensors file (its first dimension = samples).
+    Safetensors,
 }
 
 impl std::fmt::Display for FileFormat {
@@ -43,6 +45,7 @@ impl std::fmt::Display for FileFormat {
         match self {
             FileFormat::Npy { major, minor } => write!(f, "npy v{major}.{minor}"),
             FileFormat::Raw => f.write_str("raw records"),
+            FileFormat::Safetensors => f.write_str("safetensors"),
         }
     }
 }
@@ -231,6 +234,20 @@ impl MappedArray {
             layout.offset,
             false,
         )
+    }
+
+    /// Maps the `shape` array of `dtype` at `offset` of `path` (one tensor of a container
+    /// file, validated by the caller's parser; bounds are checked again here).
+    pub(crate) fn open_region(
+        path: &Path,
+        format: FileFormat,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        offset: usize,
+    ) -> Result<MappedArray, DataError> {
+        let file = File::open(path).map_err(|e| io(path, e))?;
+        let file_len = file.metadata().map_err(|e| io(path, e))?.len();
+        MappedArray::finish(path, file, file_len, format, dtype, shape, offset, false)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -72,6 +72,54 @@ pub enum FileProblem {
         /// Length now.
         now: u64,
     },
+    /// A header or index field that cannot be right (bad magic, unknown version or code,
+    /// counts that do not add up), at this byte offset of the file.
+    #[error("at byte {offset}: {message}")]
+    Malformed {
+        /// Byte offset of the field in the file.
+        offset: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// A token id at or above the declared vocabulary size (or negative).
+    #[error(
+        "token {token} at byte {offset} (token {position}) is outside the vocabulary of {vocab}"
+    )]
+    TokenOutOfVocab {
+        /// The id found.
+        token: i128,
+        /// Its position in tokens.
+        position: u64,
+        /// Its byte offset in the file.
+        offset: u64,
+        /// The declared vocabulary size.
+        vocab: u64,
+    },
+    /// An Arrow IPC file or stream the `arrow` reader rejects.
+    #[error("arrow: {0}")]
+    Arrow(String),
+    /// A safetensors file the `safetensors` reader rejects.
+    #[error("safetensors: {0}")]
+    Safetensors(String),
+    /// No column of that name.
+    #[error("no column {column:?} (columns: {})", available.join(", "))]
+    MissingColumn {
+        /// The name asked for.
+        column: String,
+        /// The names there are.
+        available: Vec<String>,
+    },
+    /// A column whose type is not the kind asked for (a list where a fixed width is needed,
+    /// strings, nested lists, nulls...).
+    #[error("column {column:?} is {found}; {wanted}")]
+    ColumnType {
+        /// The column.
+        column: String,
+        /// Its type.
+        found: String,
+        /// What was needed.
+        wanted: String,
+    },
     /// A raw file without a sidecar and without the `.npy` magic.
     #[error("not a .npy file (no \\x93NUMPY magic) and no raw sidecar {}", sidecar.display())]
     Unrecognised {
@@ -137,6 +185,21 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// A [`FileProblem::Malformed`] error about `path` at byte `offset`.
+    pub(crate) fn malformed(
+        path: &std::path::Path,
+        offset: u64,
+        message: impl Into<String>,
+    ) -> DataError {
+        DataError::file(
+            path,
+            FileProblem::Malformed {
+                offset,
+                message: message.into(),
+            },
+        )
+    }
+
     pub(crate) fn file(path: &std::path::Path, problem: impl Into<FileProblem>) -> DataError {
         DataError::File {
             path: path.to_path_buf(),

@@ -28,6 +28,12 @@
 //!   buffers that are accounted).
 //! * Memory: [`LoaderMemory`], the loader's own byte counts, read with [`Loader::memory`],
 //!   [`Loader::memory_peak`], or a [`MemoryWatch`] from any thread.
+//! * Training-data formats: [`TokenFile`] and [`TokenWindows`] (a flat `u16`/`u32` token
+//!   file cut into windows of `seq + 1` tokens, [`StackWindows`] to batch them),
+//!   [`IndexedTokens`] (Megatron-LM's `.bin` + `.idx`), [`ArrowDataset`] (an Arrow IPC file or
+//!   stream, such as a Hugging Face `datasets` cache, with [`StackArrowColumns`],
+//!   [`PadCollate`] and [`PackCollate`]) and [`open_safetensors`] (one tensor per column), all
+//!   memory-mapped and zero-copy until the batch copy; [`format_fixtures`] writes large ones.
 //! * With feature `burn`: `burn_adapter`, burn's `Dataset` trait over these data sets.
 //!
 //! # The rules
@@ -181,8 +187,95 @@
 //! assert_eq!(resumed.state().epoch, 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Example: token windows from a nanoGPT `train.bin`
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainmem_loader::{
+//!     Dataset, Dtype, Loader, LoaderConfig, StackWindows, TokenFile, TokenWindows, WindowOrder,
+//!     WindowSpec,
+//! };
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/data/tokens_u16.bin");
+//! // 4,096 u16 ids, every one checked against GPT-2's vocabulary at open.
+//! let tokens = TokenFile::open(path, Dtype::U16, Some(50257))?;
+//! assert_eq!(tokens.len(), 4096);
+//! // 200 windows of 65 tokens at seeded random offsets (nanoGPT's get_batch, addressable).
+//! let spec = WindowSpec { seq: 64, order: WindowOrder::Random { count: 200, seed: 1 } };
+//! let windows = Arc::new(TokenWindows::new(tokens, spec)?);
+//! let config = LoaderConfig { batch_size: 8, workers: 2, ..LoaderConfig::default() };
+//! let mut loader = Loader::new(Arc::clone(&windows), config, StackWindows)?;
+//! for batch in loader.epoch()? {
+//!     let batch = batch?;
+//!     let (input, target) = batch.input_target::<u16>(0).expect("u16 row");
+//!     assert_eq!((input.len(), target.len()), (64, 64));
+//!     assert_eq!(input[1..], target[..63]); // the target is the input shifted by one
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Example: a Megatron-LM indexed data set, windows inside documents
+//!
+//! ```
+//! use trainmem_loader::{Dataset, IndexedTokens, WindowOrder, WindowSpec};
+//!
+//! let prefix = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/data/indexed_u16");
+//! let indexed = IndexedTokens::open(prefix, Some(50257))?; // reads .idx and .bin
+//! assert_eq!(indexed.documents().len(), 12);
+//! let docs = indexed.documents().to_vec();
+//! let spec = WindowSpec { seq: 16, order: WindowOrder::Strided { stride: 8 } };
+//! let windows = indexed.windows(spec, false)?; // no window crosses a document's end
+//! for i in 0..windows.len() {
+//!     let w = windows.sample(i)?;
+//!     assert!(docs.iter().any(|&(s, n)| s <= w.start && w.start + 17 <= s + n));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Example: a `datasets` Arrow cache, padded per batch
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainmem_loader::{ArrowDataset, Loader, LoaderConfig, PadCollate, PadTo};
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/data/hf_stream.arrow");
+//! // An Arrow IPC stream written by pyarrow: input_ids list<int32>, attention_mask,
+//! // pixels fixed_size_list<float32, 4>, label int64.
+//! let data = Arc::new(ArrowDataset::open_columns(path, &["input_ids", "label"])?);
+//! let pad = PadCollate::new(&data, "input_ids", 0, PadTo::Longest)?;
+//! let config = LoaderConfig { batch_size: 4, ..LoaderConfig::default() };
+//! let mut loader = Loader::new(Arc::clone(&data), config, pad)?;
+//! let batch = loader.epoch()?.next().expect("a batch")?;
+//! let longest = *batch.lengths.iter().max().expect("rows");
+//! assert_eq!(batch.width, longest);
+//! // The mask is 1 over each row's ids and 0 over its padding.
+//! let ones: usize = batch.mask().iter().map(|&m| usize::from(m)).sum();
+//! assert_eq!(ones, batch.lengths.iter().sum::<usize>());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Example: a safetensors file, one tensor per column
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainmem_loader::{Dataset, Loader, LoaderConfig, StackColumns, open_safetensors};
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/data/tensors.safetensors");
+//! let data = Arc::new(open_safetensors(path, &["features", "labels"])?);
+//! assert_eq!(data.len(), 32); // the tensors' first dimension
+//! let config = LoaderConfig { batch_size: 16, ..LoaderConfig::default() };
+//! let mut loader = Loader::new(Arc::clone(&data), config, StackColumns)?;
+//! let batch = loader.epoch()?.next().expect("a batch")?;
+//! assert_eq!(batch.shapes, [vec![16, 8], vec![16]]);
+//! assert_eq!(batch.column::<f32>(0).expect("f32")[9], 9.0 / 4.0); // (8 i + j) / 4
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod array;
+mod arrow_collate;
+mod arrow_dataset;
+mod arrow_ipc_file;
 pub mod augment;
 mod builder;
 pub mod config;
@@ -191,19 +284,30 @@ mod dataset;
 mod dtype;
 mod error;
 pub mod fixtures;
+pub mod format_fixtures;
+mod indexed;
 mod loader;
+mod mapped;
 mod memory;
 pub mod npy;
 mod pagecache;
 mod resume;
 mod rng;
+mod safetensors_file;
 mod sampler;
 mod staging;
+mod tokens;
 
 #[cfg(feature = "burn")]
 pub mod burn_adapter;
 
 pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
+pub use arrow_collate::{
+    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, Segment, StackArrowColumns,
+    scalar_bytes,
+};
+pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
+pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
@@ -211,10 +315,17 @@ pub use context::WorkerContext;
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
 pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
 pub use error::{DataError, FileProblem};
+pub use indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_indexed};
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
+pub use mapped::MappedFile;
 pub use memory::{LoaderMemory, MemoryWatch};
 pub use pagecache::evict_page_cache;
 pub use resume::{LoaderState, ResumeError};
 pub use rng::{Rng, mix};
+pub use safetensors_file::{dtype_of_safetensors, open_safetensors};
 pub use sampler::{EpochPlan, epoch_order, shard_order};
 pub use staging::{BatchBuffer, prefetch_pages};
+pub use tokens::{
+    StackWindows, TOKEN_DTYPES, TokenBatch, TokenFile, TokenWindows, Window, WindowOrder,
+    WindowSpec,
+};

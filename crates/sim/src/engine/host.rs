@@ -293,8 +293,9 @@ impl HostModel {
             None => 0,
         };
         let file_rss = match self.storage {
-            DataStorage::Mmap => ((m.samples_read + read_ahead).saturating_mul(self.stored_sample))
-                .min(self.stored_dataset_bytes),
+            s if s.is_memory_mapped() => ((m.samples_read + read_ahead)
+                .saturating_mul(self.stored_sample))
+            .min(self.stored_dataset_bytes),
             _ => 0,
         };
         HostBytes {
