@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod gen_data;
+mod meta;
 mod validate;
 
 /// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
@@ -33,6 +34,9 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Write deterministic fixture data sets.
     GenData(gen_data::GenDataArgs),
+    /// One training step of a LLaMA-style decoder of any size on trainmem-meta, with its bytes
+    /// per category.
+    Meta(meta::MetaArgs),
     /// Compare the twin with recorded real runs (`validate pytorch`).
     #[command(subcommand)]
     Validate(validate::ValidateCommand),
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd),
         Command::GenData(args) => gen_data::run(args),
         Command::Validate(cmd) => validate::run(cmd),
+        Command::Meta(args) => meta::run(args),
     };
     match result {
         Ok(code) => code,

@@ -135,6 +135,7 @@ mod backend;
 pub mod burn_runs;
 pub mod caching;
 mod device;
+pub mod llama;
 pub mod memory;
 mod ops;
 pub mod run;
