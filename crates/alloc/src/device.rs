@@ -69,36 +69,24 @@ pub trait DeviceMemory: Send {
     /// (the default) answer [`DeviceError::Unavailable`].
     fn reserve_address_space(&mut self, size: u64) -> Result<u64, DeviceError> {
         let _ = size;
-        Err(DeviceError::Unavailable(format!(
-            "{} cannot reserve address space (expandable segments)",
-            self.name()
-        )))
+        Err(no_virtual_memory(&self.name(), "reserve address space"))
     }
     /// Backs `[address, address + size)`, inside a reserved range and not backed yet, with
     /// memory. Lack of memory must be reported as [`DeviceError::OutOfMemory`].
     fn map(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
         let _ = (address, size);
-        Err(DeviceError::Unavailable(format!(
-            "{} cannot map pages (expandable segments)",
-            self.name()
-        )))
+        Err(no_virtual_memory(&self.name(), "map pages"))
     }
     /// Gives back the memory behind `[address, address + size)`, a backed part of a
     /// reserved range; the addresses stay reserved.
     fn unmap(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
         let _ = (address, size);
-        Err(DeviceError::Unavailable(format!(
-            "{} cannot unmap pages (expandable segments)",
-            self.name()
-        )))
+        Err(no_virtual_memory(&self.name(), "unmap pages"))
     }
     /// Gives back a reserved range (nothing in it may be backed any more).
     fn release_address_space(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
         let _ = (address, size);
-        Err(DeviceError::Unavailable(format!(
-            "{} cannot release address space (expandable segments)",
-            self.name()
-        )))
+        Err(no_virtual_memory(&self.name(), "release address space"))
     }
 }
 
@@ -397,6 +385,12 @@ impl DeviceMemory for SimulatedDevice {
             _ => Err(DeviceError::UnknownAddress { address }),
         }
     }
+}
+
+/// The refusal of a device without virtual memory management to `what` (expandable
+/// segments need it).
+fn no_virtual_memory(device: &str, what: &str) -> DeviceError {
+    DeviceError::Unavailable(format!("{device} cannot {what} (expandable segments)"))
 }
 
 #[cfg(test)]

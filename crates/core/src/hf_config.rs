@@ -192,6 +192,19 @@ impl Fields<'_> {
         }
     }
 
+    /// A `kind` stack from the field names most families share (`num_hidden_layers`,
+    /// `hidden_size`, `num_attention_heads`, `vocab_size`); the sequence is set later.
+    fn standard(&self, kind: TransformerKind) -> Result<TransformerSpec, HfConfigError> {
+        Ok(TransformerSpec::new(
+            kind,
+            self.count("num_hidden_layers")?,
+            self.count("hidden_size")?,
+            self.count("num_attention_heads")?,
+            1,
+            self.count("vocab_size")?,
+        ))
+    }
+
     fn unsupported(&self, what: impl Into<String>) -> HfConfigError {
         HfConfigError::Unsupported {
             model_type: self.model_type.to_string(),
@@ -200,47 +213,13 @@ impl Fields<'_> {
     }
 }
 
-/// A decoder or encoder with every optional setting at its default.
-fn base(
-    kind: TransformerKind,
-    layers: u64,
-    hidden: u64,
-    heads: u64,
-    vocab: u64,
-) -> TransformerSpec {
-    TransformerSpec {
-        kind,
-        layers,
-        hidden,
-        heads,
-        kv_heads: None,
-        ffn: None,
-        gated_ffn: false,
-        seq_len: 1,
-        vocab,
-        tied_embeddings: false,
-        activation: Activation::Gelu,
-        norm: NormKind::LayerNorm,
-        dropout: 0.0,
-        attention: Default::default(),
-        learned_positions: false,
-        classes: None,
-        max_positions: None,
-        bias: None,
-        qkv_bias: None,
-        final_norm: None,
-        embedding_norm: false,
-        token_types: 0,
-        pooler: false,
-    }
-}
-
 fn gpt2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = base(
+    let mut t = TransformerSpec::new(
         TransformerKind::Decoder,
         f.count("n_layer")?,
         f.count("n_embd")?,
         f.count("n_head")?,
+        1,
         f.count("vocab_size")?,
     );
     t.ffn = f.opt_count("n_inner")?;
@@ -258,13 +237,7 @@ fn gpt2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
 }
 
 fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = base(
-        TransformerKind::Encoder,
-        f.count("num_hidden_layers")?,
-        f.count("hidden_size")?,
-        f.count("num_attention_heads")?,
-        f.count("vocab_size")?,
-    );
+    let mut t = f.standard(TransformerKind::Encoder)?;
     t.ffn = Some(f.count("intermediate_size")?);
     t.activation = f.activation("hidden_act", Activation::Gelu)?;
     t.learned_positions = true;
@@ -285,13 +258,7 @@ fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
 
 /// LLaMA, Mistral and Qwen2: RMS norm, SwiGLU, grouped-query attention, rotary positions.
 fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = base(
-        TransformerKind::Decoder,
-        f.count("num_hidden_layers")?,
-        f.count("hidden_size")?,
-        f.count("num_attention_heads")?,
-        f.count("vocab_size")?,
-    );
+    let mut t = f.standard(TransformerKind::Decoder)?;
     if let Some(head_dim) = f.opt_count("head_dim")?
         && head_dim * t.heads != t.hidden
     {
@@ -329,13 +296,7 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
 }
 
 fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = base(
-        TransformerKind::Decoder,
-        f.count("num_hidden_layers")?,
-        f.count("hidden_size")?,
-        f.count("num_attention_heads")?,
-        f.count("vocab_size")?,
-    );
+    let mut t = f.standard(TransformerKind::Decoder)?;
     if let Some(proj) = f.opt_count("word_embed_proj_dim")?
         && proj != t.hidden
     {

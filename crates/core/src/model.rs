@@ -313,6 +313,44 @@ fn gelu() -> Activation {
 }
 
 impl TransformerSpec {
+    /// A `kind` stack of `layers` blocks of width `hidden` with `heads` heads, at sequence
+    /// `seq_len` over a vocabulary of `vocab`, with every other setting at its default (as a
+    /// plan that names only these keys reads).
+    pub fn new(
+        kind: TransformerKind,
+        layers: u64,
+        hidden: u64,
+        heads: u64,
+        seq_len: u64,
+        vocab: u64,
+    ) -> TransformerSpec {
+        TransformerSpec {
+            kind,
+            layers,
+            hidden,
+            heads,
+            kv_heads: None,
+            ffn: None,
+            gated_ffn: false,
+            seq_len,
+            vocab,
+            tied_embeddings: false,
+            activation: gelu(),
+            norm: NormKind::default(),
+            dropout: 0.0,
+            attention: AttentionImpl::default(),
+            learned_positions: false,
+            classes: None,
+            max_positions: None,
+            bias: None,
+            qkv_bias: None,
+            final_norm: None,
+            embedding_norm: false,
+            token_types: 0,
+            pooler: false,
+        }
+    }
+
     /// The feed-forward inner size.
     pub fn ffn_size(&self) -> u64 {
         self.ffn.unwrap_or(4 * self.hidden)

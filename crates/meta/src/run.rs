@@ -15,10 +15,6 @@
 
 use std::time::Instant;
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor};
-
 use trainmem_core::Category;
 use trainmem_core::timeline::{CategoryBytes, Phase, Sample, Source, Timeline, TimelineMeta};
 use trainmem_probe::CategoryScope;
@@ -129,24 +125,10 @@ impl Recorder {
     }
 }
 
-/// Creates every lazily initialised parameter of `module` now, so its bytes are counted under
-/// the calling thread's current category rather than at the first forward (burn creates
-/// parameters on first use).
-pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
-    struct Touch;
-    impl<B: Backend> ModuleVisitor<B> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
-        }
-        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-            let _ = param.val();
-        }
-        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-            let _ = param.val();
-        }
-    }
-    module.visit(&mut Touch);
-}
+/// Creates every lazily initialised parameter of a module now, so its bytes are counted under
+/// the calling thread's current category rather than at the first forward (trainmem-burn's,
+/// which its measured runs use).
+pub use trainmem_burn::model::materialize;
 
 /// Runs `run` on a fresh Meta device and returns its timeline and peaks (see the module docs).
 pub fn predict(name: &str, run: impl FnOnce(&mut Recorder)) -> MetaRun {
@@ -175,7 +157,7 @@ pub fn predict_on(name: &str, device: MetaDevice, run: impl FnOnce(&mut Recorder
 mod tests {
     use super::*;
     use crate::Meta;
-    use burn::tensor::Distribution;
+    use burn::tensor::{Distribution, Tensor};
 
     #[test]
     fn phases_become_samples_with_the_bytes_of_their_category() {

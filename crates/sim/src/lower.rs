@@ -550,29 +550,10 @@ mod tests {
 
     fn gpt(layers: u64, h: u64, heads: u64, s: u64, vocab: u64) -> TransformerSpec {
         TransformerSpec {
-            kind: TransformerKind::Decoder,
-            layers,
-            hidden: h,
-            heads,
-            kv_heads: None,
-            ffn: None,
-            gated_ffn: false,
-            seq_len: s,
-            vocab,
             tied_embeddings: true,
-            activation: Activation::Gelu,
-            norm: NormKind::LayerNorm,
             dropout: 0.1,
-            attention: AttentionImpl::Eager,
             learned_positions: true,
-            classes: None,
-            max_positions: None,
-            bias: None,
-            qkv_bias: None,
-            final_norm: None,
-            embedding_norm: false,
-            token_types: 0,
-            pooler: false,
+            ..TransformerSpec::new(TransformerKind::Decoder, layers, h, heads, s, vocab)
         }
     }
 

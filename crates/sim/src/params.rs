@@ -305,31 +305,14 @@ mod tests {
 
     #[test]
     fn a_billion_wide_layers_overflow_naming_the_figures() {
-        let t = TransformerSpec {
-            kind: TransformerKind::Decoder,
-            layers: 1_000_000_000,
-            hidden: 1_000_000,
-            heads: 8,
-            kv_heads: None,
-            ffn: None,
-            gated_ffn: false,
-            seq_len: 128,
-            vocab: 1000,
-            tied_embeddings: false,
-            activation: Activation::Gelu,
-            norm: NormKind::LayerNorm,
-            dropout: 0.0,
-            attention: AttentionImpl::Eager,
-            learned_positions: false,
-            classes: None,
-            max_positions: None,
-            bias: None,
-            qkv_bias: None,
-            final_norm: None,
-            embedding_norm: false,
-            token_types: 0,
-            pooler: false,
-        };
+        let t = TransformerSpec::new(
+            TransformerKind::Decoder,
+            1_000_000_000,
+            1_000_000,
+            8,
+            128,
+            1000,
+        );
         let e = param_groups(&ModelSpec::Transformer(t), Framework::Pytorch).unwrap_err();
         // a block of hidden h: 12h² + 13h elements
         let block = 12 * 1_000_000u64.pow(2) + 13 * 1_000_000;

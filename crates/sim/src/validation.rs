@@ -218,14 +218,11 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
     })?;
     let samples = &result.timeline.samples;
     let mut rows = Vec::new();
-    for category in [
-        Category::Parameter,
-        Category::Gradient,
-        Category::OptimizerState,
-        Category::Activation,
-        Category::Input,
-        Category::Temporary,
-    ] {
+    // the tensor categories: a CPU ledger has no allocator cache, and no `other`
+    let tensors = Category::ALL
+        .into_iter()
+        .filter(|c| !matches!(c, Category::Cache | Category::Other));
+    for category in tensors {
         let name = category.name();
         let measured = rec
             .samples

@@ -103,6 +103,23 @@ fn fixture(dir: &Path, samples: usize, dim: usize) -> anyhow::Result<FixturePath
     write_fixture_with_progress(&out, &spec)
 }
 
+/// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there is
+/// one, else on one scoped thread each.
+fn on_threads(dst: &mut [Vec<Vec<u8>>], copy: impl Fn(usize, &mut Vec<Vec<u8>>) + Sync) {
+    if dst.len() <= 1 {
+        if let Some(mine) = dst.first_mut() {
+            copy(0, mine);
+        }
+        return;
+    }
+    let copy = &copy;
+    std::thread::scope(|scope| {
+        for (t, mine) in dst.iter_mut().enumerate() {
+            scope.spawn(move || copy(t, mine));
+        }
+    });
+}
+
 /// Copies every column in file order, `batch` rows at a time, each batch as one contiguous
 /// copy into a reused destination; the batches split between `dst.len()` threads like
 /// [`memcpy_epoch`]'s. The same amount of bytes as an epoch, but long sequential runs: a
@@ -120,15 +137,7 @@ fn memcpy_contiguous(ds: &MmapDataset, batch: usize, dst: &mut [Vec<Vec<u8>>]) {
             }
         }
     };
-    if threads == 1 {
-        copy(0, &mut dst[0]);
-        return;
-    }
-    std::thread::scope(|scope| {
-        for (t, mine) in dst.iter_mut().enumerate() {
-            scope.spawn(move || copy(t, mine));
-        }
-    });
+    on_threads(dst, copy);
 }
 
 /// Copies the bytes a loader epoch copies: for every batch of `plan`, each column's rows in
@@ -156,15 +165,7 @@ fn memcpy_epoch(ds: &MmapDataset, plan: &EpochPlan, dst: &mut [Vec<Vec<u8>>]) {
             }
         }
     };
-    if threads == 1 {
-        copy(0, &mut dst[0]);
-        return;
-    }
-    std::thread::scope(|scope| {
-        for (t, mine) in dst.iter_mut().enumerate() {
-            scope.spawn(move || copy(t, mine));
-        }
-    });
+    on_threads(dst, copy);
 }
 
 #[derive(Clone, Debug)]
