@@ -166,7 +166,7 @@ mod trace;
 pub mod testing;
 
 pub use allocator::{
-    CachingAllocator, ReleasedMemory, SeedBlock, SeedError, SeedSegment, SeedState,
+    CacheFigures, CachingAllocator, ReleasedMemory, SeedBlock, SeedError, SeedSegment, SeedState,
 };
 pub use block::{Block, BlockId};
 pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, RoundupPower2Divisions};

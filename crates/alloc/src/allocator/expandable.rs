@@ -151,8 +151,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             .device
             .reserve_address_space(span)
             .map_err(AllocError::Device)?;
-        let stream = self.pools[slot as usize].stream;
-        let mut node = Node::free_block(base, span, stream, pool, slot, 0, NONE, NONE);
+        let mut node = Node::free_block(base, span, pool, slot, 0, NONE, NONE);
         node.state = NodeState::Unmapped;
         node.expandable = true;
         let idx = self.new_node(node);
@@ -171,8 +170,14 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         label: Option<&Label>,
     ) -> Result<Option<u32>, AllocError> {
         let n = &self.nodes[idx as usize];
-        let (addr, size, pool, slot, stream, next) =
-            (n.addr, n.size, n.pool, n.slot, n.stream, n.next);
+        let (addr, size, pool, slot, stream, next) = (
+            n.addr,
+            n.size,
+            n.pool,
+            n.slot,
+            self.pools[n.slot as usize].stream,
+            n.next,
+        );
         debug_assert_eq!(n.state, NodeState::Unmapped);
         let page = expandable_page_size(pool);
         let bytes = want.div_ceil(page).saturating_mul(page).min(size);
@@ -184,8 +189,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let p = pidx(pool);
         self.pools[slot as usize].unmapped[p].remove(&addr);
         if bytes < size {
-            let mut rest =
-                Node::free_block(addr + bytes, size - bytes, stream, pool, slot, 0, idx, next);
+            let mut rest = Node::free_block(addr + bytes, size - bytes, pool, slot, 0, idx, next);
             rest.state = NodeState::Unmapped;
             rest.expandable = true;
             let r = self.new_node(rest);
@@ -253,7 +257,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// whether the segment, left with nothing mapped, gave its address range back.
     pub(super) fn unmap_block(&mut self, idx: u32) -> Result<(u64, bool), AllocError> {
         let n = &self.nodes[idx as usize];
-        let (addr, size, pool, slot, stream) = (n.addr, n.size, n.pool, n.slot, n.stream);
+        let (addr, size, pool, slot, stream) = (
+            n.addr,
+            n.size,
+            n.pool,
+            n.slot,
+            self.pools[n.slot as usize].stream,
+        );
         let page = expandable_page_size(pool);
         let base = self.expandable_base(addr);
         let begin = base + (addr - base).div_ceil(page) * page;
@@ -302,10 +312,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// resizing.
     fn split_off_free(&mut self, idx: u32, addr: u64, size: u64, before: bool) {
         let n = &self.nodes[idx as usize];
-        let (stream, pool, slot, prev, next) = (n.stream, n.pool, n.slot, n.prev, n.next);
+        let (pool, slot, prev, next) = (n.pool, n.slot, n.prev, n.next);
         let p = pidx(pool);
         let (lp, ln) = if before { (prev, idx) } else { (idx, next) };
-        let mut node = Node::free_block(addr, size, stream, pool, slot, self.pool_calls[p], lp, ln);
+        let mut node = Node::free_block(addr, size, pool, slot, self.pool_calls[p], lp, ln);
         node.expandable = true;
         let r = self.new_node(node);
         if before {

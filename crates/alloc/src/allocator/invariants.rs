@@ -103,7 +103,8 @@ struct Seg {
 /// * the address map holds exactly the allocated blocks; pending frees match their events;
 /// * every current statistic equals a recount from the blocks, peaks are ≥ current, and
 ///   allocated + pending + cached bytes = reserved bytes = the sum of segment sizes;
-/// * the snapshot's totals agree with the statistics.
+/// * the snapshot's totals agree with the statistics, and [`CachingAllocator::cache_figures`]
+///   with the snapshot's fragmentation figures.
 pub fn check_invariants<D: DeviceMemory>(
     alloc: &CachingAllocator<D>,
 ) -> Result<(), InvariantViolation> {
@@ -136,7 +137,7 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
         let seg = Seg {
             base,
             pool: pidx(hn.pool),
-            stream: hn.stream,
+            stream: alloc.pools[hn.slot as usize].stream,
             split: hn.next != NONE,
             expandable: is_exp,
         };
@@ -170,7 +171,7 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
                 n.prev
             );
             ensure!(
-                n.pool == hn.pool && n.stream == seg.stream,
+                n.pool == hn.pool && alloc.pools[n.slot as usize].stream == seg.stream,
                 "segment {base:#x}: block {cur} has another pool or stream"
             );
             ensure!(
@@ -454,6 +455,21 @@ fn check_totals<D: DeviceMemory>(
         snap.non_releasable() == non_rel,
         "snapshot non-releasable {} != {non_rel}",
         snap.non_releasable()
+    );
+    let figures = alloc.cache_figures();
+    let from_snapshot = super::CacheFigures {
+        largest_free_block: snap.largest_free_block(),
+        non_releasable: snap.non_releasable(),
+        releasable: snap
+            .segments
+            .iter()
+            .filter(|s| s.is_free())
+            .map(|s| s.total_size)
+            .sum(),
+    };
+    ensure!(
+        figures == from_snapshot,
+        "cache figures {figures:?} != the snapshot's {from_snapshot:?}"
     );
     for s in &snap.segments {
         let small = s.segment_type == PoolKind::Small;

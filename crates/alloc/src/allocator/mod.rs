@@ -18,13 +18,17 @@ use crate::stream::StreamId;
 use crate::trace::{TraceAction, TraceBuffer, TraceEntry};
 
 mod expandable;
+mod figures;
 mod free_set;
 pub(crate) mod invariants;
 mod seed;
+mod slab;
 
+pub use figures::CacheFigures;
 pub use seed::{SeedBlock, SeedError, SeedSegment, SeedState};
 
 use free_set::{Found, FreeSet};
+use slab::Slab;
 
 const NONE: u32 = u32::MAX;
 
@@ -73,12 +77,16 @@ enum NodeState {
 
 /// A block: a contiguous range inside one segment. Blocks of a segment form a doubly linked
 /// list in address order through `prev`/`next` (slab indices).
+///
+/// One record is one 64-byte cache line (its stream is its pool slot's, its label is kept
+/// beside it in `CachingAllocator::labels`): merging and splitting touch neighbours, and a
+/// record that straddles two lines costs two misses once the blocks outgrow the cache.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Node {
     addr: u64,
     size: u64,
     requested: u64,
-    stream: StreamId,
     seq: u64,
     gc_base: u64,
     prev: u32,
@@ -93,18 +101,27 @@ struct Node {
     has_uses: bool,
     /// Part of an expandable segment.
     expandable: bool,
-    label: Option<Label>,
+}
+
+const _: () = assert!(std::mem::size_of::<Node>() == 64);
+
+impl Default for Node {
+    /// A vacant record (what an unused slab slot holds).
+    fn default() -> Self {
+        let mut n = Node::free_block(0, 0, PoolKind::Small, 0, 0, NONE, NONE);
+        n.state = NodeState::Vacant;
+        n
+    }
 }
 
 impl Node {
-    /// A free, unlabelled block of `size` bytes at `addr` on `stream`'s `pool` (slot `slot`),
+    /// A free block of `size` bytes at `addr` in `pool` of the stream at slot `slot`,
     /// linked between `prev` and `next` in its segment.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn free_block(
         addr: u64,
         size: u64,
-        stream: StreamId,
         pool: PoolKind,
         slot: u32,
         gc_base: u64,
@@ -115,7 +132,6 @@ impl Node {
             addr,
             size,
             requested: 0,
-            stream,
             seq: 0,
             gc_base,
             prev,
@@ -127,7 +143,6 @@ impl Node {
             event_count: 0,
             has_uses: false,
             expandable: false,
-            label: None,
         }
     }
 
@@ -192,7 +207,8 @@ pub struct ReleasedMemory {
 /// the device is). For sharing between threads and RAII handles use
 /// [`SharedAllocator`](crate::SharedAllocator), which wraps it in a mutex.
 ///
-/// Data structures: blocks live in a slab (`Vec`) linked per segment by prev/next indices;
+/// Data structures: blocks live in a slab (chunks of 1,024 records, see `slab`) linked per
+/// segment by prev/next indices, with their labels in a second slab at the same index;
 /// free blocks are kept per stream and pool in sorted arrays of at most 128 entries keyed by
 /// (size, address), with each array's first key in a small index (see `free_set`), so best
 /// fit is two binary searches. A malloc hit costs that lookup, O(1) slab work, O(1) statistics and one removal or,
@@ -203,7 +219,9 @@ pub struct CachingAllocator<D: DeviceMemory> {
     device: D,
     config: AllocatorConfig,
     owner: u32,
-    nodes: Vec<Node>,
+    nodes: Slab<Node>,
+    /// Each block's label, at its slab index (kept out of `Node` so a record fits a line).
+    labels: Slab<Option<Label>>,
     vacant: Vec<u32>,
     pools: Vec<StreamPools>,
     last_slot: u32,
@@ -265,7 +283,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             device,
             config,
             owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
-            nodes: Vec::new(),
+            nodes: Slab::default(),
+            labels: Slab::default(),
             vacant: Vec::new(),
             pools: Vec::new(),
             last_slot: 0,
@@ -470,6 +489,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             let i = self.nodes.len();
             assert!(i < NONE as usize, "more than 2^32-1 blocks");
             self.nodes.push(node);
+            self.labels.push(None);
             i as u32
         }
     }
@@ -477,7 +497,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn vacate(&mut self, idx: u32) {
         let n = &mut self.nodes[idx as usize];
         n.state = NodeState::Vacant;
-        n.label = None;
+        self.labels[idx as usize] = None;
         self.vacant.push(idx);
     }
 
@@ -516,7 +536,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             Err(e) => return Err(AllocError::Device(e)),
         };
         let idx = self.new_node(Node::free_block(
-            addr, alloc_size, stream, pool, slot, 0, NONE, NONE,
+            addr, alloc_size, pool, slot, 0, NONE, NONE,
         ));
         self.segments.insert(addr, alloc_size);
         self.reserved += alloc_size;
@@ -550,7 +570,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 n.pool,
                 n.next,
                 n.addr,
-                n.stream,
+                self.pools[n.slot as usize].stream,
                 n.slot,
                 n.is_split(),
                 n.expandable,
@@ -571,7 +591,6 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             let mut rest = Node::free_block(
                 addr + size,
                 remaining,
-                stream,
                 pool,
                 slot,
                 self.pool_calls[p],
@@ -613,7 +632,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         n.state = NodeState::Allocated;
         n.requested = orig;
         n.seq = seq;
-        n.label = label;
+        self.labels[idx as usize] = label;
         let final_size = n.size;
         if let Some(m) = &mut self.addr_index {
             m.insert(addr, idx);
@@ -628,7 +647,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             st.oversize_allocations.increase(1);
         }
         if self.trace.enabled {
-            let label = self.nodes[idx as usize].label.as_ref();
+            let label = self.labels[idx as usize].as_ref();
             self.trace
                 .record(TraceAction::Alloc, addr, orig, stream, label);
         }
@@ -736,7 +755,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn free_idx(&mut self, idx: u32) {
         let max_split = self.config.max_split_size_or_max();
         let n = &mut self.nodes[idx as usize];
-        let (addr, size, pool, stream, requested) = (n.addr, n.size, n.pool, n.stream, n.requested);
+        let (addr, size, pool, stream, requested) = (
+            n.addr,
+            n.size,
+            n.pool,
+            self.pools[n.slot as usize].stream,
+            n.requested,
+        );
         n.raii = false;
         if let Some(m) = &mut self.addr_index {
             m.remove(&addr);
@@ -747,7 +772,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             self.stats.oversize_allocations.decrease(1);
         }
         if self.trace.enabled {
-            let label = self.nodes[idx as usize].label.as_ref();
+            let label = self.labels[idx as usize].as_ref();
             self.trace
                 .record(TraceAction::FreeRequested, addr, requested, stream, label);
         }
@@ -769,13 +794,19 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// Returns block `idx` (allocated or pending) to the cache, merging free neighbours.
     fn free_block(&mut self, idx: u32) {
         let n = &mut self.nodes[idx as usize];
-        let (orig_size, requested, pool, stream, addr, slot) =
-            (n.size, n.requested, n.pool, n.stream, n.addr, n.slot);
+        let (orig_size, requested, pool, stream, addr, slot) = (
+            n.size,
+            n.requested,
+            n.pool,
+            self.pools[n.slot as usize].stream,
+            n.addr,
+            n.slot,
+        );
         n.state = NodeState::Free;
         n.requested = 0;
         n.seq = 0;
         n.event_count = 0;
-        let label = n.label.take();
+        let label = self.labels[idx as usize].take();
         self.trace.record(
             TraceAction::FreeCompleted,
             addr,
@@ -864,7 +895,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             return Ok(());
         };
         let n = &mut self.nodes[idx as usize];
-        if n.stream != stream {
+        if self.pools[n.slot as usize].stream != stream {
             let uses = self.stream_uses.entry(idx).or_default();
             if !uses.contains(&stream) {
                 uses.push(stream);
@@ -1168,7 +1199,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             address: n.addr,
             size: n.size,
             requested_size: n.requested,
-            stream: n.stream,
+            stream: self.pools[n.slot as usize].stream,
         })
     }
 
@@ -1247,7 +1278,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             allocated_size: 0,
             active_size: 0,
             requested_size: 0,
-            stream: hn.stream,
+            stream: self.pools[hn.slot as usize].stream,
             segment_type: hn.pool,
             is_expandable: expandable,
             blocks: Vec::new(),
@@ -1273,7 +1304,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 size: n.size,
                 requested_size: n.requested,
                 state,
-                label: n.label.clone(),
+                label: self.labels[cur as usize].clone(),
             });
             cur = n.next;
         }

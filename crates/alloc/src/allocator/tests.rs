@@ -777,3 +777,53 @@ fn empty_cache_releases_in_pool_order_stream_size_address() {
         .collect();
     assert_eq!(freed, vec![(24 * MIB, S1), (40 * MIB, S1), (30 * MIB, S2)]);
 }
+
+#[test]
+fn thousands_of_blocks_across_slab_chunks_keep_labels_streams_and_figures() {
+    // More blocks than one slab chunk holds, on two streams, every other one freed: the
+    // records, their labels and their streams stay with their blocks across chunks, and the
+    // figures read from the blocks equal the snapshot's.
+    let mut a = sim(1 << 40);
+    let n = 3 * slab::CHUNK + 100;
+    let blocks: Vec<Block> = (0..n)
+        .map(|i| {
+            let stream = if i % 3 == 0 { S1 } else { S0 };
+            let label = if i % 2 == 0 { "even" } else { "odd" };
+            a.malloc_labeled(4096 + (i as u64 % 7) * 512, stream, label)
+                .unwrap()
+        })
+        .collect();
+    ok(&a);
+    for b in blocks.iter().step_by(2) {
+        a.free(b.id).unwrap();
+    }
+    ok(&a);
+    let snap = a.snapshot();
+    let live: Vec<&BlockInfo> = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .collect();
+    assert_eq!(live.len(), n / 2);
+    assert!(
+        live.iter()
+            .all(|b| b.label.as_ref().map(|l| l.as_str()) == Some("odd"))
+    );
+    for s in &snap.segments {
+        let on_s1 = blocks
+            .iter()
+            .filter(|b| b.address >= s.address && b.address < s.address + s.total_size)
+            .all(|b| b.stream == s.stream);
+        assert!(on_s1, "a segment holds blocks of another stream");
+    }
+    let f = a.cache_figures();
+    assert!(f.largest_free_block > 0 && f.non_releasable > 0);
+    for b in blocks.iter().skip(1).step_by(2) {
+        a.free(b.id).unwrap();
+    }
+    ok(&a);
+    let f = a.cache_figures();
+    assert_eq!(f.non_releasable, 0);
+    assert_eq!(f.releasable, a.memory_reserved());
+}

@@ -2,7 +2,7 @@
 //! byte counting for CPU backends (no caching, no rounding).
 
 use trainmem_alloc::{
-    AllocError, AllocatorConfig, BlockId, CachingAllocator, SimulatedDevice, Snapshot,
+    AllocError, AllocatorConfig, BlockId, CacheFigures, CachingAllocator, SimulatedDevice, Snapshot,
 };
 use trainmem_autograd::{Allocated, AllocatorMemory, CountingMemory, CountingOom, TensorMemory};
 use trainmem_probe::Category;
@@ -105,12 +105,12 @@ impl SimMemory {
         }
     }
 
-    /// Largest free cached block, and cached-but-unallocated bytes in segments that hold a
-    /// live block (cannot be released by `empty_cache`).
-    pub fn fragmentation(&self) -> (u64, u64) {
-        match self.snapshot() {
-            Some(s) => (s.largest_free_block(), s.non_releasable()),
-            None => (0, 0),
+    /// The caching allocator's fragmentation figures, read from its blocks without a
+    /// snapshot (none for exact counting).
+    pub fn cache_figures(&self) -> Option<CacheFigures> {
+        match self {
+            SimMemory::Caching(m) => Some(m.allocator.cache_figures()),
+            SimMemory::Exact(_) => None,
         }
     }
 

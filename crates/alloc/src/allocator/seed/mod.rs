@@ -286,7 +286,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         let split = seg.blocks.len() > 1;
         let mut prev = NONE;
         for b in &seg.blocks {
-            let node = Node::free_block(b.address, b.size, seg.stream, pool, slot, 0, prev, NONE);
+            let node = Node::free_block(b.address, b.size, pool, slot, 0, prev, NONE);
             let idx = self.new_node(node);
             if prev != NONE {
                 self.nodes[prev as usize].next = idx;

@@ -26,10 +26,10 @@ impl Runner<'_> {
             .map(|s| s.device.allocated)
             .unwrap_or(0);
         let mem = self.store.memory();
-        // one snapshot serves the fragmentation figures and the export
-        let snap = mem.snapshot();
-        let fragmentation = fragmentation(mem, snap.as_ref());
-        let snapshot = if keep_snapshot { snap } else { None };
+        // The figures come from the blocks directly: a snapshot copies every block and the
+        // trace, which is only worth it when the export asks for one.
+        let fragmentation = fragmentation(mem);
+        let snapshot = if keep_snapshot { mem.snapshot() } else { None };
         let retained = end.saturating_sub(self.steady_bytes());
         let steps = if oom.is_some() {
             self.clock.step
@@ -101,24 +101,13 @@ impl Runner<'_> {
     }
 }
 
-/// The allocator's fragmentation now, from its snapshot `snap` (none for exact counting).
-fn fragmentation(mem: &SimMemory, snap: Option<&Snapshot>) -> Fragmentation {
-    let (largest, non_releasable, releasable) = match snap {
-        Some(s) => (
-            s.largest_free_block(),
-            s.non_releasable(),
-            s.segments
-                .iter()
-                .filter(|seg| seg.is_free())
-                .map(|seg| seg.total_size)
-                .sum(),
-        ),
-        None => (0, 0, 0),
-    };
+/// The allocator's fragmentation now (zero for exact counting).
+fn fragmentation(mem: &SimMemory) -> Fragmentation {
+    let f = mem.cache_figures().unwrap_or_default();
     Fragmentation {
         cached_unallocated: mem.reserved().saturating_sub(mem.allocated()),
-        largest_free_block: largest,
-        non_releasable,
-        releasable,
+        largest_free_block: f.largest_free_block,
+        non_releasable: f.non_releasable,
+        releasable: f.releasable,
     }
 }
