@@ -348,6 +348,20 @@ fn check_indexes<D: DeviceMemory>(
             m.len()
         );
     }
+    ensure!(
+        alloc.labels.len() == alloc.nodes.len(),
+        "{} labels for {} block records",
+        alloc.labels.len(),
+        alloc.nodes.len()
+    );
+    for (i, (n, label)) in alloc.nodes.iter().zip(alloc.labels.iter()).enumerate() {
+        let live = matches!(n.state, NodeState::Allocated | NodeState::Pending);
+        ensure!(
+            live || label.is_none(),
+            "block {i} in state {:?} keeps a label",
+            n.state
+        );
+    }
     let uses_flags = alloc.nodes.iter().filter(|n| n.has_uses).count();
     ensure!(
         uses_flags == alloc.stream_uses.len(),

@@ -497,7 +497,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn vacate(&mut self, idx: u32) {
         let n = &mut self.nodes[idx as usize];
         n.state = NodeState::Vacant;
-        self.labels[idx as usize] = None;
+        // Only free or unmapped blocks are vacated, and a block's label leaves it when it is
+        // freed (`free_block`), so there is no label to drop here.
+        debug_assert!(
+            self.labels[idx as usize].is_none(),
+            "vacated a labelled block"
+        );
         self.vacant.push(idx);
     }
 
