@@ -65,6 +65,10 @@ pub enum Saved {
     /// burn-autodiff's graph bookkeeping for `n` recorded ops ([`BURN_NODE_BYTES`] each):
     /// not batch-scaled, freed with the op's other saved tensors.
     Nodes(u8),
+    /// A new copy of the op's first parameter (its weight) at `n` bytes per element: the
+    /// half-precision weight `torch.autocast` makes and the op keeps for its input's gradient.
+    /// Not batch-scaled.
+    ParamCopy(u8),
 }
 
 /// Host bytes burn-autodiff 0.21 keeps per op it records on the graph (its node, the boxed

@@ -81,6 +81,11 @@ pub enum HfPrecision {
     MixedF16,
     /// Everything in bf16 (no master weights).
     Bf16,
+    /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 copies
+    /// of the weights and bf16 activations where autocast runs an op in bf16.
+    AutocastBf16,
+    /// `torch.autocast` to fp16, likewise.
+    AutocastF16,
 }
 
 /// Why a configuration could not become a plan.
@@ -245,6 +250,7 @@ fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.token_types = f.opt_count("type_vocab_size")?.unwrap_or(2);
     t.embedding_norm = true;
     t.pooler = true;
+    t.separate_qkv = true;
     t.final_norm = Some(false);
     t.bias = Some(true);
     t.dropout = f.dropout("hidden_dropout_prob")?;
@@ -271,6 +277,7 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.kv_heads = f.opt_count("num_key_value_heads")?;
     t.ffn = Some(f.count("intermediate_size")?);
     t.gated_ffn = true;
+    t.separate_qkv = true;
     t.activation = f.activation("hidden_act", Activation::Silu)?;
     t.norm = NormKind::RmsNorm;
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
@@ -312,6 +319,7 @@ fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
         );
     }
     t.ffn = Some(f.count("ffn_dim")?);
+    t.separate_qkv = true;
     t.activation = f.activation("activation_function", Activation::Relu)?;
     t.learned_positions = true;
     // OPT's learned position table carries two extra rows (its position offset).
@@ -397,9 +405,15 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
         HfPrecision::MixedBf16 => (Dtype::Bf16, true),
         HfPrecision::MixedF16 => (Dtype::F16, true),
         HfPrecision::Bf16 => (Dtype::Bf16, false),
+        HfPrecision::AutocastBf16 | HfPrecision::AutocastF16 => (Dtype::F32, false),
     };
     plan.precision.compute = compute;
     plan.precision.master_weights = master;
+    plan.precision.autocast = match opts.precision {
+        HfPrecision::AutocastBf16 => Some(Dtype::Bf16),
+        HfPrecision::AutocastF16 => Some(Dtype::F16),
+        _ => None,
+    };
     if opts.checkpointing {
         // Hugging Face checkpoints each block on its own.
         plan.checkpointing.policy = CheckpointPolicyKind::Every;

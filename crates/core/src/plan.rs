@@ -32,6 +32,16 @@
 //! allocator = "max_split_size_mb:128"
 //! ```
 //!
+//! `[precision]` has three forms. `compute = "f32"` (the default) keeps everything in f32.
+//! `compute = "bf16"` (or `"f16"`) holds parameters and activations in half precision, with
+//! an f32 master copy of the weights beside them unless `master_weights = false`. `autocast =
+//! "bf16"` (or `"f16"`, with `compute = "f32"`) is `torch.autocast`: parameters, gradients and
+//! optimizer state stay f32; the ops on the device's lower-precision list (linear layers,
+//! convolutions, matmuls, attention) cast their inputs and weights to half precision each
+//! forward pass, the ops on its f32 list (losses everywhere; softmax and the norms on CUDA) run
+//! in f32, and the rest run in the widest dtype of their inputs. trainmem-sim's `autocast`
+//! module holds the rules per device.
+//!
 //! `[host]` has `capacity` (reported against, not enforced), `baseline` (resident bytes before
 //! training, under `other`) and `kernel_scratch` (bytes a compute library keeps for the
 //! training thread's life, under `other` from `start` to `end`; by default gemm's L2-sized
@@ -172,6 +182,12 @@ pub struct PrecisionPlan {
     /// Dtype of gradients; default = `compute`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grads: Option<Dtype>,
+    /// `torch.autocast` to this half-precision dtype (`bf16` or `f16`) around forward and
+    /// the loss: f32 parameters, gradients and optimizer state, half-precision copies of the
+    /// weights made during forward, and each op in the dtype autocast gives it. Needs
+    /// `compute = "f32"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autocast: Option<Dtype>,
 }
 
 impl Default for PrecisionPlan {
@@ -180,6 +196,7 @@ impl Default for PrecisionPlan {
             compute: Dtype::F32,
             master_weights: true,
             grads: None,
+            autocast: None,
         }
     }
 }
@@ -629,6 +646,23 @@ impl Plan {
                 format!("`{}` is not a float dtype", self.optimizer.state_dtype),
             ));
         }
+        if let Some(a) = p.autocast {
+            if !a.is_half() {
+                return Err(err(
+                    "precision.autocast",
+                    format!("`{a}` is not a half-precision dtype (use bf16 or f16)"),
+                ));
+            }
+            if p.compute != Dtype::F32 {
+                return Err(err(
+                    "precision.autocast",
+                    format!(
+                        "autocast keeps f32 parameters: it needs compute = \"f32\", not \"{}\"",
+                        p.compute
+                    ),
+                ));
+            }
+        }
         if self.optimizer.amsgrad && !self.optimizer.kind.is_adam() {
             return Err(err(
                 "optimizer.amsgrad",
@@ -1005,6 +1039,22 @@ steps_per_epoch = 3
         let text = format!("{MINI}\n[device]\ncapacity = \"24 parsecs\"\n");
         let e = Plan::from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("parsecs") && e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn autocast_is_a_half_dtype_over_f32_parameters() {
+        let p =
+            Plan::from_toml_str(&format!("{MINI}\n[precision]\nautocast = \"bf16\"\n")).unwrap();
+        assert_eq!(p.precision.autocast, Some(Dtype::Bf16));
+        assert_eq!(p.precision.compute, Dtype::F32);
+        let again = Plan::from_toml_str(&p.to_toml().unwrap()).unwrap();
+        assert_eq!(again, p);
+        let text = format!("{MINI}\n[precision]\ncompute = \"bf16\"\nautocast = \"bf16\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("precision.autocast") && e.contains("f32"), "{e}");
+        let text = format!("{MINI}\n[precision]\nautocast = \"f32\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("half-precision"), "{e}");
     }
 
     #[test]

@@ -50,8 +50,20 @@ pub struct Recording {
     /// The plan's model table, when the model is not a Hugging Face one.
     #[serde(default)]
     pub plan_model: Option<serde_json::Value>,
+    /// The `torch.autocast` region forward and the loss ran in, when they did.
+    #[serde(default)]
+    pub autocast: Option<AutocastRegion>,
     /// Phase-boundary samples.
     pub samples: Vec<LedgerSample>,
+}
+
+/// A recorded run's `torch.autocast` region.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AutocastRegion {
+    /// `cpu` (or `cuda`).
+    pub device_type: String,
+    /// `bfloat16` or `float16`.
+    pub dtype: String,
 }
 
 /// Live bytes at one phase boundary of a recorded run.
@@ -196,6 +208,23 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         (None, None) => return Err(fail("neither hf_config nor plan_model".into())),
     };
     plan.name = rec.name.clone();
+    if let Some(region) = &rec.autocast {
+        plan.precision.autocast = Some(match region.dtype.as_str() {
+            "bfloat16" => trainmem_core::Dtype::Bf16,
+            "float16" => trainmem_core::Dtype::F16,
+            other => {
+                return Err(fail(format!(
+                    "autocast to `{other}` has no plan counterpart"
+                )));
+            }
+        });
+        if region.device_type != "cpu" {
+            return Err(fail(format!(
+                "autocast on `{}`: recordings are made on the CPU",
+                region.device_type
+            )));
+        }
+    }
     plan.optimizer.implementation = implementation;
     plan.training.micro_batch_size = rec.micro_batch;
     plan.device.kind = DeviceKind::Cpu;
