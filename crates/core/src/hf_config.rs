@@ -13,6 +13,11 @@
 //! | `qwen2` | decoder | as LLaMA, with biases on the query, key and value projections |
 //! | `opt` | decoder | learned positions with OPT's offset of 2 rows, biases, ReLU |
 //!
+//! Attention is the fused kernel (`attention = "fused"`) when the model has no attention
+//! dropout, eager otherwise: `transformers` calls PyTorch's `scaled_dot_product_attention`,
+//! which takes a fused kernel when there is no dropout and, with dropout in training on the
+//! CPU, its math path (scores, softmax and dropout kept as eager attention keeps them).
+//!
 //! The parameter count of the plan equals the real model's: 124,439,808 for `gpt2`,
 //! 109,483,778 for `bert-base-uncased` as a two-label classifier, 6,738,415,616 for
 //! LLaMA-2-7B (tests hold each). A missing field, an unknown `model_type`, or a variant the plan
@@ -30,7 +35,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::model::{Activation, ModelSpec, NormKind, TransformerKind, TransformerSpec};
+use crate::model::{
+    Activation, AttentionImpl, ModelSpec, NormKind, TransformerKind, TransformerSpec,
+};
 use crate::optimizer::OptimizerKind;
 use crate::plan::{CheckpointPolicyKind, Plan, PlanError};
 use crate::{Dtype, Framework};
@@ -379,6 +386,9 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
         }
     }
     t.seq_len = seq;
+    if t.dropout == 0.0 {
+        t.attention = AttentionImpl::Fused;
+    }
     Ok(t)
 }
 

@@ -28,19 +28,18 @@
 //! | `embedding` | f32 (the weight's) | f32 |
 //! | everything else | the widest input dtype (f32 + half is f32) | same |
 //!
-//! The twin's eager attention stands for PyTorch's `scaled_dot_product_attention`, which
-//! Hugging Face models call by default. On the CPU, with dropout it runs its math path, which
-//! upcasts half-precision queries, keys and values to f32 and computes scores, softmax and
-//! dropout in f32, returning the input's dtype: so its matmuls take one f32 copy of their
-//! inputs (shared by both matmuls) and the copy after them casts back. Without dropout it runs
-//! the fused CPU kernel in half precision ([`lowered_attention`] makes that choice before
-//! lowering).
+//! On the CPU the twin's eager attention stands for PyTorch's `scaled_dot_product_attention`
+//! math path, which Hugging Face models run there with attention dropout: it upcasts
+//! half-precision queries, keys and values to f32 and computes scores, softmax and dropout in
+//! f32, returning the input's dtype. So its matmuls take one f32 copy of their inputs (shared
+//! by both matmuls) and the copy after them casts back. Without dropout the fused CPU kernel
+//! runs, in half precision: the `fused_attention` op (plans from a Hugging Face
+//! configuration choose it then).
 
 use std::collections::HashMap;
 
 use trainmem_autograd::{Dtype, Op, OpKind, Program, Saved, ValueDtype, ValueId, ValueInfo};
 
-use crate::model::{AttentionImpl, ModelSpec};
 use crate::plan::DeviceKind;
 
 /// What autocast does with an op on a device.
@@ -67,23 +66,6 @@ pub fn policy(kind: OpKind, device: DeviceKind) -> Policy {
         (CrossEntropy | MseLoss, _) => Policy::F32,
         (Softmax | LogSoftmax | LayerNorm | RmsNorm, DeviceKind::Cuda) => Policy::F32,
         _ => Policy::Widest,
-    }
-}
-
-/// The model to lower under autocast on `device`: on the CPU, eager attention without dropout
-/// is the fused kernel `scaled_dot_product_attention` takes there (in half precision).
-pub fn lowered_attention(model: &ModelSpec, device: DeviceKind) -> ModelSpec {
-    match model {
-        ModelSpec::Transformer(t)
-            if device == DeviceKind::Cpu
-                && t.attention == AttentionImpl::Eager
-                && t.dropout == 0.0 =>
-        {
-            let mut t = t.clone();
-            t.attention = AttentionImpl::Fused;
-            ModelSpec::Transformer(t)
-        }
-        other => other.clone(),
     }
 }
 
@@ -270,7 +252,7 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
 mod tests {
     use super::*;
     use crate::lower::lower;
-    use crate::model::{MlpSpec, TransformerKind, TransformerSpec};
+    use crate::model::{MlpSpec, ModelSpec, TransformerKind, TransformerSpec};
 
     fn mlp() -> Program {
         let spec: MlpSpec = serde_json::from_str(

@@ -117,11 +117,14 @@ pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
     let Some(half) = plan.precision.autocast else {
         return lower_for(&plan.model, plan.framework);
     };
-    let device = plan.device.kind;
-    let model = crate::autocast::lowered_attention(&plan.model, device);
-    let program = lower_for(&model, plan.framework)?;
-    let separate_qkv = matches!(&model, ModelSpec::Transformer(t) if t.separate_qkv);
-    Ok(crate::autocast::apply(&program, device, half, separate_qkv))
+    let program = lower_for(&plan.model, plan.framework)?;
+    let separate_qkv = matches!(&plan.model, ModelSpec::Transformer(t) if t.separate_qkv);
+    Ok(crate::autocast::apply(
+        &program,
+        plan.device.kind,
+        half,
+        separate_qkv,
+    ))
 }
 
 #[cfg(test)]
