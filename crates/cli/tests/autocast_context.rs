@@ -85,12 +85,12 @@ fn the_report_adds_the_cuda_context_to_reserved_memory() {
     let given = write(
         &dir,
         "given.toml",
-        &format!("{base}\n[device]\ncontext = \"300MiB\"\n"),
+        format!("{base}\n[device]\ncontext = \"300MiB\"\n"),
     );
     let cpu = write(
         &dir,
         "cpu.toml",
-        &format!("{base}\n[device]\nkind = \"cpu\"\n"),
+        format!("{base}\n[device]\nkind = \"cpu\"\n"),
     );
     let report = |path: &PathBuf| {
         let out = trainmem(&["simulate", s(path)]);
