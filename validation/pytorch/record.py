@@ -20,9 +20,9 @@ and the optimizer step outside it, as PyTorch recommends); their ledgers carry a
 field with the device type and dtype. Parameters stay f32; the half-precision copies autocast
 makes of them are storages like any other.
 
-`--explain NAME` prints, for one run, the storages live at the run's highest total (the op that
-made each, dtype, shape, phase and category), which is how the twin's discrepancies are
-found: set the list beside the twin's tensors at the same moment.
+`--explain NAME` prints, for one run, the storages live at the highest total of each phase (the
+op that made each, its dtype, shape and the phase that made it), which is how the twin's
+discrepancies are found: set the list beside the twin's tensors at the same moment.
 
 Usage (from the repository root, in a virtual environment with requirements.txt installed):
 
@@ -56,8 +56,8 @@ class Ledger(TorchDispatchMode):
         # for --explain: what made each live storage, and the live set at the highest total
         self.explain = False
         self.made_by = {}  # data_ptr -> (op, dtype, shape)
-        self.highest = 0
-        self.at_highest = {}
+        self.highest = {}  # phase -> highest total while it ran
+        self.at_highest = {}  # phase -> the live set then
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -77,9 +77,10 @@ class Ledger(TorchDispatchMode):
         self.peak = max(self.peak, self.total)
         if self.explain:
             self.made_by[ptr] = (op, str(t.dtype).replace("torch.", ""), tuple(t.shape))
-            if self.total > self.highest:
-                self.highest = self.total
-                self.at_highest = {p: (e, self.made_by.get(p)) for p, e in self.live.items()}
+            if self.total > self.highest.get(self.phase, 0):
+                self.highest[self.phase] = self.total
+                self.at_highest[self.phase] = {
+                    p: (e, self.made_by.get(p)) for p, e in self.live.items()}
         weakref.finalize(storage, self.leave, ptr, n)
 
     def leave(self, ptr, n):
@@ -247,7 +248,8 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
 
 
 def explain_peak(name, ledger, model, optimizer):
-    """Prints the storages live at the run's highest total, largest first."""
+    """Prints the storages live at the highest total of each phase (forward, backward, the
+    optimizer step), largest first."""
     model_state = set()
     for p in model.parameters():
         model_state.add(p.untyped_storage().data_ptr())
@@ -257,16 +259,20 @@ def explain_peak(name, ledger, model, optimizer):
         for v in state.values():
             if isinstance(v, torch.Tensor):
                 model_state.add(v.untyped_storage().data_ptr())
-    rows = sorted(ledger.at_highest.items(), key=lambda kv: -kv[1][0][0])
-    print(f"{name}: {ledger.highest} B live at the highest total", file=sys.stderr)
-    other = 0
-    for ptr, ((n, phase), made) in rows:
-        if ptr in model_state:
-            other += n
-            continue
-        op, dtype, shape = made or ("?", "?", ())
-        print(f"  {n:>10} {phase:<9} {dtype:<9} {str(list(shape)):<18} {op}", file=sys.stderr)
-    print(f"  {other:>10} parameters, gradients and optimizer state (live now)", file=sys.stderr)
+    for during, live in ledger.at_highest.items():
+        rows = sorted(live.items(), key=lambda kv: -kv[1][0][0])
+        print(f"{name}: {ledger.highest[during]} B live at the highest total during {during}",
+              file=sys.stderr)
+        other = 0
+        for ptr, ((n, phase), made) in rows:
+            if ptr in model_state:
+                other += n
+                continue
+            op, dtype, shape = made or ("?", "?", ())
+            print(f"  {n:>10} {phase:<9} {dtype:<9} {str(list(shape)):<18} {op}",
+                  file=sys.stderr)
+        print(f"  {other:>10} parameters, gradients and optimizer state (live at the end)",
+              file=sys.stderr)
 
 
 def runs():
@@ -298,6 +304,8 @@ def runs():
     yield "autocast-gpt2-tiny-sgd", gpt2, "sgd", 4, 64, bf16
     yield "autocast-bert-tiny-adamw", bert, "adamw", 4, 64, bf16
     yield "autocast-llama-tiny-adamw", llama, "adamw", 4, 64, bf16
+    yield "autocast-gpt2-tiny-adamw-checkpointing", gpt2, "adamw", 4, 64, {
+        **bf16, "checkpointing": True}
 
 
 def main():
