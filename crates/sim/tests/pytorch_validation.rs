@@ -178,3 +178,39 @@ fn autocast_recordings_need_the_twins_autocast_mode() {
         assert!(error.abs() > 0.03, "autocast-{name} as f32: {error:+.3}");
     }
 }
+
+/// The twin's side of `record.py --explain`: the MLP's forward peak under autocast falls in
+/// its second layer, with the bf16 copies of the first two weights live, each made by its
+/// layer: the second kept for backward, the first only in autocast's cache (its layer's input
+/// needs no gradient). By backward's peak the cached copy is gone; the first weight's f32
+/// gradient is being made from its bf16 one.
+#[test]
+fn the_twins_live_tensors_at_a_peak_name_their_layers() {
+    use trainmem_core::Category::{Activation, Gradient};
+    use trainmem_sim::validation::twin_peaks;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch");
+    let rec = load(&dir.join("autocast-mlp-sgd.json")).expect("recorded");
+    let peaks = twin_peaks(&rec).expect("runs");
+    assert_eq!(peaks.len(), 2);
+    let has = |peak: usize, bytes: u64, layer: &str| {
+        peaks[peak]
+            .tensors
+            .iter()
+            .any(|t| t.bytes == bytes && t.layer == layer && t.category == Activation)
+    };
+    assert!(has(0, 1024 * 1024 * 2, "fc1"), "{:?}", peaks[0].tensors);
+    assert!(has(0, 784 * 1024 * 2, "fc0"), "{:?}", peaks[0].tensors);
+    assert!(!has(1, 784 * 1024 * 2, "fc0"), "{:?}", peaks[1].tensors);
+    // the peak is at the first layer's weight gradient: f32, made from a bf16 scratch
+    let made_in_fc0 = |category, bytes| {
+        peaks[1]
+            .tensors
+            .iter()
+            .any(|t| t.category == category && t.bytes == bytes && t.layer == "fc0")
+    };
+    assert!(made_in_fc0(Gradient, 784 * 1024 * 4));
+    assert!(made_in_fc0(
+        trainmem_core::Category::Temporary,
+        784 * 1024 * 2
+    ));
+}
