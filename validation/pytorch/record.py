@@ -14,12 +14,24 @@ the optimizer's state tensors, the batch (input); the remaining live storages ar
 when forward created them and temporaries otherwise. Allocations a kernel makes and frees
 inside itself are not seen (none of the models here rely on such scratch for their peak).
 
+Mixed precision: the `autocast-*` runs compute their loss inside
+`torch.autocast("cpu", dtype=torch.bfloat16)` (forward and loss inside the region, backward
+and the optimizer step outside it, as PyTorch recommends); their ledgers carry an `autocast`
+field with the device type and dtype. Parameters stay f32; the half-precision copies autocast
+makes of them are storages like any other.
+
+`--explain NAME` prints, for one run, the storages live at the highest total of each phase (the
+op that made each, its dtype, shape and the phase that made it), which is how the twin's
+discrepancies are found: set the list beside the twin's tensors at the same moment.
+
 Usage (from the repository root, in a virtual environment with requirements.txt installed):
 
     python validation/pytorch/record.py --out fixtures/pytorch
+    python validation/pytorch/record.py --out /tmp/x --only autocast-gpt2 --explain autocast-gpt2-tiny-adamw
 """
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -41,15 +53,20 @@ class Ledger(TorchDispatchMode):
         self.total = 0
         self.peak = 0
         self.phase = "start"
+        # for --explain: what made each live storage, and the live set at the highest total
+        self.explain = False
+        self.made_by = {}  # data_ptr -> (op, dtype, shape)
+        self.highest = {}  # phase -> highest total while it ran
+        self.at_highest = {}  # phase -> the live set then
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self.enter(t)
+                self.enter(t, str(func))
         return out
 
-    def enter(self, t):
+    def enter(self, t, op="(given)"):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr == 0 or ptr in self.live:
@@ -58,6 +75,12 @@ class Ledger(TorchDispatchMode):
         self.live[ptr] = (n, self.phase)
         self.total += n
         self.peak = max(self.peak, self.total)
+        if self.explain:
+            self.made_by[ptr] = (op, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+            if self.total > self.highest.get(self.phase, 0):
+                self.highest[self.phase] = self.total
+                self.at_highest[self.phase] = {
+                    p: (e, self.made_by.get(p)) for p, e in self.live.items()}
         weakref.finalize(storage, self.leave, ptr, n)
 
     def leave(self, ptr, n):
@@ -156,16 +179,23 @@ def optimizer_for(name, model):
     raise ValueError(name)
 
 
-def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False):
+def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
+           autocast=None, explain=False):
     """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
-    micro-batches when `micro` is given, and returns the ledger."""
+    micro-batches when `micro` is given, computing the loss under `torch.autocast` to
+    `autocast` (a dtype name) when given, and returns the ledger."""
     model, make_batch, loss_of, described = build()
     model.train()
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
     ledger = Ledger()
+    ledger.explain = explain
     samples = []
+    def region():
+        if autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=getattr(torch, autocast))
     with ledger:
         optimizer = optimizer_for(optimizer_name, model)
         for p in model.parameters():
@@ -179,7 +209,8 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
                     ledger.enter(t)
                 samples.append(ledger.sample("batch_loaded", step, model, optimizer, b))
                 ledger.phase = "forward"
-                loss = loss_of(model, b)
+                with region():
+                    loss = loss_of(model, b)
                 if micro_batches > 1:
                     loss = loss / micro_batches
                 samples.append(ledger.sample("forward", step, model, optimizer, b))
@@ -192,6 +223,11 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
             optimizer.zero_grad(set_to_none=True)
             samples.append(ledger.sample("optimizer_step", step, model, optimizer, b))
             del b
+    if explain:
+        explain_peak(name, ledger, model, optimizer)
+    described = dict(described)
+    if autocast is not None:
+        described["autocast"] = {"device_type": "cpu", "dtype": autocast}
     return {
         "name": name,
         "optimizer": optimizer_name,
@@ -209,6 +245,34 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         **described,
         "samples": samples,
     }
+
+
+def explain_peak(name, ledger, model, optimizer):
+    """Prints the storages live at the highest total of each phase (forward, backward, the
+    optimizer step), largest first."""
+    model_state = set()
+    for p in model.parameters():
+        model_state.add(p.untyped_storage().data_ptr())
+        if p.grad is not None:
+            model_state.add(p.grad.untyped_storage().data_ptr())
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                model_state.add(v.untyped_storage().data_ptr())
+    for during, live in ledger.at_highest.items():
+        rows = sorted(live.items(), key=lambda kv: -kv[1][0][0])
+        print(f"{name}: {ledger.highest[during]} B live at the highest total during {during}",
+              file=sys.stderr)
+        other = 0
+        for ptr, ((n, phase), made) in rows:
+            if ptr in model_state:
+                other += n
+                continue
+            op, dtype, shape = made or ("?", "?", ())
+            print(f"  {n:>10} {phase:<9} {dtype:<9} {str(list(shape)):<18} {op}",
+                  file=sys.stderr)
+        print(f"  {other:>10} parameters, gradients and optimizer state (live at the end)",
+              file=sys.stderr)
 
 
 def runs():
@@ -232,6 +296,16 @@ def runs():
     yield "gpt2-tiny-adamw-accumulation", gpt2, "adamw", 4, 64, {"micro": 2}
     yield "llama-tiny-adamw-checkpointing", llama, "adamw", 4, 64, {"checkpointing": True}
     yield "bert-tiny-sgd-checkpointing", bert, "sgd", 4, 64, {"checkpointing": True}
+    # torch.autocast to bf16 on the CPU: every model with AdamW, GPT-2 and the MLP with SGD
+    bf16 = {"autocast": "bfloat16"}
+    yield "autocast-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, bf16
+    yield "autocast-mlp-sgd", (lambda: mlp(32)), "sgd", 32, 0, bf16
+    yield "autocast-gpt2-tiny-adamw", gpt2, "adamw", 4, 64, bf16
+    yield "autocast-gpt2-tiny-sgd", gpt2, "sgd", 4, 64, bf16
+    yield "autocast-bert-tiny-adamw", bert, "adamw", 4, 64, bf16
+    yield "autocast-llama-tiny-adamw", llama, "adamw", 4, 64, bf16
+    yield "autocast-gpt2-tiny-adamw-checkpointing", gpt2, "adamw", 4, 64, {
+        **bf16, "checkpointing": True}
 
 
 def main():
@@ -239,6 +313,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", default=None, help="record only runs whose name contains this")
+    parser.add_argument("--explain", default=None,
+                        help="print the storages live at the highest total of this run")
     args = parser.parse_args()
     import os
     os.makedirs(args.out, exist_ok=True)
@@ -246,7 +322,8 @@ def main():
     for name, build, opt, batch, seq, extra in runs():
         if args.only and args.only not in name:
             continue
-        rec = record(name, build, opt, batch, seq, args.steps, **extra)
+        rec = record(name, build, opt, batch, seq, args.steps, **extra,
+                     explain=(name == args.explain))
         path = os.path.join(args.out, f"{name}.json")
         with open(path, "w") as f:
             json.dump(rec, f, indent=1)

@@ -162,6 +162,8 @@ pub struct Graph<'p> {
     bytes_for: (u64, f64),
     value_tensor: Vec<Option<TensorId>>,
     grads: Vec<Option<TensorId>>,
+    /// Tensors made for [`Program::forward_cache`], released when the pass ends.
+    cache: Vec<TensorId>,
     segments: Vec<Segment>,
     boundaries: Vec<Vec<ValueId>>,
     /// Parameter gradients, one slot per parameter of the program.
@@ -183,11 +185,16 @@ pub struct Graph<'p> {
 impl<'p> Graph<'p> {
     /// A graph over `program` with the saved-tensor `table` and activations in `compute`.
     pub fn new(program: &'p Program, table: &SavedTable, compute: Dtype) -> Graph<'p> {
-        let table = program
+        let mut table: Vec<Vec<Saved>> = program
             .ops
             .iter()
             .map(|o| table.get(o.kind).to_vec())
             .collect();
+        for &(op, s) in &program.extra_saved {
+            if let Some(t) = table.get_mut(op as usize) {
+                t.push(s);
+            }
+        }
         let n = program.values.len();
         let mut g = Graph {
             program,
@@ -198,6 +205,7 @@ impl<'p> Graph<'p> {
             bytes_for: (u64::MAX, 0.0),
             value_tensor: vec![None; n],
             grads: vec![None; n],
+            cache: Vec::new(),
             segments: Vec::new(),
             boundaries: Vec::new(),
             param_grads: vec![None; program.params.len()],
@@ -269,7 +277,8 @@ impl<'p> Graph<'p> {
         };
         match s {
             Saved::Mask => out_elems,
-            Saved::FloatMask => out_elems * self.compute.size(),
+            // in the output's dtype (the compute dtype unless the program fixes another)
+            Saved::FloatMask => self.value_bytes[op.output as usize],
             Saved::Indices => out_elems * 8,
             Saved::InputSized(i) => {
                 let v = op.inputs[i as usize] as usize;
@@ -279,6 +288,11 @@ impl<'p> Graph<'p> {
             Saved::RowStats(n) => rows() * n as u64 * 4,
             Saved::ChannelStats(n) => op.channels * n as u64 * 4,
             Saved::Nodes(n) => n as u64 * crate::op::BURN_NODE_BYTES,
+            Saved::ParamCopy(n) => self
+                .program
+                .params_of(op)
+                .first()
+                .map_or(0, |&w| self.program.params[w as usize].elems * n as u64),
             Saved::Input(_) | Saved::Output => 0,
         }
     }
@@ -387,6 +401,7 @@ impl<'p> Graph<'p> {
                 store.release(t);
             }
         }
+        self.release_cache(store);
     }
 
     fn forward_inner<M: TensorMemory>(
@@ -442,7 +457,16 @@ impl<'p> Graph<'p> {
         if let Some(l) = p.loss {
             tape.loss = self.value_tensor[l as usize].take();
         }
+        self.release_cache(store);
         Ok(())
+    }
+
+    /// Releases what [`Program::forward_cache`] made during the pass (autocast's cache is
+    /// cleared when its region ends).
+    fn release_cache<M: TensorMemory>(&mut self, store: &mut TensorStore<M>) {
+        for t in self.cache.drain(..) {
+            store.release(t);
+        }
     }
 
     /// Runs op `i` forward: allocates its output, records its saved tensors when `save`,
@@ -458,6 +482,12 @@ impl<'p> Graph<'p> {
         let p = self.program;
         let op = p.ops[i];
         let (batch, scale) = (tape.batch, tape.scale);
+        if !p.forward_cache.is_empty() {
+            for &(_, bytes) in p.forward_cache.iter().filter(|c| c.0 == i as u32) {
+                let t = store.alloc(bytes, Category::Activation)?;
+                self.cache.push(t);
+            }
+        }
         let out = if op.kind == OpKind::View {
             let t = self.value_tensor[op.inputs[0] as usize].expect("view of a dead value");
             store.retain(t);
@@ -606,6 +636,7 @@ impl<'p> Graph<'p> {
             }
             hooks.after_layer(store, layer, Pass::Recompute, &mut self.param_grads)?;
         }
+        self.release_cache(store);
         // values produced inside the segment and still referenced (the segment's outputs)
         for op in &p.ops[start as usize..end as usize] {
             if let Some(t) = self.value_tensor[op.output as usize].take() {
@@ -661,6 +692,11 @@ impl<'p> Graph<'p> {
             }
             for &pid in p.params_of(&op) {
                 let bytes = self.param_grad_bytes[pid as usize];
+                // a half-precision gradient first, cast into the parameter's gradient
+                let scratch = match p.param_grad_scratch.get(pid as usize) {
+                    Some(&b) if b > 0 => Some(store.alloc(b, Category::Temporary)?),
+                    _ => None,
+                };
                 match self.param_grads[pid as usize] {
                     None => {
                         let t = store.alloc(bytes, Category::Gradient)?;
@@ -670,6 +706,9 @@ impl<'p> Graph<'p> {
                         let t = store.alloc(bytes, Category::Temporary)?;
                         store.release(t);
                     }
+                }
+                if let Some(t) = scratch {
+                    store.release(t);
                 }
             }
             store.release(gout);

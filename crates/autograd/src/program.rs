@@ -110,6 +110,20 @@ pub struct Program {
     pub layer_names: Vec<String>,
     /// Whether each layer may be checkpointed (repeated blocks; not embeddings or heads).
     pub checkpointable: Vec<bool>,
+    /// Saved tensors some ops keep beyond their kind's entry in the saved-tensor table, as
+    /// `(op index, saved)`: the weight copies autocast makes, the extra input casts of
+    /// separate projections.
+    #[serde(default)]
+    pub extra_saved: Vec<(u32, crate::op::Saved)>,
+    /// Bytes an op makes that live until the forward pass ends, as `(op index, bytes)`, not
+    /// batch-scaled: autocast's cache of half-precision weight copies nothing saved.
+    #[serde(default)]
+    pub forward_cache: Vec<(u32, u64)>,
+    /// Per parameter (or empty: none), the bytes of a scratch gradient backward makes before
+    /// the parameter's gradient and frees after it: the half-precision gradient of an
+    /// autocast weight copy, cast into the f32 gradient.
+    #[serde(default)]
+    pub param_grad_scratch: Vec<u64>,
 }
 
 /// Errors building a program.

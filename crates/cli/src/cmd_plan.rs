@@ -40,6 +40,11 @@ pub enum PrecisionArg {
     MixedF16,
     /// Everything in bf16.
     Bf16,
+    /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 weight
+    /// copies and activations where autocast runs an op in bf16.
+    AutocastBf16,
+    /// `torch.autocast` to fp16, likewise.
+    AutocastF16,
 }
 
 /// Arguments of `trainmem plan from-hf`.
@@ -97,6 +102,8 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
             PrecisionArg::MixedBf16 => HfPrecision::MixedBf16,
             PrecisionArg::MixedF16 => HfPrecision::MixedF16,
             PrecisionArg::Bf16 => HfPrecision::Bf16,
+            PrecisionArg::AutocastBf16 => HfPrecision::AutocastBf16,
+            PrecisionArg::AutocastF16 => HfPrecision::AutocastF16,
         },
         checkpointing: args.checkpointing,
         steps: args.steps,

@@ -13,6 +13,11 @@
 //! | `qwen2` | decoder | as LLaMA, with biases on the query, key and value projections |
 //! | `opt` | decoder | learned positions with OPT's offset of 2 rows, biases, ReLU |
 //!
+//! Attention is the fused kernel (`attention = "fused"`) when the model has no attention
+//! dropout, eager otherwise: `transformers` calls PyTorch's `scaled_dot_product_attention`,
+//! which takes a fused kernel when there is no dropout and, with dropout in training on the
+//! CPU, its math path (scores, softmax and dropout kept as eager attention keeps them).
+//!
 //! The parameter count of the plan equals the real model's: 124,439,808 for `gpt2`,
 //! 109,483,778 for `bert-base-uncased` as a two-label classifier, 6,738,415,616 for
 //! LLaMA-2-7B (tests hold each). A missing field, an unknown `model_type`, or a variant the plan
@@ -30,7 +35,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::model::{Activation, ModelSpec, NormKind, TransformerKind, TransformerSpec};
+use crate::model::{
+    Activation, AttentionImpl, ModelSpec, NormKind, TransformerKind, TransformerSpec,
+};
 use crate::optimizer::OptimizerKind;
 use crate::plan::{CheckpointPolicyKind, Plan, PlanError};
 use crate::{Dtype, Framework};
@@ -81,6 +88,11 @@ pub enum HfPrecision {
     MixedF16,
     /// Everything in bf16 (no master weights).
     Bf16,
+    /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 copies
+    /// of the weights and bf16 activations where autocast runs an op in bf16.
+    AutocastBf16,
+    /// `torch.autocast` to fp16, likewise.
+    AutocastF16,
 }
 
 /// Why a configuration could not become a plan.
@@ -245,6 +257,7 @@ fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.token_types = f.opt_count("type_vocab_size")?.unwrap_or(2);
     t.embedding_norm = true;
     t.pooler = true;
+    t.separate_qkv = true;
     t.final_norm = Some(false);
     t.bias = Some(true);
     t.dropout = f.dropout("hidden_dropout_prob")?;
@@ -271,6 +284,7 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.kv_heads = f.opt_count("num_key_value_heads")?;
     t.ffn = Some(f.count("intermediate_size")?);
     t.gated_ffn = true;
+    t.separate_qkv = true;
     t.activation = f.activation("hidden_act", Activation::Silu)?;
     t.norm = NormKind::RmsNorm;
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
@@ -312,6 +326,7 @@ fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
         );
     }
     t.ffn = Some(f.count("ffn_dim")?);
+    t.separate_qkv = true;
     t.activation = f.activation("activation_function", Activation::Relu)?;
     t.learned_positions = true;
     // OPT's learned position table carries two extra rows (its position offset).
@@ -371,6 +386,9 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
         }
     }
     t.seq_len = seq;
+    if t.dropout == 0.0 {
+        t.attention = AttentionImpl::Fused;
+    }
     Ok(t)
 }
 
@@ -397,9 +415,15 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
         HfPrecision::MixedBf16 => (Dtype::Bf16, true),
         HfPrecision::MixedF16 => (Dtype::F16, true),
         HfPrecision::Bf16 => (Dtype::Bf16, false),
+        HfPrecision::AutocastBf16 | HfPrecision::AutocastF16 => (Dtype::F32, false),
     };
     plan.precision.compute = compute;
     plan.precision.master_weights = master;
+    plan.precision.autocast = match opts.precision {
+        HfPrecision::AutocastBf16 => Some(Dtype::Bf16),
+        HfPrecision::AutocastF16 => Some(Dtype::F16),
+        _ => None,
+    };
     if opts.checkpointing {
         // Hugging Face checkpoints each block on its own.
         plan.checkpointing.policy = CheckpointPolicyKind::Every;

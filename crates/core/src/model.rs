@@ -298,6 +298,12 @@ pub struct TransformerSpec {
     /// and a tanh, applied to the first token.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pooler: bool,
+    /// The query, key and value projections are three linear layers reading the same input
+    /// (BERT, LLaMA), not one fused projection (GPT-2's `c_attn`). The same parameters, and in
+    /// f32 the same bytes; under autocast each of the three casts its input to half precision
+    /// and keeps its copy for backward.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub separate_qkv: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -348,6 +354,7 @@ impl TransformerSpec {
             embedding_norm: false,
             token_types: 0,
             pooler: false,
+            separate_qkv: false,
         }
     }
 

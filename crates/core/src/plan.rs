@@ -30,7 +30,18 @@
 //! [device]
 //! capacity = "24GiB"
 //! allocator = "max_split_size_mb:128"
+//! context = "527MiB"        # the CUDA context, outside the allocator (default 526.81 MiB)
 //! ```
+//!
+//! `[precision]` has three forms. `compute = "f32"` (the default) keeps everything in f32.
+//! `compute = "bf16"` (or `"f16"`) holds parameters and activations in half precision, with
+//! an f32 master copy of the weights beside them unless `master_weights = false`. `autocast =
+//! "bf16"` (or `"f16"`, with `compute = "f32"`) is `torch.autocast`: parameters, gradients and
+//! optimizer state stay f32; the ops on the device's lower-precision list (linear layers,
+//! convolutions, matmuls, attention) cast their inputs and weights to half precision each
+//! forward pass, the ops on its f32 list (losses everywhere; softmax and the norms on CUDA) run
+//! in f32, and the rest run in the widest dtype of their inputs. trainmem-sim's `autocast`
+//! module holds the rules per device.
 //!
 //! `[host]` has `capacity` (reported against, not enforced), `baseline` (resident bytes before
 //! training, under `other`) and `kernel_scratch` (bytes a compute library keeps for the
@@ -172,6 +183,12 @@ pub struct PrecisionPlan {
     /// Dtype of gradients; default = `compute`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grads: Option<Dtype>,
+    /// `torch.autocast` to this half-precision dtype (`bf16` or `f16`) around forward and
+    /// the loss: f32 parameters, gradients and optimizer state, half-precision copies of the
+    /// weights made during forward, and each op in the dtype autocast gives it. Needs
+    /// `compute = "f32"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autocast: Option<Dtype>,
 }
 
 impl Default for PrecisionPlan {
@@ -180,6 +197,7 @@ impl Default for PrecisionPlan {
             compute: Dtype::F32,
             master_weights: true,
             grads: None,
+            autocast: None,
         }
     }
 }
@@ -407,6 +425,32 @@ pub struct DevicePlan {
     /// Allocator configuration string (`PYTORCH_CUDA_ALLOC_CONF` syntax, e.g.
     /// `max_split_size_mb:128`).
     pub allocator: String,
+    /// Device memory the CUDA context holds (driver state, loaded kernels), outside the
+    /// allocator: counted in what `nvidia-smi` reports, not in `capacity` (the memory the
+    /// allocator may obtain). Default: [`DEFAULT_CUDA_CONTEXT`] on a CUDA device, 0 on a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ByteSize>,
+}
+
+/// The CUDA context's bytes when a plan does not give `device.context`: 552,402,944 B
+/// (526.8 MiB), measured on an NVIDIA H100 80GB HBM3 with driver 580.159.04 as the driver's
+/// total minus free memory (`cuMemGetInfo`) right after trainmem-alloc's `CudaDevice` opened
+/// the device's primary context (trainmem's RESULTS.md, "CUDA (an H100, lent on
+/// 2026-11-24)": 85,017,493,504 B total, 84,465,090,560 B free). PyTorch's context is of the
+/// same order and grows as kernels are loaded lazily (CUDA ≥ 11.7); before lazy loading it
+/// exceeded 1 GB (Hugging Face measured 1,343 MB on a V100 after `torch.ones((1, 1)).cuda()`).
+pub const DEFAULT_CUDA_CONTEXT: ByteSize = ByteSize(552_402_944);
+
+impl DevicePlan {
+    /// The CUDA context's bytes: `context` when given; otherwise [`DEFAULT_CUDA_CONTEXT`] on
+    /// a CUDA device and 0 on a CPU.
+    pub fn context_bytes(&self) -> u64 {
+        match (self.context, self.kind) {
+            (Some(b), _) => b.0,
+            (None, DeviceKind::Cuda) => DEFAULT_CUDA_CONTEXT.0,
+            (None, DeviceKind::Cpu) => 0,
+        }
+    }
 }
 
 impl Default for DevicePlan {
@@ -415,6 +459,7 @@ impl Default for DevicePlan {
             kind: DeviceKind::Cuda,
             capacity: ByteSize(80 << 30),
             allocator: String::new(),
+            context: None,
         }
     }
 }
@@ -628,6 +673,29 @@ impl Plan {
                 "optimizer.state_dtype",
                 format!("`{}` is not a float dtype", self.optimizer.state_dtype),
             ));
+        }
+        if let Some(a) = p.autocast {
+            if !a.is_half() {
+                return Err(err(
+                    "precision.autocast",
+                    format!("`{a}` is not a half-precision dtype (use bf16 or f16)"),
+                ));
+            }
+            if self.framework != Framework::Pytorch {
+                return Err(err(
+                    "precision.autocast",
+                    format!("autocast is PyTorch's; framework is {:?}", self.framework),
+                ));
+            }
+            if p.compute != Dtype::F32 {
+                return Err(err(
+                    "precision.autocast",
+                    format!(
+                        "autocast keeps f32 parameters: it needs compute = \"f32\", not \"{}\"",
+                        p.compute
+                    ),
+                ));
+            }
         }
         if self.optimizer.amsgrad && !self.optimizer.kind.is_adam() {
             return Err(err(
@@ -1005,6 +1073,40 @@ steps_per_epoch = 3
         let text = format!("{MINI}\n[device]\ncapacity = \"24 parsecs\"\n");
         let e = Plan::from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("parsecs") && e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn autocast_is_a_half_dtype_over_f32_parameters() {
+        let p =
+            Plan::from_toml_str(&format!("{MINI}\n[precision]\nautocast = \"bf16\"\n")).unwrap();
+        assert_eq!(p.precision.autocast, Some(Dtype::Bf16));
+        assert_eq!(p.precision.compute, Dtype::F32);
+        let again = Plan::from_toml_str(&p.to_toml().unwrap()).unwrap();
+        assert_eq!(again, p);
+        let text = format!("{MINI}\n[precision]\ncompute = \"bf16\"\nautocast = \"bf16\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("precision.autocast") && e.contains("f32"), "{e}");
+        let text = format!("{MINI}\n[precision]\nautocast = \"f32\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("half-precision"), "{e}");
+        let text = format!("framework = \"burn\"\n{MINI}\n[precision]\nautocast = \"bf16\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("PyTorch"), "{e}");
+    }
+
+    #[test]
+    fn the_cuda_context_defaults_to_the_measured_h100_figure_and_is_zero_on_a_cpu() {
+        let p = Plan::from_toml_str(MINI).unwrap();
+        assert_eq!(p.device.context_bytes(), DEFAULT_CUDA_CONTEXT.0);
+        let text = format!("{MINI}\n[device]\nkind = \"cpu\"\n");
+        assert_eq!(
+            Plan::from_toml_str(&text).unwrap().device.context_bytes(),
+            0
+        );
+        let text = format!("{MINI}\n[device]\ncontext = \"300MiB\"\n");
+        let p = Plan::from_toml_str(&text).unwrap();
+        assert_eq!(p.device.context_bytes(), 300 << 20);
+        assert_eq!(Plan::from_toml_str(&p.to_toml().unwrap()).unwrap(), p);
     }
 
     #[test]

@@ -42,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 pub use trainmem_core::{bytes, model, plan, timeline};
+pub mod autocast;
 pub mod engine;
 pub mod explain;
 pub mod export;

@@ -111,6 +111,22 @@ pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, Low
     p.map_err(|e| LowerError(e.to_string()))
 }
 
+/// Lowers a plan's model under its framework and precision: under `precision.autocast`, the
+/// program as `torch.autocast` runs it on the plan's device ([`crate::autocast`]).
+pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
+    let Some(half) = plan.precision.autocast else {
+        return lower_for(&plan.model, plan.framework);
+    };
+    let program = lower_for(&plan.model, plan.framework)?;
+    let separate_qkv = matches!(&plan.model, ModelSpec::Transformer(t) if t.separate_qkv);
+    Ok(crate::autocast::apply(
+        &program,
+        plan.device.kind,
+        half,
+        separate_qkv,
+    ))
+}
+
 #[cfg(test)]
 thread_local! {
     /// Layers lowered on this thread (tests check what is never lowered).
@@ -536,6 +552,26 @@ fn slice(p: &Program, l0: usize, l1: usize) -> Program {
         out.layers.push((s - o0 as u32, e - o0 as u32));
         out.layer_names.push(p.layer_names[l].clone());
         out.checkpointable.push(p.checkpointable[l]);
+    }
+    // what autocast added per op and per parameter, renumbered into the stage
+    let in_stage = |op: u32| (o0 as u32..o1 as u32).contains(&op);
+    out.extra_saved = p
+        .extra_saved
+        .iter()
+        .filter(|(op, _)| in_stage(*op))
+        .map(|&(op, s)| (op - o0 as u32, s))
+        .collect();
+    out.forward_cache = p
+        .forward_cache
+        .iter()
+        .filter(|(op, _)| in_stage(*op))
+        .map(|&(op, b)| (op - o0 as u32, b))
+        .collect();
+    if !p.param_grad_scratch.is_empty() {
+        out.param_grad_scratch = vec![0; out.params.len()];
+        for (&old, &new) in &pmap {
+            out.param_grad_scratch[new as usize] = p.param_grad_scratch[old as usize];
+        }
     }
     out.loss = match p.loss {
         Some(l) if vmap.contains_key(&l) => vmap.get(&l).copied(),

@@ -256,6 +256,7 @@ mod tests {
                 embedding_norm,
                 token_types,
                 pooler,
+                separate_qkv: false,
             }
         }
     }

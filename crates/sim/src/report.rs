@@ -21,6 +21,11 @@ pub struct Report {
     pub stages: Vec<Summary>,
     /// Patterns found.
     pub findings: Vec<Finding>,
+    /// The CUDA context's bytes (0 on a CPU device).
+    pub device_context: u64,
+    /// Device memory as `nvidia-smi` reports it at the peak: the CUDA context plus the peak
+    /// reserved bytes (0 on a CPU device, where there is neither).
+    pub nvidia_smi_peak: u64,
 }
 
 /// Builds the report of a simulation.
@@ -30,6 +35,17 @@ pub fn report(plan: &Plan, r: &SimResult) -> Report {
         summary: r.summary.clone(),
         stages: r.stages.clone(),
         findings: explain(plan, &r.timeline, &r.summary),
+        device_context: plan.device.context_bytes(),
+        nvidia_smi_peak: nvidia_smi_peak(plan, &r.summary),
+    }
+}
+
+/// Device memory as `nvidia-smi` reports it at the peak: the CUDA context plus the caching
+/// allocator's peak reserved bytes, on a CUDA device; 0 on a CPU.
+pub fn nvidia_smi_peak(plan: &Plan, s: &Summary) -> u64 {
+    match plan.device.kind {
+        crate::plan::DeviceKind::Cuda => plan.device.context_bytes() + s.peak_reserved,
+        crate::plan::DeviceKind::Cpu => 0,
     }
 }
 
@@ -69,15 +85,18 @@ fn write_header(o: &mut String, plan: &Plan, rep: &Report) {
         &rep.name
     };
     let _ = writeln!(o, "trainmem simulate: {name}");
+    let precision = match plan.precision.autocast {
+        Some(half) => format!("{} under autocast to {half}", plan.precision.compute),
+        None => plan.precision.compute.to_string(),
+    };
     let _ = writeln!(
         o,
-        "  model: {} ({} parameters), batch {} (micro-batch {} × {}), {}, {}",
+        "  model: {} ({} parameters), batch {} (micro-batch {} × {}), {precision}, {}",
         plan.model.kind_name(),
         s.parameters,
         plan.training.batch_size,
         plan.micro_batch_size(),
         plan.accumulation_steps(),
-        plan.precision.compute,
         plan.optimizer.kind.name()
     );
     let _ = writeln!(
@@ -118,6 +137,15 @@ fn write_peaks(o: &mut String, plan: &Plan, s: &Summary) {
         human(s.peak_reserved),
         pct(s.peak_reserved, cap)
     );
+    if plan.device.kind == crate::plan::DeviceKind::Cuda {
+        let context = plan.device.context_bytes();
+        let _ = writeln!(
+            o,
+            "device memory as nvidia-smi reports it: {} (CUDA context {} + peak reserved)",
+            human(nvidia_smi_peak(plan, s)),
+            human(context)
+        );
+    }
     let _ = writeln!(o, "peak host RSS  {}", human(s.peak_host_rss));
     let _ = writeln!(o, "\nat the peak (share of reserved):");
     let peak_total: u64 = Category::ALL

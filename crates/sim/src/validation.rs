@@ -50,8 +50,20 @@ pub struct Recording {
     /// The plan's model table, when the model is not a Hugging Face one.
     #[serde(default)]
     pub plan_model: Option<serde_json::Value>,
+    /// The `torch.autocast` region forward and the loss ran in, when they did.
+    #[serde(default)]
+    pub autocast: Option<AutocastRegion>,
     /// Phase-boundary samples.
     pub samples: Vec<LedgerSample>,
+}
+
+/// A recorded run's `torch.autocast` region.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AutocastRegion {
+    /// `cpu` (or `cuda`).
+    pub device_type: String,
+    /// `bfloat16` or `float16`.
+    pub dtype: String,
 }
 
 /// Live bytes at one phase boundary of a recorded run.
@@ -196,6 +208,23 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         (None, None) => return Err(fail("neither hf_config nor plan_model".into())),
     };
     plan.name = rec.name.clone();
+    if let Some(region) = &rec.autocast {
+        plan.precision.autocast = Some(match region.dtype.as_str() {
+            "bfloat16" => trainmem_core::Dtype::Bf16,
+            "float16" => trainmem_core::Dtype::F16,
+            other => {
+                return Err(fail(format!(
+                    "autocast to `{other}` has no plan counterpart"
+                )));
+            }
+        });
+        if region.device_type != "cpu" {
+            return Err(fail(format!(
+                "autocast on `{}`: recordings are made on the CPU",
+                region.device_type
+            )));
+        }
+    }
     plan.optimizer.implementation = implementation;
     plan.training.micro_batch_size = rec.micro_batch;
     plan.device.kind = DeviceKind::Cpu;
@@ -288,4 +317,165 @@ pub fn render(c: &Comparison) -> String {
         );
     }
     out
+}
+
+/// One tensor of the twin live at a pass's highest total ([`twin_peaks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwinTensor {
+    /// Its bytes.
+    pub bytes: u64,
+    /// Its category.
+    pub category: Category,
+    /// The layer that made it.
+    pub layer: String,
+    /// The pass that made it (`forward`, `recompute`, `backward`).
+    pub pass: &'static str,
+}
+
+/// The twin's live tensors at the highest total of one pass over one micro-batch.
+#[derive(Debug, Clone)]
+pub struct TwinPeak {
+    /// `forward` or `backward`.
+    pub pass: &'static str,
+    /// The highest total during the pass (the batch and what forward left included; model
+    /// state not).
+    pub total: u64,
+    /// The tensors live then, largest first.
+    pub tensors: Vec<TwinTensor>,
+}
+
+/// A memory that remembers which layer made each tensor and the live set at its highest
+/// total.
+#[derive(Debug, Default)]
+struct LedgerMemory {
+    live: std::collections::HashMap<u32, TwinTensor>,
+    next: u32,
+    total: u64,
+    highest: u64,
+    at_highest: Vec<TwinTensor>,
+    layer: String,
+    pass: &'static str,
+}
+
+impl trainmem_autograd::TensorMemory for LedgerMemory {
+    type Handle = u32;
+    type Error = std::convert::Infallible;
+
+    fn allocate(
+        &mut self,
+        bytes: u64,
+        category: Category,
+    ) -> Result<trainmem_autograd::Allocated<u32>, Self::Error> {
+        self.next += 1;
+        let t = TwinTensor {
+            bytes,
+            category,
+            layer: self.layer.clone(),
+            pass: self.pass,
+        };
+        self.live.insert(self.next, t);
+        self.total += bytes;
+        if self.total > self.highest {
+            self.highest = self.total;
+            self.at_highest = self.live.values().cloned().collect();
+        }
+        Ok(trainmem_autograd::Allocated {
+            handle: self.next,
+            size: bytes,
+        })
+    }
+
+    fn free(&mut self, handle: u32) {
+        if let Some(t) = self.live.remove(&handle) {
+            self.total -= t.bytes;
+        }
+    }
+}
+
+/// Names each tensor after the layer running when it was made.
+struct LayerNames<'a>(&'a [String]);
+
+impl trainmem_autograd::LayerHooks<LedgerMemory> for LayerNames<'_> {
+    fn before_layer(
+        &mut self,
+        store: &mut trainmem_autograd::TensorStore<LedgerMemory>,
+        layer: u32,
+        pass: trainmem_autograd::Pass,
+    ) -> Result<(), std::convert::Infallible> {
+        let m = store.memory_mut();
+        m.layer = self.0.get(layer as usize).cloned().unwrap_or_default();
+        m.pass = match pass {
+            trainmem_autograd::Pass::Forward => "forward",
+            trainmem_autograd::Pass::Recompute => "recompute",
+            trainmem_autograd::Pass::Backward => "backward",
+        };
+        Ok(())
+    }
+}
+
+/// The twin's side of `record.py --explain`: one micro-batch of the recorded run through the
+/// plan's program and saved-tensor table (forward, then backward), and the tensors live at the
+/// highest total of each pass, with the layer and pass that made each. Model state is left
+/// out (parameters, the optimizer); parameter gradients are in.
+pub fn twin_peaks(rec: &Recording) -> Result<Vec<TwinPeak>, ValidationError> {
+    use trainmem_autograd::{GradMode, Graph, TensorStore};
+    let plan = plan_of(rec)?;
+    let program = crate::lower::lower_plan(&plan).map_err(|e| ValidationError::Plan {
+        name: rec.name.clone(),
+        detail: e.0,
+    })?;
+    let profile = crate::FrameworkProfile::of(plan.framework);
+    let table = profile.saved_table_on(plan.device.kind);
+    let mut graph = Graph::new(&program, &table, plan.precision.compute);
+    graph.owns_inputs = profile.autograd.forward_owns_batch;
+    graph.cross_entropy_two_step = profile.autograd.cross_entropy_two_step;
+    let micro = plan.micro_batch_size();
+    let mut store = TensorStore::new(LedgerMemory {
+        layer: "batch".into(),
+        pass: "batch",
+        ..LedgerMemory::default()
+    });
+    let mut hooks = LayerNames(&program.layer_names);
+    let never = |e: std::convert::Infallible| match e {};
+    let inputs = program
+        .inputs
+        .iter()
+        .map(|&v| {
+            let bytes = graph.value_bytes(v, micro, 1.0);
+            store.alloc(bytes, Category::Input).map_err(never)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::new();
+    let mut take = |store: &mut TensorStore<LedgerMemory>, pass: &'static str| {
+        let m = store.memory_mut();
+        let mut tensors = std::mem::take(&mut m.at_highest);
+        tensors.sort_by_key(|t| std::cmp::Reverse(t.bytes));
+        out.push(TwinPeak {
+            pass,
+            total: m.highest,
+            tensors,
+        });
+        m.highest = m.total;
+        m.at_highest = m.live.values().cloned().collect();
+    };
+    let mut tape = graph
+        .forward(
+            &mut store,
+            &inputs,
+            micro,
+            1.0,
+            GradMode::Train,
+            &[],
+            &mut hooks,
+        )
+        .map_err(never)?;
+    take(&mut store, "forward");
+    graph
+        .backward(&mut store, &mut tape, false, &mut hooks)
+        .map_err(|e| ValidationError::Plan {
+            name: rec.name.clone(),
+            detail: e.to_string(),
+        })?;
+    take(&mut store, "backward");
+    Ok(out)
 }

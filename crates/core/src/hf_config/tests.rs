@@ -105,3 +105,30 @@ fn a_plan_from_a_config_round_trips_through_toml() {
     assert!(plan.precision.master_weights);
     assert_eq!(plan.checkpointing.policy, CheckpointPolicyKind::Every);
 }
+
+#[test]
+fn an_autocast_plan_keeps_f32_state_and_names_the_half_dtype() {
+    let mut opts = HfOptions::new(4, 64);
+    opts.precision = HfPrecision::AutocastBf16;
+    let plan = plan_from_hf(&fixture("gpt2.json"), &opts).expect("plan");
+    assert_eq!(plan.precision.compute, Dtype::F32);
+    assert!(!plan.precision.master_weights);
+    assert_eq!(plan.precision.autocast, Some(Dtype::Bf16));
+    let text = plan.to_toml().expect("toml");
+    assert!(text.contains("autocast = \"bf16\""), "{text}");
+    assert_eq!(Plan::from_toml_str(&text).expect("reads back"), plan);
+    opts.precision = HfPrecision::AutocastF16;
+    let plan = plan_from_hf(&fixture("gpt2.json"), &opts).expect("plan");
+    assert_eq!(plan.precision.autocast, Some(Dtype::F16));
+}
+
+#[test]
+fn separate_query_key_value_projections_follow_the_family() {
+    let spec = |name: &str| model_from_hf(&fixture(name), 8).expect("model");
+    assert!(
+        !spec("gpt2.json").separate_qkv,
+        "GPT-2's c_attn is one projection"
+    );
+    assert!(spec("llama-2-7b.json").separate_qkv);
+    assert!(spec("opt-125m.json").separate_qkv);
+}

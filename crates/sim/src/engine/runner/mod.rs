@@ -101,8 +101,7 @@ pub fn simulate(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError
 
 /// Lowers the plan's model and simulates every stage (no model-state check first).
 fn simulate_lowered(plan: &Plan, mut opts: SimOptions) -> Result<SimResult, SimError> {
-    let program =
-        crate::lower::lower_for(&plan.model, plan.framework).map_err(|e| SimError::Model(e.0))?;
+    let program = crate::lower::lower_plan(plan).map_err(|e| SimError::Model(e.0))?;
     let stages = plan.parallel.pipeline_stages.max(1);
     if stages == 1 {
         let (timeline, summary, snapshot) = simulate_stage(plan, &program, 0, 1, &mut opts)?;

@@ -1,0 +1,358 @@
+//! `torch.autocast`: a lowered program rewritten with the dtype autocast gives each op.
+//!
+//! Under autocast the parameters, their gradients and the optimizer state stay f32; what
+//! changes is the dtype each op of forward runs in, and the casts autocast makes to get
+//! there. [`apply`] takes a program lowered in f32 and returns the same program with
+//!
+//! * every activation in the dtype its op produces under autocast (fixed per value);
+//! * a cast (a `copy` op) before each op that autocast runs in another dtype than its input
+//!   has, one per consumer: autocast does not cache casts of activations (two linear layers
+//!   reading one f32 tensor make two half-precision copies, each kept for backward);
+//! * the half-precision copy of each weight an op on the lower-precision list makes: kept for
+//!   backward ([`Saved::ParamCopy`]) when the op's input needs a gradient (the matmul's
+//!   backward reads the weight), otherwise held in autocast's weight cache until the region
+//!   ends with the forward pass ([`Program::forward_cache`]; biases always so);
+//! * a half-precision scratch gradient per such parameter in backward (the matmul's gradient
+//!   is made in half precision and cast into the f32 gradient).
+//!
+//! What autocast does with each op depends on the device ([`policy`]). Checked against torch
+//! 2.15 on the CPU (output dtypes of each op inside `torch.autocast("cpu",
+//! dtype=torch.bfloat16)`) and PyTorch's autocast op reference for CUDA:
+//!
+//! | op | CPU | CUDA |
+//! |---|---|---|
+//! | `linear`, `conv2d`, `fused_attention` | half | half |
+//! | `matmul` | f32 (see below) | half |
+//! | `cross_entropy`, `mse_loss` | f32 | f32 |
+//! | `softmax`, `log_softmax`, `layer_norm`, `rms_norm` | input's dtype | f32 |
+//! | `embedding` | f32 (the weight's) | f32 |
+//! | everything else | the widest input dtype (f32 + half is f32) | same |
+//!
+//! On the CPU the twin's eager attention stands for PyTorch's `scaled_dot_product_attention`
+//! math path, which Hugging Face models run there with attention dropout: it upcasts
+//! half-precision queries, keys and values to f32 and computes scores, softmax and dropout in
+//! f32, returning the input's dtype. So its matmuls take one f32 copy of their inputs (shared
+//! by both matmuls) and the copy after them casts back. Without dropout the fused CPU kernel
+//! runs, in half precision: the `fused_attention` op (plans from a Hugging Face
+//! configuration choose it then).
+
+use std::collections::HashMap;
+
+use trainmem_autograd::{Dtype, Op, OpKind, Program, Saved, ValueDtype, ValueId, ValueInfo};
+
+use crate::plan::DeviceKind;
+
+/// What autocast does with an op on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// On the lower-precision list: inputs and weights cast to the half dtype, output half.
+    Half,
+    /// On the f32 list: half inputs cast to f32, output f32.
+    F32,
+    /// The CPU's `scaled_dot_product_attention` math path: half inputs upcast to f32 once,
+    /// output f32.
+    AttentionMath,
+    /// Not autocast: runs in the widest dtype of its inputs (an embedding in its weight's).
+    Widest,
+}
+
+/// What autocast does with `kind` on `device`.
+pub fn policy(kind: OpKind, device: DeviceKind) -> Policy {
+    use OpKind::*;
+    match (kind, device) {
+        (Linear | Conv2d | FusedAttention, _) => Policy::Half,
+        (Matmul, DeviceKind::Cuda) => Policy::Half,
+        (Matmul, DeviceKind::Cpu) => Policy::AttentionMath,
+        (CrossEntropy | MseLoss, _) => Policy::F32,
+        (Softmax | LogSoftmax | LayerNorm | RmsNorm, DeviceKind::Cuda) => Policy::F32,
+        _ => Policy::Widest,
+    }
+}
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
+}
+
+/// The rewrite in progress: the new program and each value's dtype.
+struct Rewrite<'a> {
+    src: &'a Program,
+    out: Program,
+    dtype: Vec<Dtype>,
+    half: Dtype,
+}
+
+impl Rewrite<'_> {
+    /// A cast of `v` to `to`, as a `copy` op in `layer`; returns the new value.
+    fn cast(&mut self, v: ValueId, to: Dtype, layer: u32) -> ValueId {
+        let info = self.out.values[v as usize];
+        self.out.values.push(ValueInfo {
+            dtype: ValueDtype::Fixed(to),
+            ..info
+        });
+        self.dtype.push(to);
+        let id = (self.out.values.len() - 1) as ValueId;
+        self.out.ops.push(Op {
+            kind: OpKind::Copy,
+            inputs: [v, 0],
+            arity: 1,
+            output: id,
+            params_start: self.out.op_params.len() as u32,
+            params_len: 0,
+            rows_per_sample: 0,
+            channels: 0,
+            layer,
+        });
+        id
+    }
+
+    /// Casts every float input of `op` whose dtype is not `to` (one cast each).
+    fn cast_inputs(&mut self, op: &mut Op, to: Dtype) {
+        for k in 0..op.arity as usize {
+            let v = op.inputs[k];
+            let d = self.dtype[v as usize];
+            if is_float(d) && d != to {
+                op.inputs[k] = self.cast(v, to, op.layer);
+            }
+        }
+    }
+
+    /// The weight and bias copies of a half-precision op (index `at` in the new program),
+    /// and the half-precision scratch gradient of each of its parameters.
+    fn weight_copies(&mut self, op: &Op, at: u32) {
+        let params = self.src.params_of(op).to_vec();
+        let input_needs_grad = self.out.values[op.inputs[0] as usize].requires_grad;
+        let h = self.half.size();
+        for (k, &pid) in params.iter().enumerate() {
+            let elems = self.src.params[pid as usize].elems;
+            if k == 0 && input_needs_grad {
+                self.out.extra_saved.push((at, Saved::ParamCopy(h as u8)));
+            } else {
+                self.out.forward_cache.push((at, elems * h));
+            }
+            self.out.param_grad_scratch[pid as usize] = elems * h;
+        }
+    }
+}
+
+/// `program` (lowered in f32) as it runs under `torch.autocast` to `half` on `device`.
+/// `separate_qkv`: the fused query/key/value projection stands for three linear layers that
+/// each cast its input (see [`crate::model::TransformerSpec::separate_qkv`]).
+pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: bool) -> Program {
+    let mut r = Rewrite {
+        src: program,
+        out: Program {
+            values: program.values.clone(),
+            params: program.params.clone(),
+            inputs: program.inputs.clone(),
+            loss: program.loss,
+            layer_names: program.layer_names.clone(),
+            checkpointable: program.checkpointable.clone(),
+            param_grad_scratch: vec![0; program.params.len()],
+            ..Program::default()
+        },
+        dtype: program
+            .values
+            .iter()
+            .map(|v| match v.dtype {
+                ValueDtype::Compute => Dtype::F32,
+                ValueDtype::Fixed(d) => d,
+            })
+            .collect(),
+        half,
+    };
+    // the attention math path's f32 copies, one per value, and what its outputs return to
+    let mut upcast: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
+    for &(s, e) in &program.layers {
+        let start = r.out.ops.len() as u32;
+        for src_op in &program.ops[s as usize..e as usize] {
+            let mut op = *src_op;
+            let inputs: Vec<Dtype> = op
+                .input_ids()
+                .iter()
+                .map(|&v| r.dtype[v as usize])
+                .collect();
+            let produced = match policy(op.kind, device) {
+                Policy::Half => {
+                    r.cast_inputs(&mut op, half);
+                    Some(half)
+                }
+                Policy::F32 => {
+                    r.cast_inputs(&mut op, Dtype::F32);
+                    Some(Dtype::F32)
+                }
+                Policy::AttentionMath => {
+                    let mut origin = Dtype::F32;
+                    for k in 0..op.arity as usize {
+                        let v = op.inputs[k];
+                        let d = r.dtype[v as usize];
+                        if is_float(d) && d != Dtype::F32 {
+                            origin = d;
+                            op.inputs[k] = match upcast.get(&v) {
+                                Some(&c) => c,
+                                None => {
+                                    let c = r.cast(v, Dtype::F32, op.layer);
+                                    upcast.insert(v, c);
+                                    c
+                                }
+                            };
+                        } else if let Some(&o) = returns_to.get(&v) {
+                            origin = o;
+                        }
+                    }
+                    returns_to.insert(op.output, origin);
+                    Some(Dtype::F32)
+                }
+                Policy::Widest => match op.kind {
+                    OpKind::Embedding => Some(Dtype::F32),
+                    OpKind::Copy if returns_to.contains_key(&op.inputs[0]) => {
+                        Some(returns_to[&op.inputs[0]])
+                    }
+                    _ => {
+                        let floats: Vec<Dtype> =
+                            inputs.iter().copied().filter(|&d| is_float(d)).collect();
+                        if floats.is_empty() {
+                            None
+                        } else if floats.iter().all(|&d| d == half) {
+                            Some(half)
+                        } else {
+                            Some(Dtype::F32)
+                        }
+                    }
+                },
+            };
+            let at = r.out.ops.len() as u32;
+            if policy(op.kind, device) == Policy::Half {
+                r.weight_copies(&op, at);
+                let fused_qkv =
+                    r.src.params_of(&op).first().is_some_and(|&w| {
+                        r.src.params[w as usize].name.ends_with(".attn.qkv.weight")
+                    });
+                if separate_qkv && fused_qkv {
+                    // the key and value projections cast the input again and keep their copies
+                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                }
+            }
+            let out_v = op.output as usize;
+            if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
+                r.out.values[out_v].dtype = ValueDtype::Fixed(d);
+                r.dtype[out_v] = d;
+            }
+            op.params_start = r.out.op_params.len() as u32;
+            r.out.op_params.extend_from_slice(program.params_of(src_op));
+            r.out.ops.push(op);
+        }
+        r.out.layers.push((start, r.out.ops.len() as u32));
+    }
+    r.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::lower;
+    use crate::model::{MlpSpec, ModelSpec, TransformerKind, TransformerSpec};
+
+    fn mlp() -> Program {
+        let spec: MlpSpec = serde_json::from_str(
+            r#"{"input": 784, "hidden": [1024, 1024], "output": 10, "loss": "cross_entropy"}"#,
+        )
+        .unwrap();
+        lower(&ModelSpec::Mlp(spec)).unwrap()
+    }
+
+    #[test]
+    fn linear_layers_run_in_half_precision_and_the_loss_in_f32() {
+        let p = apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false);
+        p.validate().unwrap();
+        let dtype = |v: ValueId| p.values[v as usize].dtype;
+        for op in &p.ops {
+            match op.kind {
+                OpKind::Linear => {
+                    assert_eq!(dtype(op.inputs[0]), ValueDtype::Fixed(Dtype::Bf16));
+                    assert_eq!(dtype(op.output), ValueDtype::Fixed(Dtype::Bf16));
+                }
+                OpKind::CrossEntropy => {
+                    assert_eq!(dtype(op.inputs[0]), ValueDtype::Fixed(Dtype::F32))
+                }
+                _ => {}
+            }
+        }
+        // the input and the logits are cast: two copies
+        assert_eq!(p.ops.iter().filter(|o| o.kind == OpKind::Copy).count(), 2);
+        // the first layer's input needs no gradient: its weight copy is only cached; the
+        // other two weights are kept for backward; the biases are cached
+        assert_eq!(p.extra_saved.len(), 2);
+        let cached: u64 = p.forward_cache.iter().map(|c| c.1).sum();
+        assert_eq!(cached, 2 * (784 * 1024 + 1024 + 1024 + 10));
+        assert_eq!(
+            p.param_grad_scratch.iter().sum::<u64>(),
+            2 * p.param_elems()
+        );
+    }
+
+    #[test]
+    fn cpu_attention_math_upcasts_once_and_returns_half_precision() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.dropout = 0.1;
+        let p = apply(
+            &lower(&ModelSpec::Transformer(t)).unwrap(),
+            DeviceKind::Cpu,
+            Dtype::Bf16,
+            false,
+        );
+        p.validate().unwrap();
+        let matmuls: Vec<&Op> = p.ops.iter().filter(|o| o.kind == OpKind::Matmul).collect();
+        // scores read the f32 copy of qkv twice; the context reads the same copy
+        assert_eq!(matmuls[0].inputs[0], matmuls[0].inputs[1]);
+        assert_eq!(matmuls[1].inputs[1], matmuls[0].inputs[0]);
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        assert_eq!(p.values[matmuls[0].inputs[0] as usize].dtype, f32);
+        let softmax = p.ops.iter().find(|o| o.kind == OpKind::Softmax).unwrap();
+        assert_eq!(p.values[softmax.output as usize].dtype, f32);
+        // the copy after the context matmul casts back to bf16, which the output projection
+        // reads without a cast of its own
+        let back = p
+            .ops
+            .iter()
+            .find(|o| o.kind == OpKind::Copy && o.inputs[0] == matmuls[1].output)
+            .unwrap();
+        assert_eq!(
+            p.values[back.output as usize].dtype,
+            ValueDtype::Fixed(Dtype::Bf16)
+        );
+        // on CUDA the matmuls run in bf16 and the softmax in f32
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.dropout = 0.1;
+        let p = apply(
+            &lower(&ModelSpec::Transformer(t)).unwrap(),
+            DeviceKind::Cuda,
+            Dtype::F16,
+            false,
+        );
+        let m = p.ops.iter().find(|o| o.kind == OpKind::Matmul).unwrap();
+        assert_eq!(
+            p.values[m.output as usize].dtype,
+            ValueDtype::Fixed(Dtype::F16)
+        );
+        let softmax = p.ops.iter().find(|o| o.kind == OpKind::Softmax).unwrap();
+        assert_eq!(p.values[softmax.output as usize].dtype, f32);
+    }
+
+    #[test]
+    fn separate_projections_keep_three_input_copies() {
+        let t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
+        let program = lower(&ModelSpec::Transformer(t)).unwrap();
+        let fused = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false);
+        let separate = apply(&program, DeviceKind::Cpu, Dtype::Bf16, true);
+        let copies = |p: &Program| {
+            p.extra_saved
+                .iter()
+                .filter(|s| s.1 == Saved::InputCopy(0))
+                .count()
+        };
+        assert_eq!(copies(&fused), 0);
+        assert_eq!(copies(&separate), 2 * 2);
+    }
+}
