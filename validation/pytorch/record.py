@@ -14,6 +14,12 @@ the optimizer's state tensors, the batch (input); the remaining live storages ar
 when forward created them and temporaries otherwise. Allocations a kernel makes and frees
 inside itself are not seen (none of the models here rely on such scratch for their peak).
 
+LoRA runs (`lora-*`) wrap the same models with peft: the base model is frozen
+(`requires_grad = False`), rank-8 adapters are added on the named projections (GPT-2's packed
+`c_attn`, LLaMA's `q_proj` and `v_proj`, or every linear layer of a block), and the optimizer
+is given the trainable parameters alone. The ledger counts the frozen weights as parameters;
+only the adapters have gradients and optimizer state.
+
 Usage (from the repository root, in a virtual environment with requirements.txt installed):
 
     python validation/pytorch/record.py --out fixtures/pytorch
@@ -146,13 +152,35 @@ def hf_model(kind, config, batch, seq):
     return model, make_batch, loss_of, {"hf_config": full}
 
 
+def with_lora(build, lora):
+    """`build` with the model wrapped by peft: the base frozen, adapters on `lora["targets"]`
+    (peft's module names) of rank `lora["rank"]`."""
+    def wrapped():
+        import peft
+        model, make_batch, loss_of, described = build()
+        config = peft.LoraConfig(
+            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=lora["targets"], bias="none",
+            # GPT-2's projections are Conv1D modules with the weight stored (in, out)
+            fan_in_fan_out=lora.get("fan_in_fan_out", False),
+        )
+        torch.manual_seed(1)
+        model = peft.get_peft_model(model, config)
+        described = dict(described)
+        described["lora"] = {k: v for k, v in lora.items() if k != "fan_in_fan_out"}
+        return model, make_batch, loss_of, described
+    return wrapped
+
+
 def optimizer_for(name, model):
+    # only the trainable parameters (all of them, but under LoRA)
+    params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=1e-3)
+        return torch.optim.SGD(params, lr=1e-3)
     if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return torch.optim.AdamW(params, lr=1e-3)
     if name == "adamw-foreach":
-        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
     raise ValueError(name)
 
 
@@ -161,6 +189,16 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     micro-batches when `micro` is given, and returns the ledger."""
     model, make_batch, loss_of, described = build()
     model.train()
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    if "lora" in described:
+        versions["peft"] = __import__("peft").__version__
+        described = dict(described)
+        described["trainable_parameters"] = sum(
+            p.numel() for p in model.parameters() if p.requires_grad)
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
@@ -201,11 +239,7 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         "seq": seq,
         "steps": steps,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-        },
+        "versions": versions,
         **described,
         "samples": samples,
     }
@@ -232,6 +266,18 @@ def runs():
     yield "gpt2-tiny-adamw-accumulation", gpt2, "adamw", 4, 64, {"micro": 2}
     yield "llama-tiny-adamw-checkpointing", llama, "adamw", 4, 64, {"checkpointing": True}
     yield "bert-tiny-sgd-checkpointing", bert, "sgd", 4, 64, {"checkpointing": True}
+    # LoRA through peft: frozen base, rank-8 adapters (alpha 16)
+    gpt2_lora = with_lora(gpt2, {"rank": 8, "alpha": 16, "dropout": 0.1,
+                                 "targets": ["c_attn"], "fan_in_fan_out": True})
+    llama_qv = with_lora(llama, {"rank": 8, "alpha": 16, "dropout": 0.0,
+                                 "targets": ["q_proj", "v_proj"]})
+    llama_all = with_lora(llama, {"rank": 8, "alpha": 16, "dropout": 0.05,
+                                  "targets": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"]})
+    for opt in ["sgd", "adamw"]:
+        yield f"lora-gpt2-tiny-{opt}", gpt2_lora, opt, 4, 64, {}
+        yield f"lora-llama-tiny-{opt}", llama_qv, opt, 4, 64, {}
+    yield "lora-llama-tiny-all-adamw", llama_all, "adamw", 4, 64, {}
 
 
 def main():
