@@ -30,7 +30,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::model::{Activation, ModelSpec, NormKind, TransformerKind, TransformerSpec};
+use crate::model::{
+    Activation, LoraSpec, LoraTarget, ModelSpec, NormKind, TransformerKind, TransformerSpec,
+};
 use crate::optimizer::OptimizerKind;
 use crate::plan::{CheckpointPolicyKind, Plan, PlanError};
 use crate::{Dtype, Framework};
@@ -53,6 +55,10 @@ pub struct HfOptions {
     pub checkpointing: bool,
     /// Optimizer steps to simulate (default 3: the first step's jump and the steady state).
     pub steps: u64,
+    /// LoRA adapters on a frozen base (default none: every parameter trains). For a model
+    /// whose query, key and value projections are one packed module (`gpt2`'s `c_attn`),
+    /// `q`, `k` and `v` adapt that module as a whole, as peft does.
+    pub lora: Option<LoraSpec>,
 }
 
 impl HfOptions {
@@ -65,6 +71,7 @@ impl HfOptions {
             precision: HfPrecision::F32,
             checkpointing: false,
             steps: 3,
+            lora: None,
         }
     }
 }
@@ -292,6 +299,9 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
         ));
     }
     t.dropout = f.dropout("attention_dropout")?;
+    if t.dropout == 0.0 {
+        t.attention = crate::model::AttentionImpl::Fused;
+    }
     Ok(t)
 }
 
@@ -405,8 +415,63 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
         plan.checkpointing.policy = CheckpointPolicyKind::Every;
         plan.checkpointing.every = Some(1);
     }
+    if let (Some(lora), ModelSpec::Transformer(t)) = (&opts.lora, &mut plan.model) {
+        t.lora = Some(lora_for(config, lora)?);
+    }
     plan.validate().map_err(HfConfigError::Plan)?;
     Ok(plan)
+}
+
+/// The projection a peft `target_modules` name (`q_proj`, `c_attn`, ...) stands for in a
+/// block of the family `model_type` (`None` when the name is not one of its projections).
+pub fn lora_target_of_module(model_type: &str, module: &str) -> Option<LoraTarget> {
+    let t = match (model_type, module) {
+        ("gpt2", "c_attn") => LoraTarget::Qkv,
+        ("gpt2", "c_fc") => LoraTarget::Up,
+        // GPT-2's `c_proj` names both the attention output and the feed-forward output
+        ("gpt2", "attn.c_proj") => LoraTarget::O,
+        ("gpt2", "mlp.c_proj") => LoraTarget::Down,
+        ("bert", "query") => LoraTarget::Q,
+        ("bert", "key") => LoraTarget::K,
+        ("bert", "value") => LoraTarget::V,
+        ("bert", "attention.output.dense") => LoraTarget::O,
+        ("bert", "intermediate.dense") => LoraTarget::Up,
+        ("opt", "fc1") => LoraTarget::Up,
+        ("opt", "fc2") => LoraTarget::Down,
+        ("opt", "out_proj") => LoraTarget::O,
+        (_, "q_proj") => LoraTarget::Q,
+        (_, "k_proj") => LoraTarget::K,
+        (_, "v_proj") => LoraTarget::V,
+        (_, "o_proj") => LoraTarget::O,
+        (_, "gate_proj") => LoraTarget::Gate,
+        (_, "up_proj") => LoraTarget::Up,
+        (_, "down_proj") => LoraTarget::Down,
+        _ => return None,
+    };
+    Some(t)
+}
+
+/// `lora` as the model of `config` runs it: GPT-2's packed projection takes the adapters of
+/// any of `q`, `k`, `v` as one.
+fn lora_for(config: &str, lora: &LoraSpec) -> Result<LoraSpec, HfConfigError> {
+    let value: Value =
+        serde_json::from_str(config).map_err(|e| HfConfigError::Json(e.to_string()))?;
+    let packed = value.get("model_type").and_then(Value::as_str) == Some("gpt2");
+    let mut out = lora.clone();
+    if packed {
+        let mut targets = Vec::new();
+        for &t in &lora.targets {
+            let t = match t {
+                LoraTarget::Q | LoraTarget::K | LoraTarget::V => LoraTarget::Qkv,
+                other => other,
+            };
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+        out.targets = targets;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -816,6 +816,9 @@ impl Plan {
                     ));
                 }
                 check_prob(t.dropout, &format!("{k}.dropout"), err)?;
+                if let Some(lora) = &t.lora {
+                    lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
+                }
                 if self.parallel.pipeline_stages > t.layers {
                     return Err(err(
                         "parallel.pipeline_stages",

@@ -7,6 +7,8 @@ use crate::model::*;
 use crate::profile::{FrameworkProfile, Lowering};
 pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
 
+pub(crate) mod lora;
+
 /// Errors lowering a model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -259,18 +261,6 @@ impl TransformerDims {
         }
     }
 
-    /// A linear layer `fin → fout` per token, with the blocks' bias setting.
-    fn linear(
-        &self,
-        b: &mut ProgramBuilder,
-        x: ValueId,
-        fin: u64,
-        fout: u64,
-        name: String,
-    ) -> ValueId {
-        self.linear_with(b, x, (fin, fout), self.linear_bias, name)
-    }
-
     /// A linear layer `fin → fout` per token, with a bias when `bias`.
     fn linear_with(
         &self,
@@ -285,6 +275,27 @@ impl TransformerDims {
             ps.push(b.param(fout, format!("{name}.bias")));
         }
         b.op(OpKind::Linear, &[x], self.s * fout, &ps)
+    }
+
+    /// [`TransformerDims::linear_with`] for the projection `target` of a block, with its
+    /// LoRA adapter when `t` puts one on it (`parts`: the adapters that add into this
+    /// projection's output, for a packed one).
+    #[allow(clippy::too_many_arguments)] // a projection and the adapters on it
+    fn projection(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        (fin, fout): (u64, u64),
+        bias: bool,
+        name: String,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let mut y = self.linear_with(b, x, (fin, fout), bias, name.clone());
+        for &target in parts {
+            y = lora::adapt(b, t, target, x, y, fout, self.s, &name);
+        }
+        y
     }
 
     /// A norm over the hidden size, per token.
@@ -327,27 +338,42 @@ impl TransformerDims {
     fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
         let (s, h, f) = (self.s, self.h, self.f);
         let n1 = self.norm(b, x, format!("block{i}.norm1"));
-        let qkv = self.linear_with(
+        let qkv = self.projection(
             b,
+            t,
             n1,
             (h, h + 2 * self.kv),
             self.qkv_bias,
             format!("block{i}.attn.qkv"),
+            &[LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V],
         );
         let ctx = self.attention(b, t, qkv);
-        let mut o = self.linear(b, ctx, h, h, format!("block{i}.attn.out"));
+        let bias = self.linear_bias;
+        let mut o = self.projection(
+            b,
+            t,
+            ctx,
+            (h, h),
+            bias,
+            format!("block{i}.attn.out"),
+            &[LoraTarget::O],
+        );
         if t.dropout > 0.0 {
             o = b.op(OpKind::Dropout, &[o], s * h, &[]);
         }
         let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
         let n2 = self.norm(b, x, format!("block{i}.norm2"));
-        let a = self.linear(b, n2, h, f, format!("block{i}.ffn.up"));
+        let up = [LoraTarget::Up];
+        let a = self.projection(b, t, n2, (h, f), bias, format!("block{i}.ffn.up"), &up);
         let mut g = activation(b, t.activation, a, s * f);
         if t.gated_ffn {
-            let gate = self.linear(b, n2, h, f, format!("block{i}.ffn.gate"));
+            let gate_target = [LoraTarget::Gate];
+            let name = format!("block{i}.ffn.gate");
+            let gate = self.projection(b, t, n2, (h, f), bias, name, &gate_target);
             g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
         }
-        let mut d = self.linear(b, g, f, h, format!("block{i}.ffn.down"));
+        let down = [LoraTarget::Down];
+        let mut d = self.projection(b, t, g, (f, h), bias, format!("block{i}.ffn.down"), &down);
         if t.dropout > 0.0 {
             d = b.op(OpKind::Dropout, &[d], s * h, &[]);
         }
@@ -362,6 +388,8 @@ fn lower_transformer(
     let dims = TransformerDims::new(t);
     let (s, h) = (dims.s, dims.h);
     let mut b = ProgramBuilder::new();
+    // under LoRA every parameter but the adapters' is frozen
+    b.freeze_params(t.lora.is_some());
     let ids = ValueDtype::Fixed(layout.int_dtype);
     let tokens = b.input(s, ids);
     b.begin_layer("embed");

@@ -139,6 +139,9 @@ fn transformer_groups(
         elems,
         count: t.layers,
     }));
+    for (elems, count) in crate::lower::lora::adapter_tensors(t) {
+        out.push(ParamGroup { elems, count });
+    }
     if t.final_norm.unwrap_or(layout.transformer_final_norm) {
         out.push(once(h));
         if norm_bias {
@@ -165,6 +168,29 @@ fn transformer_groups(
         }
     }
     Ok(Some(out))
+}
+
+/// The trainable parameter tensors of `model` (those with gradients and optimizer state),
+/// grouped by size: under LoRA the adapters alone, otherwise every parameter
+/// ([`param_groups`]).
+pub fn trainable_groups(
+    model: &ModelSpec,
+    framework: Framework,
+) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
+    match model {
+        ModelSpec::Transformer(t) if t.lora.is_some() => {
+            if t.hidden.checked_div(t.heads).is_none() {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            for (elems, count) in crate::lower::lora::adapter_tensors(t) {
+                mul(elems, count, "adapter parameters")?;
+                out.push(ParamGroup { elems, count });
+            }
+            Ok(Some(out))
+        }
+        _ => param_groups(model, framework),
+    }
 }
 
 /// Total elements of `groups` (checked).
@@ -256,6 +282,7 @@ mod tests {
                 embedding_norm,
                 token_types,
                 pooler,
+                lora: None,
             }
         }
     }
