@@ -249,6 +249,7 @@ mod tests {
             s in 1u64..20, vocab in 1u64..50, tied in any::<bool>(),
             rms in any::<bool>(), positions in any::<bool>(), encoder in any::<bool>(),
             classes in proptest::option::of(1u64..7), grouped in any::<bool>(),
+            lora in proptest::option::of((1u64..5, 1u8..=127)),
             extra in (
                 proptest::option::of(1u64..30), proptest::option::of(any::<bool>()),
                 proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>()),
@@ -282,8 +283,34 @@ mod tests {
                 embedding_norm,
                 token_types,
                 pooler,
-                lora: None,
+                lora: lora.map(|(rank, mask)| lora_spec(rank, mask, gated)),
             }
+        }
+    }
+
+    /// Rank-`rank` adapters on the projections `mask` picks (q, k, v, o, up, gate, down by
+    /// bit; or the packed qkv in place of q, k, v when bit 7's place is taken by q, k and v
+    /// together), skipping `gate` without a gated feed-forward.
+    fn lora_spec(rank: u64, mask: u8, gated: bool) -> LoraSpec {
+        use LoraTarget::*;
+        let mut targets: Vec<LoraTarget> = [Q, K, V, O, Up, Gate, Down]
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, t)| mask & (1 << i) != 0 && (t != Gate || gated))
+            .map(|(_, t)| t)
+            .collect();
+        if mask & 0b111 == 0b111 {
+            targets.retain(|t| !matches!(t, Q | K | V));
+            targets.insert(0, Qkv);
+        }
+        if targets.is_empty() {
+            targets.push(O);
+        }
+        LoraSpec {
+            rank,
+            alpha: None,
+            targets,
+            dropout: if mask & 1 == 0 { 0.0 } else { 0.1 },
         }
     }
 
@@ -293,6 +320,14 @@ mod tests {
         fn transformer_counts_match_lowering(t in transformer(), fw in framework()) {
             let m = ModelSpec::Transformer(t);
             prop_assert_eq!(counted(&m, fw), lowered(&m, fw));
+            // the trainable tensors are the lowered program's unfrozen ones
+            let p = crate::lower::lower_for(&m, fw).expect("lowers");
+            let trainable = trainable_groups(&m, fw).expect("no overflow").expect("valid");
+            prop_assert_eq!(total_elems(&trainable).expect("fits"), p.trainable_elems());
+            prop_assert_eq!(
+                total_tensors(&trainable).expect("fits"),
+                p.params.iter().filter(|p| !p.frozen).count() as u64
+            );
         }
 
         #[test]

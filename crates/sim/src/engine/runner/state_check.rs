@@ -316,13 +316,18 @@ mod tests {
             burn in any::<bool>(), opt in 0usize..4, eager in any::<bool>(),
             half in any::<bool>(), master in any::<bool>(), zero in 0u8..4,
             world in 1u64..5, cpu in any::<bool>(), mlp in any::<bool>(),
-            width in 1u64..300, depth in 1u64..4,
+            width in 1u64..300, depth in 1u64..4, lora in any::<bool>(),
         ) -> String {
             let model = if mlp {
                 format!("[model.mlp]\ninput = {width}\nhidden = [{width}, 7]\noutput = 3\n")
             } else {
+                let adapters = if lora {
+                    "[model.transformer.lora]\nrank = 2\ntargets = [\"q\", \"v\", \"down\"]\n"
+                } else {
+                    ""
+                };
                 format!("[model.transformer]\nlayers = {depth}\nhidden = {}\nheads = 2\n\
-                         seq_len = 4\nvocab = {width}\n", 2 * (width % 40 + 1))
+                         seq_len = 4\nvocab = {width}\n{adapters}", 2 * (width % 40 + 1))
             };
             let kind = ["sgd", "momentum", "adam", "adamw"][opt];
             format!(
