@@ -61,6 +61,10 @@ pub struct ParamInfo {
     /// nothing for its gradient.
     #[serde(default)]
     pub frozen: bool,
+    /// `(rows, cols)` of a matrix parameter whose shape is not the one its op implies (one
+    /// of several weights of a packed projection); `None` otherwise.
+    #[serde(default)]
+    pub matrix: Option<(u64, u64)>,
 }
 
 /// One op of the program.
@@ -272,6 +276,14 @@ impl ProgramBuilder {
         self.push_param(elems, name.into(), frozen)
     }
 
+    /// Adds a `rows × cols` matrix parameter (frozen while [`ProgramBuilder::freeze_params`]
+    /// is on), its shape recorded in [`ParamInfo::matrix`].
+    pub fn param_matrix(&mut self, rows: u64, cols: u64, name: impl Into<String>) -> ParamId {
+        let id = self.param(rows * cols, name);
+        self.p.params[id as usize].matrix = Some((rows, cols));
+        id
+    }
+
     /// Adds a trainable parameter, whether or not parameters are being frozen (an adapter
     /// beside a frozen base).
     pub fn trainable_param(&mut self, elems: u64, name: impl Into<String>) -> ParamId {
@@ -290,6 +302,7 @@ impl ProgramBuilder {
             name,
             layer: self.layer,
             frozen,
+            matrix: None,
         });
         (self.p.params.len() - 1) as ParamId
     }

@@ -28,6 +28,8 @@ pub enum OptimizerArg {
     Adam,
     /// AdamW (two moments).
     Adamw,
+    /// Adafactor (factored second moments, as `transformers` has it).
+    Adafactor,
 }
 
 /// The precision of a plan written from a configuration.
@@ -110,6 +112,7 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
             OptimizerArg::Momentum => OptimizerKind::Momentum,
             OptimizerArg::Adam => OptimizerKind::Adam,
             OptimizerArg::Adamw => OptimizerKind::AdamW,
+            OptimizerArg::Adafactor => OptimizerKind::Adafactor,
         },
         precision: match args.precision {
             PrecisionArg::F32 => HfPrecision::F32,

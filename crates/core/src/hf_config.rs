@@ -7,7 +7,7 @@
 //!
 //! | `model_type` | as | what the plan carries |
 //! |---|---|---|
-//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head |
+//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head, one packed query-key-value projection (the others have three) |
 //! | `bert` | encoder classifier | token-type embeddings, embedding norm, pooler, `num_labels` classes, no final norm |
 //! | `llama`, `mistral` | decoder | RMS norm, SwiGLU, grouped-query attention, no biases (`attention_bias`) |
 //! | `qwen2` | decoder | as LLaMA, with biases on the query, key and value projections |
@@ -251,6 +251,7 @@ fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.max_positions = Some(f.count("max_position_embeddings")?);
     t.token_types = f.opt_count("type_vocab_size")?.unwrap_or(2);
     t.embedding_norm = true;
+    t.separate_qkv = true;
     t.pooler = true;
     t.final_norm = Some(false);
     t.bias = Some(true);
@@ -277,6 +278,7 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     }
     t.kv_heads = f.opt_count("num_key_value_heads")?;
     t.ffn = Some(f.count("intermediate_size")?);
+    t.separate_qkv = true;
     t.gated_ffn = true;
     t.activation = f.activation("hidden_act", Activation::Silu)?;
     t.norm = NormKind::RmsNorm;
@@ -323,6 +325,7 @@ fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     }
     t.ffn = Some(f.count("ffn_dim")?);
     t.activation = f.activation("activation_function", Activation::Relu)?;
+    t.separate_qkv = true;
     t.learned_positions = true;
     // OPT's learned position table carries two extra rows (its position offset).
     t.max_positions = Some(f.count("max_position_embeddings")? + 2);

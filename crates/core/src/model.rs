@@ -304,6 +304,12 @@ pub struct TransformerSpec {
     /// and a tanh, applied to the first token.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pooler: bool,
+    /// The query, key and value projections are three parameter tensors (Hugging Face's
+    /// LLaMA, BERT, OPT) rather than one packed matrix (GPT-2's `c_attn`): the same elements
+    /// and the same activations, but three weights (and biases), which an optimizer that
+    /// factors its state by matrix (Adafactor) sizes differently.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub separate_qkv: bool,
     /// LoRA adapters (`[model.transformer.lora]`): every parameter of the model above is
     /// frozen, and the adapters are the only trainable parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -494,6 +500,7 @@ impl TransformerSpec {
             embedding_norm: false,
             token_types: 0,
             pooler: false,
+            separate_qkv: false,
             lora: None,
         }
     }

@@ -638,6 +638,22 @@ impl Plan {
                 ),
             ));
         }
+        if self.optimizer.kind == OptimizerKind::Adafactor {
+            // the factored state needs each parameter's matrix shape, which trainmem knows for
+            // MLPs and transformers; burn has no Adafactor; ZeRO does not shard factored state
+            let why = if self.framework != Framework::Pytorch {
+                Some("Adafactor is modelled under framework = \"pytorch\" only")
+            } else if !matches!(self.model, ModelSpec::Mlp(_) | ModelSpec::Transformer(_)) {
+                Some("Adafactor is modelled for mlp and transformer models only")
+            } else if self.parallel.zero_stage > 0 {
+                Some("Adafactor's factored state is not sharded by ZeRO here")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(err("optimizer.kind", why.into()));
+            }
+        }
         Ok(())
     }
 

@@ -298,6 +298,44 @@ impl TransformerDims {
         y
     }
 
+    /// The query, key and value projections as three weights (and biases) computed as one
+    /// packed output, with the adapters `parts` names.
+    fn separate_qkv(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        i: u64,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let (h, kv) = (self.h, self.kv);
+        let widths = [("q", h), ("k", kv), ("v", kv)];
+        let mut ps: Vec<_> = widths
+            .iter()
+            .map(|&(n, w)| b.param_matrix(w, h, format!("block{i}.attn.{n}.weight")))
+            .collect();
+        if self.qkv_bias {
+            for &(n, w) in &widths {
+                ps.push(b.param(w, format!("block{i}.attn.{n}.bias")));
+            }
+        }
+        let out = h + 2 * kv;
+        let mut y = b.op(OpKind::Linear, &[x], self.s * out, &ps);
+        for &target in parts {
+            y = lora::adapt(
+                b,
+                t,
+                target,
+                x,
+                y,
+                out,
+                self.s,
+                &format!("block{i}.attn.qkv"),
+            );
+        }
+        y
+    }
+
     /// A norm over the hidden size, per token.
     fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
         let mut ps = vec![b.param(self.h, format!("{name}.weight"))];
@@ -338,15 +376,20 @@ impl TransformerDims {
     fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
         let (s, h, f) = (self.s, self.h, self.f);
         let n1 = self.norm(b, x, format!("block{i}.norm1"));
-        let qkv = self.projection(
-            b,
-            t,
-            n1,
-            (h, h + 2 * self.kv),
-            self.qkv_bias,
-            format!("block{i}.attn.qkv"),
-            &[LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V],
-        );
+        let qkv_parts = [LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V];
+        let qkv = if t.separate_qkv {
+            self.separate_qkv(b, t, n1, i, &qkv_parts)
+        } else {
+            self.projection(
+                b,
+                t,
+                n1,
+                (h, h + 2 * self.kv),
+                self.qkv_bias,
+                format!("block{i}.attn.qkv"),
+                &qkv_parts,
+            )
+        };
         let ctx = self.attention(b, t, qkv);
         let bias = self.linear_bias;
         let mut o = self.projection(

@@ -119,6 +119,14 @@ fn transformer_groups(
             if norm_bias {
                 per_block.push(fin);
             }
+        } else if k == 1 && t.separate_qkv {
+            // the query, key and value weights (and biases) as three tensors
+            for w in [h, kv, kv] {
+                per_block.push(mul(fin, w, "block weight")?);
+            }
+            if qkv_bias {
+                per_block.extend([h, kv, kv]);
+            }
         } else {
             per_block.push(mul(fin, fout, "block weight")?);
             if (k == 1 && qkv_bias) || (k != 1 && linear_bias) {
@@ -249,7 +257,7 @@ mod tests {
             s in 1u64..20, vocab in 1u64..50, tied in any::<bool>(),
             rms in any::<bool>(), positions in any::<bool>(), encoder in any::<bool>(),
             classes in proptest::option::of(1u64..7), grouped in any::<bool>(),
-            lora in proptest::option::of((1u64..5, 1u8..=127)),
+            lora in proptest::option::of((1u64..5, 1u8..=127)), separate_qkv in any::<bool>(),
             extra in (
                 proptest::option::of(1u64..30), proptest::option::of(any::<bool>()),
                 proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>()),
@@ -283,6 +291,7 @@ mod tests {
                 embedding_norm,
                 token_types,
                 pooler,
+                separate_qkv,
                 lora: lora.map(|(rank, mask)| lora_spec(rank, mask, gated)),
             }
         }

@@ -192,6 +192,7 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         "sgd" => (OptimizerKind::Sgd, StepImpl::ForLoop),
         "adamw" => (OptimizerKind::AdamW, StepImpl::ForLoop),
         "adamw-foreach" => (OptimizerKind::AdamW, StepImpl::Foreach),
+        "adafactor" => (OptimizerKind::Adafactor, StepImpl::ForLoop),
         other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
     };
     let mut plan = match (&rec.hf_config, &rec.plan_model) {

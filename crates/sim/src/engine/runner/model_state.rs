@@ -39,6 +39,9 @@ pub(super) struct ModelState {
     /// Per parameter: a graph kept without backward references it (the weight of a linear
     /// layer whose input requires grad).
     saved_by_graph: Vec<bool>,
+    /// Per parameter, its matrix shape when the optimizer factors its state (Adafactor);
+    /// empty otherwise.
+    shapes: Vec<Option<(u64, u64)>>,
 }
 
 /// Per parameter of `program`: whether a graph that is kept references it (the weight of
@@ -120,6 +123,11 @@ impl ModelState {
             ddp_buckets: Vec::new(),
             optimizer_records: None,
             saved_by_graph: saved_by_graph(spec.program),
+            shapes: if opt.kind == OptimizerKind::Adafactor {
+                crate::param_shapes::matrix_shapes(spec.program)
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -190,9 +198,13 @@ impl ModelState {
             return Ok(());
         }
         let aliased: Vec<TensorId> = self.optimizer_state.drain(..).collect();
-        for p in spec.program.params.iter().filter(|p| !p.frozen) {
-            for _ in self.opt.state_roles() {
-                let b = self.sharding.state_elems(p.elems) * self.opt.state_dtype.size();
+        for (i, p) in spec.program.params.iter().enumerate() {
+            if p.frozen {
+                continue;
+            }
+            let matrix = self.shapes.get(i).copied().flatten();
+            for e in self.opt.state_elems_of(p.elems, matrix) {
+                let b = self.sharding.state_elems(e) * self.opt.state_dtype.size();
                 let t = store.alloc(b, Category::OptimizerState)?;
                 self.optimizer_state.push(t);
             }
@@ -295,7 +307,19 @@ impl ModelState {
         };
         let trainable = model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems(false));
         let frozen = model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems(true));
-        with_frozen(trainable, frozen)
+        let mut bytes = with_frozen(trainable, frozen);
+        if !self.shapes.is_empty() {
+            // factored state: sized by each parameter's shape
+            bytes.optimizer_state = program
+                .params
+                .iter()
+                .zip(&self.shapes)
+                .filter(|(p, _)| !p.frozen)
+                .flat_map(|(p, &m)| self.opt.state_elems_of(p.elems, m))
+                .map(|e| self.sharding.state_elems(e) * self.opt.state_dtype.size())
+                .sum();
+        }
+        bytes
     }
 
     /// Bytes of the model-state tensors alive now, besides the gradients.

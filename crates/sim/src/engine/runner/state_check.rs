@@ -54,6 +54,11 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
     let Some(groups) = param_groups(&plan.model, plan.framework)? else {
         return Ok(None);
     };
+    if plan.optimizer.kind == trainmem_optim::OptimizerKind::Adafactor {
+        // the factored state follows the parameters' shapes, which only the lowered program
+        // has: such plans are checked as they are simulated
+        return Ok(None);
+    }
     let profile = FrameworkProfile::of(plan.framework);
     let (opt, sharding, grad_dtype) = state_config(plan, profile);
     // frozen parameters (under LoRA) hold their bytes alone: the trainable ones are summed
