@@ -124,6 +124,90 @@ def mlp(batch):
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
+def resnet18(batch, image=64, classes=10):
+    """ResNet-18 (He et al.: 7×7 stem, max pool, four stages of two basic blocks with
+    identity or 1×1-convolution shortcuts, global average pool, linear head) written in plain
+    torch.nn, the layout torchvision's `resnet18` has (torchvision is not installed here), on
+    `image`×`image` RGB inputs; with the plan's `[model.layers]` list of the same ops."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    layers = []  # the plan's ops, per sample
+
+    def op(name, out, params=(), **extra):
+        layers.append({"op": name, "out": list(out), "params": list(params), **extra})
+        return len(layers) - 1
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.downsample = None
+            if stride != 1 or cin != cout:
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            identity = x
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            return self.relu(out)
+
+    def block_ops(block_input, cin, cout, stride, side):
+        shape = (cout, side, side)
+        op("conv2d", shape, [cout * cin * 9])
+        op("batch_norm", shape, [cout, cout])
+        op("relu", shape)
+        op("conv2d", shape, [cout * cout * 9])
+        main = op("batch_norm", shape, [cout, cout])
+        if stride != 1 or cin != cout:
+            op("conv2d", shape, [cout * cin], **{"from": block_input})
+            short = op("batch_norm", shape, [cout, cout])
+            op("add", shape, **{"from": main, "with": short})
+        else:
+            op("add", shape, **{"with": block_input})
+        return op("relu", shape)
+
+    stages = []
+    side = image // 2
+    op("conv2d", (64, side, side), [64 * 3 * 49])
+    op("batch_norm", (64, side, side), [64, 64])
+    op("relu", (64, side, side))
+    side //= 2
+    last = op("max_pool2d", (64, side, side))
+    cin = 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        side //= stride
+        blocks = [Block(cin, cout, stride), Block(cout, cout, 1)]
+        last = block_ops(last, cin, cout, stride, side)
+        last = block_ops(last, cout, cout, 1, side)
+        stages.append(nn.Sequential(*blocks))
+        cin = cout
+    op("global_avg_pool", (512, 1, 1))
+    op("view", (512,))
+    op("linear", (classes,), [512 * classes, classes])
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1), *stages, nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
+        nn.Linear(512, classes),
+    )
+
+    def make_batch(n):
+        return (torch.randn(n, 3, image, image), torch.randint(0, classes, (n,)))
+
+    def loss_of(model, b):
+        return torch.nn.functional.cross_entropy(model(b[0]), b[1])
+
+    plan = {"layers": {"input": [3, image, image], "layers": layers, "loss": "cross_entropy"}}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
 def hf_model(kind, config, batch, seq):
     import transformers
     torch.manual_seed(0)
@@ -287,6 +371,9 @@ def runs():
         yield f"lora-gpt2-tiny-{opt}", gpt2_lora, opt, 4, 64, {}
         yield f"lora-llama-tiny-{opt}", llama_qv, opt, 4, 64, {}
     yield "lora-llama-tiny-all-adamw", llama_all, "adamw", 4, 64, {}
+    # ResNet-18 in plain torch.nn (torchvision's layout), 64×64 images
+    yield "resnet18-sgd", (lambda: resnet18(8)), "sgd", 8, 0, {}
+    yield "resnet18-adamw", (lambda: resnet18(8)), "adamw", 8, 0, {}
     # Adafactor (transformers)
     yield "mlp-adafactor", (lambda: mlp(32)), "adafactor", 32, 0, {}
     yield "gpt2-tiny-adafactor", gpt2, "adafactor", 4, 64, {}

@@ -558,10 +558,13 @@ pub struct RawLayer {
     #[serde(default)]
     pub params: Vec<u64>,
     /// For two-input ops (`add`, `mul`, `matmul`): the 0-based index of the earlier layer
-    /// whose output is the second input (default: the previous layer's
-    /// output is used for both inputs).
+    /// whose output is the second input (default: the first input is used for both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub with: Option<usize>,
+    /// The 0-based index of the earlier layer whose output this op reads (default: the
+    /// previous layer's): a residual network's shortcut projection reads its block's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<usize>,
     /// A label for reports; default `op` and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -522,12 +522,18 @@ fn lower_layers(
             .map(|(j, &e)| b.param(e, format!("{name}.p{j}")))
             .collect();
         let out = layer_out(l, i);
+        let first = layer.from.map_or(x, |f| outs[f]);
         let inputs: Vec<ValueId> = if kind.arity() == 2 {
-            vec![x, layer.with.map_or(x, |w| outs[w])]
+            vec![first, layer.with.map_or(first, |w| outs[w])]
         } else {
-            vec![x]
+            vec![first]
         };
-        x = b.op(kind, &inputs, out, &ps);
+        // a batch norm's statistics are per channel: as many as its weight has elements
+        let channels = match (kind, layer.params.first()) {
+            (OpKind::BatchNorm, Some(&c)) => c,
+            _ => 0,
+        };
+        x = b.op_full(kind, &inputs, out, 0, ValueDtype::Compute, &ps, 0, channels);
         outs.push(x);
     }
     b.begin_layer("loss");
@@ -706,6 +712,40 @@ mod tests {
         assert_eq!(p.param_elems(), LLAMA_7B_PARAMS);
         let fixture = lower(&fixture_model("llama-7b-zero3")).unwrap();
         assert_eq!(fixture.param_elems(), LLAMA_7B_PARAMS);
+    }
+
+    /// A residual block as a layer list: the shortcut projection reads the block's input
+    /// (`from`), the sum adds the two branches (`from`, `with`).
+    #[test]
+    fn a_layer_reads_an_earlier_output_with_from() {
+        let raw = |op: &str, out: u64, params: Vec<u64>, from, with| RawLayer {
+            op: op.into(),
+            out: Some(vec![out]),
+            params,
+            with,
+            from,
+            name: None,
+        };
+        let l = LayersSpec {
+            input: vec![8],
+            layers: vec![
+                raw("relu", 8, vec![], None, None),          // 0: block input
+                raw("linear", 16, vec![128], None, None),    // 1: main branch
+                raw("linear", 16, vec![128], Some(0), None), // 2: shortcut from 0
+                raw("add", 16, vec![], Some(1), Some(2)),    // 3: main + shortcut
+            ],
+            loss: Loss::Mse,
+        };
+        let p = lower(&ModelSpec::Layers(l.clone())).unwrap();
+        let relu = p.ops[0].output;
+        assert_eq!(
+            p.ops[2].inputs[0], relu,
+            "the shortcut reads the block input"
+        );
+        assert_eq!(&p.ops[3].inputs, &[p.ops[1].output, p.ops[2].output]);
+        let mut bad = l;
+        bad.layers[2].from = Some(2);
+        assert!(check_layers(&bad).unwrap_err().contains("`from = 2`"));
     }
 
     #[test]
