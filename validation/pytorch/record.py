@@ -24,6 +24,12 @@ makes of them are storages like any other.
 op that made each, its dtype, shape and the phase that made it), which is how the twin's
 discrepancies are found: set the list beside the twin's tensors at the same moment.
 
+LoRA runs (`lora-*`) wrap the same models with peft: the base model is frozen
+(`requires_grad = False`), rank-8 adapters are added on the named projections (GPT-2's packed
+`c_attn`, LLaMA's `q_proj` and `v_proj`, or every linear layer of a block), and the optimizer
+is given the trainable parameters alone. The ledger counts the frozen weights as parameters;
+only the adapters have gradients and optimizer state.
+
 Usage (from the repository root, in a virtual environment with requirements.txt installed):
 
     python validation/pytorch/record.py --out fixtures/pytorch
@@ -141,6 +147,90 @@ def mlp(batch):
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
+def resnet18(batch, image=64, classes=10):
+    """ResNet-18 (He et al.: 7×7 stem, max pool, four stages of two basic blocks with
+    identity or 1×1-convolution shortcuts, global average pool, linear head) written in plain
+    torch.nn, the layout torchvision's `resnet18` has (torchvision is not installed here), on
+    `image`×`image` RGB inputs; with the plan's `[model.layers]` list of the same ops."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    layers = []  # the plan's ops, per sample
+
+    def op(name, out, params=(), **extra):
+        layers.append({"op": name, "out": list(out), "params": list(params), **extra})
+        return len(layers) - 1
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.downsample = None
+            if stride != 1 or cin != cout:
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            identity = x
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            if self.downsample is not None:
+                identity = self.downsample(x)
+            out += identity
+            return self.relu(out)
+
+    def block_ops(block_input, cin, cout, stride, side):
+        shape = (cout, side, side)
+        op("conv2d", shape, [cout * cin * 9])
+        op("batch_norm", shape, [cout, cout])
+        op("relu", shape)
+        op("conv2d", shape, [cout * cout * 9])
+        main = op("batch_norm", shape, [cout, cout])
+        if stride != 1 or cin != cout:
+            op("conv2d", shape, [cout * cin], **{"from": block_input})
+            short = op("batch_norm", shape, [cout, cout])
+            op("add", shape, **{"from": main, "with": short})
+        else:
+            op("add", shape, **{"with": block_input})
+        return op("relu", shape)
+
+    stages = []
+    side = image // 2
+    op("conv2d", (64, side, side), [64 * 3 * 49])
+    op("batch_norm", (64, side, side), [64, 64])
+    op("relu", (64, side, side))
+    side //= 2
+    last = op("max_pool2d", (64, side, side))
+    cin = 64
+    for cout, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
+        side //= stride
+        blocks = [Block(cin, cout, stride), Block(cout, cout, 1)]
+        last = block_ops(last, cin, cout, stride, side)
+        last = block_ops(last, cout, cout, 1, side)
+        stages.append(nn.Sequential(*blocks))
+        cin = cout
+    op("global_avg_pool", (512, 1, 1))
+    op("view", (512,))
+    op("linear", (classes,), [512 * classes, classes])
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1), *stages, nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
+        nn.Linear(512, classes),
+    )
+
+    def make_batch(n):
+        return (torch.randn(n, 3, image, image), torch.randint(0, classes, (n,)))
+
+    def loss_of(model, b):
+        return torch.nn.functional.cross_entropy(model(b[0]), b[1])
+
+    plan = {"layers": {"input": [3, image, image], "layers": layers, "loss": "cross_entropy"}}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
 def hf_model(kind, config, batch, seq):
     import transformers
     torch.manual_seed(0)
@@ -169,13 +259,41 @@ def hf_model(kind, config, batch, seq):
     return model, make_batch, loss_of, {"hf_config": full}
 
 
+def with_lora(build, lora):
+    """`build` with the model wrapped by peft: the base frozen, adapters on `lora["targets"]`
+    (peft's module names) of rank `lora["rank"]`."""
+    def wrapped():
+        import peft
+        model, make_batch, loss_of, described = build()
+        config = peft.LoraConfig(
+            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=lora["targets"], bias="none",
+            # GPT-2's projections are Conv1D modules with the weight stored (in, out)
+            fan_in_fan_out=lora.get("fan_in_fan_out", False),
+        )
+        torch.manual_seed(1)
+        model = peft.get_peft_model(model, config)
+        described = dict(described)
+        described["lora"] = {k: v for k, v in lora.items() if k != "fan_in_fan_out"}
+        return model, make_batch, loss_of, described
+    return wrapped
+
+
 def optimizer_for(name, model):
+    # only the trainable parameters (all of them, but under LoRA)
+    params = [p for p in model.parameters() if p.requires_grad]
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=1e-3)
+        return torch.optim.SGD(params, lr=1e-3)
     if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return torch.optim.AdamW(params, lr=1e-3)
     if name == "adamw-foreach":
-        return torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if name == "adafactor":
+        # transformers' Adafactor: factored second moments (a row and a column vector per
+        # matrix), no first moment (beta1 None), a fixed learning rate
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False,
+                         warmup_init=False)
     raise ValueError(name)
 
 
@@ -186,6 +304,19 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     `autocast` (a dtype name) when given, and returns the ledger."""
     model, make_batch, loss_of, described = build()
     model.train()
+    if optimizer_name == "adafactor":
+        # imported before the ledger starts: the import itself makes a 16-byte tensor
+        import transformers.optimization  # noqa: F401
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    if "lora" in described:
+        versions["peft"] = __import__("peft").__version__
+        described = dict(described)
+        described["trainable_parameters"] = sum(
+            p.numel() for p in model.parameters() if p.requires_grad)
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
@@ -237,11 +368,7 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         "seq": seq,
         "steps": steps,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-        },
+        "versions": versions,
         **described,
         "samples": samples,
     }
@@ -306,6 +433,25 @@ def runs():
     yield "autocast-llama-tiny-adamw", llama, "adamw", 4, 64, bf16
     yield "autocast-gpt2-tiny-adamw-checkpointing", gpt2, "adamw", 4, 64, {
         **bf16, "checkpointing": True}
+    # LoRA through peft: frozen base, rank-8 adapters (alpha 16)
+    gpt2_lora = with_lora(gpt2, {"rank": 8, "alpha": 16, "dropout": 0.1,
+                                 "targets": ["c_attn"], "fan_in_fan_out": True})
+    llama_qv = with_lora(llama, {"rank": 8, "alpha": 16, "dropout": 0.0,
+                                 "targets": ["q_proj", "v_proj"]})
+    llama_all = with_lora(llama, {"rank": 8, "alpha": 16, "dropout": 0.05,
+                                  "targets": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                              "gate_proj", "up_proj", "down_proj"]})
+    for opt in ["sgd", "adamw"]:
+        yield f"lora-gpt2-tiny-{opt}", gpt2_lora, opt, 4, 64, {}
+        yield f"lora-llama-tiny-{opt}", llama_qv, opt, 4, 64, {}
+    yield "lora-llama-tiny-all-adamw", llama_all, "adamw", 4, 64, {}
+    # ResNet-18 in plain torch.nn (torchvision's layout), 64×64 images
+    yield "resnet18-sgd", (lambda: resnet18(8)), "sgd", 8, 0, {}
+    yield "resnet18-adamw", (lambda: resnet18(8)), "adamw", 8, 0, {}
+    # Adafactor (transformers)
+    yield "mlp-adafactor", (lambda: mlp(32)), "adafactor", 32, 0, {}
+    yield "gpt2-tiny-adafactor", gpt2, "adafactor", 4, 64, {}
+    yield "llama-tiny-adafactor", llama, "adafactor", 4, 64, {}
 
 
 def main():

@@ -279,6 +279,7 @@ impl<'p> Graph<'p> {
             Saved::Mask => out_elems,
             // in the output's dtype (the compute dtype unless the program fixes another)
             Saved::FloatMask => self.value_bytes[op.output as usize],
+            Saved::ForParams => self.value_bytes[op.output as usize],
             Saved::Indices => out_elems * 8,
             Saved::InputSized(i) => {
                 let v = op.inputs[i as usize] as usize;
@@ -288,10 +289,10 @@ impl<'p> Graph<'p> {
             Saved::RowStats(n) => rows() * n as u64 * 4,
             Saved::ChannelStats(n) => op.channels * n as u64 * 4,
             Saved::Nodes(n) => n as u64 * crate::op::BURN_NODE_BYTES,
-            Saved::ParamCopy(n) => self
+            Saved::ParamCopy { k, n } => self
                 .program
                 .params_of(op)
-                .first()
+                .get(k as usize)
                 .map_or(0, |&w| self.program.params[w as usize].elems * n as u64),
             Saved::Input(_) | Saved::Output => 0,
         }
@@ -496,10 +497,14 @@ impl<'p> Graph<'p> {
             store.alloc(self.value_bytes[op.output as usize], Category::Activation)?
         };
         self.value_tensor[op.output as usize] = Some(out);
-        if save {
+        // an op whose output needs no gradient is not recorded: it saves nothing
+        if save && p.values[op.output as usize].requires_grad {
             let start = tape.saved.len() as u32;
             for k in 0..self.table[i].len() {
                 let s = self.table[i][k];
+                if !saved_is_needed(p, &op, s) {
+                    continue;
+                }
                 match s {
                     Saved::Input(j) => {
                         if let Some(t) = self.value_tensor[op.inputs[j as usize] as usize] {
@@ -691,6 +696,9 @@ impl<'p> Graph<'p> {
                 store.release(t);
             }
             for &pid in p.params_of(&op) {
+                if p.params[pid as usize].frozen {
+                    continue;
+                }
                 let bytes = self.param_grad_bytes[pid as usize];
                 // a half-precision gradient first, cast into the parameter's gradient
                 let scratch = match p.param_grad_scratch.get(pid as usize) {
@@ -738,6 +746,27 @@ impl<'p> Graph<'p> {
 }
 
 const TAPE_HOLE: TensorId = TensorId::HOLE;
+
+/// Whether `op` keeps `s` for its backward, given which of its operands need gradients
+/// (PyTorch saves an operand only for the gradients that read it): the input of a linear
+/// layer, convolution or embedding is read only by its weight's gradient, so a layer whose
+/// parameters are all frozen does not keep it; each operand of a product is read only by
+/// the other operand's gradient; [`Saved::ForParams`] is kept only when a parameter trains.
+/// Everything else is kept as the table says.
+fn saved_is_needed(p: &Program, op: &crate::program::Op, s: Saved) -> bool {
+    let j = match s {
+        Saved::Input(j) => j,
+        Saved::ForParams => return p.has_trainable_param(op),
+        _ => return true,
+    };
+    match op.kind {
+        OpKind::Linear | OpKind::Conv2d | OpKind::Embedding if j == 0 => p.has_trainable_param(op),
+        OpKind::Matmul | OpKind::Mul if op.arity == 2 && j < 2 => {
+            p.values[op.inputs[1 - j as usize] as usize].requires_grad
+        }
+        _ => true,
+    }
+}
 
 /// For each segment, the values its ops read that were not produced inside it (in order of
 /// first read, each once): the tensors a checkpointed segment keeps. Linear in the ops and

@@ -16,7 +16,7 @@
 //! | `log_softmax` | output | output | |
 //! | `dropout` | bool mask (1 B/elem) | input + float mask | burn multiplies by a random float tensor |
 //! | `layer_norm` | input + mean, rstd (f32 per row) | two input-sized tensors (`centered`, `normalized`) + var, denom (per row) + output | burn composes LayerNorm from element-wise ops (see [`SavedTable::burn`]); the input itself is not saved |
-//! | `rms_norm` | input + rstd (f32 per row) + the normalised input (input-sized, f32) | input + output | PyTorch's as Hugging Face writes it (`LlamaRMSNorm`: `x · rsqrt(mean(x²) + ε)` in f32, then `weight · ·`, whose backward reads the normalised input); burn as above |
+//! | `rms_norm` | input + rstd (f32 per row) + the normalized input when the weight trains | input + output | PyTorch's eager RMS norm (`torch.nn.RMSNorm`, Hugging Face's LLaMA) is composed: `x · rsqrt(mean(x²) + ε)`, then `· weight`, which keeps the normalized tensor for the weight's gradient |
 //! | `batch_norm` | input + mean, invstd (f32 per channel) | input + output | |
 //! | `max_pool2d` | input + indices (i64 per output elem) | input + indices | |
 //! | `avg_pool2d` | input | nothing | burn's backward needs only the shape |
@@ -62,13 +62,22 @@ pub enum Saved {
     RowStats(u8),
     /// `n` new f32 values per channel (batch-norm statistics; not batch-scaled).
     ChannelStats(u8),
+    /// A new tensor of the output's size in the compute dtype that only the op's parameters'
+    /// gradients read (a composed RMS norm's normalized input, which the weight multiplies):
+    /// kept only when a parameter of the op trains.
+    ForParams,
     /// burn-autodiff's graph bookkeeping for `n` recorded ops ([`BURN_NODE_BYTES`] each):
     /// not batch-scaled, freed with the op's other saved tensors.
     Nodes(u8),
-    /// A new copy of the op's first parameter (its weight) at `n` bytes per element: the
-    /// half-precision weight `torch.autocast` makes and the op keeps for its input's gradient.
-    /// Not batch-scaled.
-    ParamCopy(u8),
+    /// A new copy of the op's parameter `k` (a weight; the op's `k`-th parameter) at `n` bytes
+    /// per element: the half-precision weight `torch.autocast` makes and the op keeps for its
+    /// input's gradient. Not batch-scaled.
+    ParamCopy {
+        /// Which of the op's parameters.
+        k: u8,
+        /// Bytes per element of the copy.
+        n: u8,
+    },
 }
 
 /// Host bytes burn-autodiff 0.21 keeps per op it records on the graph (its node, the boxed
@@ -141,7 +150,7 @@ impl SavedTable {
             (OpKind::LogSoftmax, vec![Output]),
             (OpKind::Dropout, vec![Mask]),
             (OpKind::LayerNorm, vec![Input(0), RowStats(2)]),
-            (OpKind::RmsNorm, vec![Input(0), RowStats(1), InputSized(0)]),
+            (OpKind::RmsNorm, vec![Input(0), RowStats(1), ForParams]),
             (OpKind::BatchNorm, vec![Input(0), ChannelStats(2)]),
             (OpKind::MaxPool2d, vec![Input(0), Indices]),
             (OpKind::AvgPool2d, vec![Input(0)]),

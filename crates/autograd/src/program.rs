@@ -48,7 +48,7 @@ impl ValueInfo {
     }
 }
 
-/// A trainable parameter tensor.
+/// A parameter tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParamInfo {
     /// Elements.
@@ -57,6 +57,14 @@ pub struct ParamInfo {
     pub name: String,
     /// Layer it belongs to.
     pub layer: u32,
+    /// Frozen (`requires_grad = False`): no gradient, no optimizer state, and ops save
+    /// nothing for its gradient.
+    #[serde(default)]
+    pub frozen: bool,
+    /// `(rows, cols)` of a matrix parameter whose shape is not the one its op implies (one
+    /// of several weights of a packed projection); `None` otherwise.
+    #[serde(default)]
+    pub matrix: Option<(u64, u64)>,
 }
 
 /// One op of the program.
@@ -163,6 +171,22 @@ impl Program {
         self.params.iter().map(|p| p.elems).sum()
     }
 
+    /// Elements of the trainable (not frozen) parameters.
+    pub fn trainable_elems(&self) -> u64 {
+        self.params
+            .iter()
+            .filter(|p| !p.frozen)
+            .map(|p| p.elems)
+            .sum()
+    }
+
+    /// Whether any parameter of `op` is trainable (its gradient is computed).
+    pub fn has_trainable_param(&self, op: &Op) -> bool {
+        self.params_of(op)
+            .iter()
+            .any(|&p| !self.params[p as usize].frozen)
+    }
+
     /// The parameter ids used by an op.
     pub fn params_of(&self, op: &Op) -> &[ParamId] {
         let s = op.params_start as usize;
@@ -234,6 +258,7 @@ pub struct ProgramBuilder {
     layer_start: u32,
     layer: u32,
     in_layer: bool,
+    freeze: bool,
 }
 
 impl ProgramBuilder {
@@ -259,12 +284,39 @@ impl ProgramBuilder {
         (self.p.values.len() - 1) as ValueId
     }
 
-    /// Adds a parameter.
+    /// Adds a parameter (frozen while [`ProgramBuilder::freeze_params`] is on).
     pub fn param(&mut self, elems: u64, name: impl Into<String>) -> ParamId {
+        let frozen = self.freeze;
+        self.push_param(elems, name.into(), frozen)
+    }
+
+    /// Adds a `rows × cols` matrix parameter (frozen while [`ProgramBuilder::freeze_params`]
+    /// is on), its shape recorded in [`ParamInfo::matrix`].
+    pub fn param_matrix(&mut self, rows: u64, cols: u64, name: impl Into<String>) -> ParamId {
+        let id = self.param(rows * cols, name);
+        self.p.params[id as usize].matrix = Some((rows, cols));
+        id
+    }
+
+    /// Adds a trainable parameter, whether or not parameters are being frozen (an adapter
+    /// beside a frozen base).
+    pub fn trainable_param(&mut self, elems: u64, name: impl Into<String>) -> ParamId {
+        self.push_param(elems, name.into(), false)
+    }
+
+    /// From now on, [`ProgramBuilder::param`] adds frozen parameters (`on`) or trainable
+    /// ones.
+    pub fn freeze_params(&mut self, on: bool) {
+        self.freeze = on;
+    }
+
+    fn push_param(&mut self, elems: u64, name: String, frozen: bool) -> ParamId {
         self.p.params.push(ParamInfo {
             elems,
-            name: name.into(),
+            name,
             layer: self.layer,
+            frozen,
+            matrix: None,
         });
         (self.p.params.len() - 1) as ParamId
     }
@@ -316,7 +368,9 @@ impl ProgramBuilder {
         rows_per_sample: u64,
         channels: u64,
     ) -> ValueId {
-        let requires_grad = !params.is_empty()
+        let requires_grad = params
+            .iter()
+            .any(|&p| self.p.params.get(p as usize).is_some_and(|i| !i.frozen))
             || inputs.iter().any(|&v| {
                 self.p
                     .values

@@ -390,3 +390,109 @@ proptest! {
         );
     }
 }
+
+/// x[4] → linear (w1, b1; frozen when `freeze_first`) → gelu → linear (w2, b2; frozen when
+/// `freeze_second`) → out[2]; mse against t[2].
+fn partly_frozen(freeze_first: bool, freeze_second: bool) -> Program {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(4, ValueDtype::Compute);
+    let t = b.input(2, ValueDtype::Compute);
+    b.begin_layer("l0");
+    b.freeze_params(freeze_first);
+    let w1 = b.param(32, "w1");
+    let b1 = b.param(8, "b1");
+    let h = b.op(OpKind::Linear, &[x], 8, &[w1, b1]);
+    let a = b.op(OpKind::Gelu, &[h], 8, &[]);
+    b.begin_layer("l1");
+    b.freeze_params(freeze_second);
+    let w2 = b.param(16, "w2");
+    let b2 = b.param(2, "b2");
+    let o = b.op(OpKind::Linear, &[a], 2, &[w2, b2]);
+    b.loss(OpKind::MseLoss, &[o, t]);
+    b.finish().unwrap()
+}
+
+/// Forward then backward at batch 2: (activations at the end of forward, gradients after
+/// backward).
+fn frozen_step(p: &Program) -> (u64, u64) {
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, p, 2);
+    let mut tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
+    let activations = s.live_of(Category::Activation);
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    let grads = s.live_of(Category::Gradient);
+    assert_eq!(s.live_of(Category::Temporary), 0);
+    (activations, grads)
+}
+
+#[test]
+fn a_frozen_first_layer_keeps_nothing_and_gets_no_gradient() {
+    // the trainable model keeps h (64, gelu's input), a (64, the second linear's input),
+    // out (16, mse's input) and the loss (4); its gradients are 128 + 32 + 64 + 8 bytes
+    assert_eq!(frozen_step(&partly_frozen(false, false)), (148, 232));
+    let p = partly_frozen(true, false);
+    assert_eq!(p.trainable_elems(), 18);
+    // h needs no gradient: gelu keeps nothing, the second linear still keeps its input a
+    // for its weight's gradient; gradients of w2 and b2 alone
+    assert_eq!(frozen_step(&p), (84, 64 + 8));
+}
+
+#[test]
+fn a_frozen_layer_on_the_path_keeps_no_input_for_its_weight() {
+    // the second linear is frozen but the first trains: backward runs through it (it needs
+    // its weight, a parameter, not its input), so `a` is not kept; gelu keeps h; only w1 and
+    // b1 get gradients
+    assert_eq!(frozen_step(&partly_frozen(false, true)), (84, 128 + 32));
+    // everything frozen: no op records anything and nothing but the loss stays
+    let p = partly_frozen(true, true);
+    assert_eq!(p.trainable_elems(), 0);
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    let ins = inputs(&mut s, &p, 2);
+    let _tape = g
+        .forward(&mut s, &ins, 2, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
+    assert_eq!(s.live_of(Category::Activation), 4, "the loss alone");
+}
+
+/// A product of two values of which only one needs a gradient keeps only the other (the
+/// operand that gradient reads); a composed RMS norm keeps its normalized output only while
+/// its weight trains.
+#[test]
+fn products_and_norms_keep_only_what_trainable_gradients_read() {
+    let build = |freeze_norm: bool| {
+        let mut b = ProgramBuilder::new();
+        let x = b.input(8, ValueDtype::Compute);
+        let t = b.input(8, ValueDtype::Compute);
+        b.begin_layer("l0");
+        b.freeze_params(true);
+        let wf = b.param(64, "frozen");
+        let frozen = b.op(OpKind::Linear, &[x], 8, &[wf]); // needs no gradient
+        b.freeze_params(false);
+        let w = b.param(64, "w");
+        let y = b.op(OpKind::Linear, &[x], 8, &[w]);
+        let prod = b.op(OpKind::Mul, &[y, frozen], 8, &[]);
+        b.freeze_params(freeze_norm);
+        let g = b.param(8, "norm.weight");
+        let n = b.op_rows(OpKind::RmsNorm, &[prod], 8, &[g], 1);
+        b.loss(OpKind::MseLoss, &[n, t]);
+        b.finish().unwrap()
+    };
+    let activations = |p: &Program| {
+        let mut s = TensorStore::new(CountingMemory::new());
+        let mut g = Graph::new(p, &SavedTable::pytorch(), Dtype::F32);
+        let ins = inputs(&mut s, p, 1);
+        let _tape = g
+            .forward(&mut s, &ins, 1, 1.0, GradMode::Train, &[], &mut NoHooks)
+            .unwrap();
+        s.live_of(Category::Activation)
+    };
+    // mul keeps `frozen` (32 B) for y's gradient, not y; the norm keeps its input prod (32),
+    // rstd (4) and, with a trainable weight, the normalized tensor (32); mse keeps n (32);
+    // the loss (4)
+    assert_eq!(activations(&build(true)), 32 + 32 + 4 + 32 + 4);
+    assert_eq!(activations(&build(false)), 32 + 32 + 4 + 32 + 32 + 4);
+}

@@ -627,6 +627,9 @@ impl<B: AutodiffBackend> AnyOptimizer<B> {
                     .with_amsgrad(plan.optimizer.amsgrad)
                     .init(),
             ),
+            OptimizerKind::Adafactor => {
+                unreachable!("Plan::validate rejects Adafactor under framework burn")
+            }
         }
     }
 

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use trainmem_core::hf_config::{HfOptions, HfPrecision, plan_from_hf};
+use trainmem_core::model::{LoraSpec, LoraTarget};
 use trainmem_core::optimizer::OptimizerKind;
-use trainmem_sim::params::{param_groups, total_elems};
+use trainmem_sim::params::{param_groups, total_elems, trainable_groups};
 
 /// `trainmem plan ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -27,6 +28,8 @@ pub enum OptimizerArg {
     Adam,
     /// AdamW (two moments).
     Adamw,
+    /// Adafactor (factored second moments, as `transformers` has it).
+    Adafactor,
 }
 
 /// The precision of a plan written from a configuration.
@@ -70,6 +73,24 @@ pub struct FromHfArgs {
     /// Optimizer steps the plan runs.
     #[arg(long, default_value_t = 3)]
     pub steps: u64,
+    /// Train LoRA adapters of this rank on a frozen base (as peft does).
+    #[arg(long, value_name = "R")]
+    pub lora_rank: Option<u64>,
+    /// The projections adapted, comma-separated: q, k, v, qkv, o, up, gate, down (GPT-2's
+    /// packed `c_attn` takes q, k and v as one).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "q,v",
+        requires = "lora_rank"
+    )]
+    pub lora_targets: Vec<String>,
+    /// The adapters' `alpha` (default: the rank).
+    #[arg(long, requires = "lora_rank")]
+    pub lora_alpha: Option<f64>,
+    /// Dropout on the adapters' input.
+    #[arg(long, default_value_t = 0.0, requires = "lora_rank")]
+    pub lora_dropout: f64,
     /// The plan's name (default: the config file's directory or stem).
     #[arg(long)]
     pub name: Option<String>,
@@ -96,6 +117,7 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
             OptimizerArg::Momentum => OptimizerKind::Momentum,
             OptimizerArg::Adam => OptimizerKind::Adam,
             OptimizerArg::Adamw => OptimizerKind::AdamW,
+            OptimizerArg::Adafactor => OptimizerKind::Adafactor,
         },
         precision: match args.precision {
             PrecisionArg::F32 => HfPrecision::F32,
@@ -107,6 +129,7 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
         },
         checkpointing: args.checkpointing,
         steps: args.steps,
+        lora: lora_of(&args)?,
     };
     let mut plan = plan_from_hf(&text, &opts).with_context(|| args.config.display().to_string())?;
     plan.name = args
@@ -117,25 +140,66 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
         .ok()
         .flatten()
         .and_then(|g| total_elems(&g).ok());
+    let trainable = trainable_groups(&plan.model, plan.framework)
+        .ok()
+        .flatten()
+        .and_then(|g| total_elems(&g).ok());
+    let counts = counts_line(count, trainable);
     let header = format!(
-        "# Written by `trainmem plan from-hf {}` ({} parameters).\n",
+        "# Written by `trainmem plan from-hf {}` ({counts}).\n",
         args.config.display(),
-        count.map_or("?".to_string(), group_thousands)
     );
     let toml = format!("{header}{}", plan.to_toml().context("the plan as TOML")?);
     match &args.out {
         Some(path) => {
             std::fs::write(path, &toml).with_context(|| format!("writing {}", path.display()))?;
             eprintln!(
-                "{}: {} parameters; plan written to {}",
+                "{}: {counts}; plan written to {}",
                 plan.name,
-                count.map_or("?".to_string(), group_thousands),
                 path.display()
             );
         }
         None => print!("{toml}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The LoRA adapters the arguments ask for (`None` without `--lora-rank`).
+fn lora_of(args: &FromHfArgs) -> anyhow::Result<Option<LoraSpec>> {
+    let Some(rank) = args.lora_rank else {
+        return Ok(None);
+    };
+    let targets = args
+        .lora_targets
+        .iter()
+        .map(|t| {
+            LoraTarget::from_name(t.trim()).with_context(|| {
+                format!(
+                    "--lora-targets: `{t}` is not a projection (q, k, v, qkv, o, up, gate, down)"
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(LoraSpec {
+        rank,
+        alpha: args.lora_alpha,
+        targets,
+        dropout: args.lora_dropout,
+    }))
+}
+
+/// `N parameters, T trainable, F frozen` (the frozen part only when there is one).
+fn counts_line(total: Option<u64>, trainable: Option<u64>) -> String {
+    let show = |n: Option<u64>| n.map_or("?".to_string(), group_thousands);
+    match (total, trainable) {
+        (Some(t), Some(tr)) if tr < t => format!(
+            "{} parameters, {} trainable, {} frozen",
+            group_thousands(t),
+            group_thousands(tr),
+            group_thousands(t - tr)
+        ),
+        _ => format!("{} parameters, {} trainable", show(total), show(trainable)),
+    }
 }
 
 /// The directory a `config.json` sits in (a model's name), else the file's stem.

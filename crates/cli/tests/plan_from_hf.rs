@@ -49,6 +49,69 @@ fn a_gpt2_config_becomes_a_plan_that_simulates() {
     );
 }
 
+/// LoRA through the command line: the adapters' parameters are what peft 0.21.2 counts for
+/// the same configuration (`get_peft_model` with `LoraConfig(r=8, target_modules=...)`,
+/// summed over `requires_grad` parameters: 294,912 for GPT-2's `c_attn`, 4,194,304 for
+/// LLaMA-2-7B's `q_proj` and `v_proj`, 4,399,104 for every projection of Qwen2-0.5B), and
+/// the frozen rest is the base model's count.
+#[test]
+fn lora_plans_count_trainable_and_frozen_parameters_as_peft_does() {
+    let dir = empty_dir("plan-from-hf-lora");
+    for (config, targets, trainable, frozen) in [
+        ("gpt2.json", "q,v", "294,912", "124,439,808"),
+        ("llama-2-7b.json", "q,v", "4,194,304", "6,738,415,616"),
+        (
+            "qwen2-0.5b.json",
+            "q,k,v,o,gate,up,down",
+            "4,399,104",
+            "494,032,768",
+        ),
+    ] {
+        let plan_path = dir.join(config.replace(".json", ".toml"));
+        let out = trainmem(&[
+            "plan",
+            "from-hf",
+            s(&hf(config)),
+            "--batch",
+            "1",
+            "--seq",
+            "64",
+            "--lora-rank",
+            "8",
+            "--lora-targets",
+            targets,
+            "--out",
+            s(&plan_path),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(&format!("{trainable} trainable")), "{err}");
+        assert!(err.contains(&format!("{frozen} frozen")), "{err}");
+        let plan = Plan::load(&plan_path).expect("the written plan loads");
+        let sim = trainmem(&["simulate", s(&plan_path), "--quiet"]);
+        assert_eq!(sim.status.code(), Some(0), "{}", stderr(&sim));
+        let trainmem_sim::model::ModelSpec::Transformer(t) = &plan.model else {
+            panic!("not a transformer");
+        };
+        assert_eq!(t.lora.as_ref().map(|l| l.rank), Some(8));
+    }
+    let bad = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&hf("gpt2.json")),
+        "--batch",
+        "1",
+        "--seq",
+        "64",
+        "--lora-rank",
+        "8",
+        "--lora-targets",
+        "q,attn",
+    ]);
+    assert_ne!(bad.status.code(), Some(0));
+    assert!(stderr(&bad).contains("`attn`"), "{}", stderr(&bad));
+}
+
 #[test]
 fn the_plan_goes_to_standard_output_without_out() {
     let out = trainmem(&[

@@ -7,7 +7,7 @@
 //!
 //! | `model_type` | as | what the plan carries |
 //! |---|---|---|
-//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head |
+//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head, one packed query-key-value projection (the others have three) |
 //! | `bert` | encoder classifier | token-type embeddings, embedding norm, pooler, `num_labels` classes, no final norm |
 //! | `llama`, `mistral` | decoder | RMS norm, SwiGLU, grouped-query attention, no biases (`attention_bias`) |
 //! | `qwen2` | decoder | as LLaMA, with biases on the query, key and value projections |
@@ -36,7 +36,8 @@
 use serde_json::{Map, Value};
 
 use crate::model::{
-    Activation, AttentionImpl, ModelSpec, NormKind, TransformerKind, TransformerSpec,
+    Activation, AttentionImpl, LoraSpec, LoraTarget, ModelSpec, NormKind, TransformerKind,
+    TransformerSpec,
 };
 use crate::optimizer::OptimizerKind;
 use crate::plan::{CheckpointPolicyKind, Plan, PlanError};
@@ -60,6 +61,10 @@ pub struct HfOptions {
     pub checkpointing: bool,
     /// Optimizer steps to simulate (default 3: the first step's jump and the steady state).
     pub steps: u64,
+    /// LoRA adapters on a frozen base (default none: every parameter trains). For a model
+    /// whose query, key and value projections are one packed module (`gpt2`'s `c_attn`),
+    /// `q`, `k` and `v` adapt that module as a whole, as peft does.
+    pub lora: Option<LoraSpec>,
 }
 
 impl HfOptions {
@@ -72,6 +77,7 @@ impl HfOptions {
             precision: HfPrecision::F32,
             checkpointing: false,
             steps: 3,
+            lora: None,
         }
     }
 }
@@ -256,6 +262,7 @@ fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.max_positions = Some(f.count("max_position_embeddings")?);
     t.token_types = f.opt_count("type_vocab_size")?.unwrap_or(2);
     t.embedding_norm = true;
+    t.separate_qkv = true;
     t.pooler = true;
     t.separate_qkv = true;
     t.final_norm = Some(false);
@@ -283,6 +290,7 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     }
     t.kv_heads = f.opt_count("num_key_value_heads")?;
     t.ffn = Some(f.count("intermediate_size")?);
+    t.separate_qkv = true;
     t.gated_ffn = true;
     t.separate_qkv = true;
     t.activation = f.activation("hidden_act", Activation::Silu)?;
@@ -306,6 +314,9 @@ fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
         ));
     }
     t.dropout = f.dropout("attention_dropout")?;
+    if t.dropout == 0.0 {
+        t.attention = crate::model::AttentionImpl::Fused;
+    }
     Ok(t)
 }
 
@@ -328,6 +339,7 @@ fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.ffn = Some(f.count("ffn_dim")?);
     t.separate_qkv = true;
     t.activation = f.activation("activation_function", Activation::Relu)?;
+    t.separate_qkv = true;
     t.learned_positions = true;
     // OPT's learned position table carries two extra rows (its position offset).
     t.max_positions = Some(f.count("max_position_embeddings")? + 2);
@@ -429,8 +441,63 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
         plan.checkpointing.policy = CheckpointPolicyKind::Every;
         plan.checkpointing.every = Some(1);
     }
+    if let (Some(lora), ModelSpec::Transformer(t)) = (&opts.lora, &mut plan.model) {
+        t.lora = Some(lora_for(config, lora)?);
+    }
     plan.validate().map_err(HfConfigError::Plan)?;
     Ok(plan)
+}
+
+/// The projection a peft `target_modules` name (`q_proj`, `c_attn`, ...) stands for in a
+/// block of the family `model_type` (`None` when the name is not one of its projections).
+pub fn lora_target_of_module(model_type: &str, module: &str) -> Option<LoraTarget> {
+    let t = match (model_type, module) {
+        ("gpt2", "c_attn") => LoraTarget::Qkv,
+        ("gpt2", "c_fc") => LoraTarget::Up,
+        // GPT-2's `c_proj` names both the attention output and the feed-forward output
+        ("gpt2", "attn.c_proj") => LoraTarget::O,
+        ("gpt2", "mlp.c_proj") => LoraTarget::Down,
+        ("bert", "query") => LoraTarget::Q,
+        ("bert", "key") => LoraTarget::K,
+        ("bert", "value") => LoraTarget::V,
+        ("bert", "attention.output.dense") => LoraTarget::O,
+        ("bert", "intermediate.dense") => LoraTarget::Up,
+        ("opt", "fc1") => LoraTarget::Up,
+        ("opt", "fc2") => LoraTarget::Down,
+        ("opt", "out_proj") => LoraTarget::O,
+        (_, "q_proj") => LoraTarget::Q,
+        (_, "k_proj") => LoraTarget::K,
+        (_, "v_proj") => LoraTarget::V,
+        (_, "o_proj") => LoraTarget::O,
+        (_, "gate_proj") => LoraTarget::Gate,
+        (_, "up_proj") => LoraTarget::Up,
+        (_, "down_proj") => LoraTarget::Down,
+        _ => return None,
+    };
+    Some(t)
+}
+
+/// `lora` as the model of `config` runs it: GPT-2's packed projection takes the adapters of
+/// any of `q`, `k`, `v` as one.
+fn lora_for(config: &str, lora: &LoraSpec) -> Result<LoraSpec, HfConfigError> {
+    let value: Value =
+        serde_json::from_str(config).map_err(|e| HfConfigError::Json(e.to_string()))?;
+    let packed = value.get("model_type").and_then(Value::as_str) == Some("gpt2");
+    let mut out = lora.clone();
+    if packed {
+        let mut targets = Vec::new();
+        for &t in &lora.targets {
+            let t = match t {
+                LoraTarget::Q | LoraTarget::K | LoraTarget::V => LoraTarget::Qkv,
+                other => other,
+            };
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+        out.targets = targets;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -21,6 +21,12 @@
 //! seq_len = 512
 //! vocab = 50257
 //!
+//! [model.transformer.lora]         # optional: LoRA adapters on a frozen base
+//! rank = 8
+//! alpha = 16.0
+//! targets = ["q", "v"]             # q, k, v, qkv (a packed projection), o, up, gate, down
+//! dropout = 0.05                   # on the adapters' input
+//!
 //! [model.layers]                   # anything else: a raw list of ops
 //! input = [512]
 //! layers = [ { op = "linear", out = [512], params = [262144, 512] }, { op = "relu" } ]
@@ -299,11 +305,153 @@ pub struct TransformerSpec {
     #[serde(default, skip_serializing_if = "is_false")]
     pub pooler: bool,
     /// The query, key and value projections are three linear layers reading the same input
-    /// (BERT, LLaMA), not one fused projection (GPT-2's `c_attn`). The same parameters, and in
-    /// f32 the same bytes; under autocast each of the three casts its input to half precision
-    /// and keeps its copy for backward.
+    /// (Hugging Face's LLaMA, BERT, OPT) rather than one packed matrix (GPT-2's `c_attn`):
+    /// the same elements, and in f32 the same activations, but three weights (and biases),
+    /// which an optimizer that factors its state by matrix (Adafactor) sizes differently;
+    /// under autocast each of the three casts its input to half precision and keeps its copy
+    /// for backward.
     #[serde(default, skip_serializing_if = "is_false")]
     pub separate_qkv: bool,
+    /// LoRA adapters (`[model.transformer.lora]`): every parameter of the model above is
+    /// frozen, and the adapters are the only trainable parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
+}
+
+/// A projection of a transformer block that a LoRA adapter can be put on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraTarget {
+    /// The query projection (`hidden → hidden`; LLaMA's `q_proj`).
+    Q,
+    /// The key projection (`hidden → key/value width`).
+    K,
+    /// The value projection (`hidden → key/value width`).
+    V,
+    /// The packed query, key and value projection as one module (GPT-2's `c_attn`).
+    Qkv,
+    /// The attention output projection (`o_proj`, GPT-2's `attn.c_proj`).
+    O,
+    /// The feed-forward input projection (`up_proj`, GPT-2's `c_fc`).
+    Up,
+    /// The gate projection of a gated feed-forward (`gate_proj`).
+    Gate,
+    /// The feed-forward output projection (`down_proj`, GPT-2's `mlp.c_proj`).
+    Down,
+}
+
+impl LoraTarget {
+    /// The target's name in a plan.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "q",
+            LoraTarget::K => "k",
+            LoraTarget::V => "v",
+            LoraTarget::Qkv => "qkv",
+            LoraTarget::O => "o",
+            LoraTarget::Up => "up",
+            LoraTarget::Gate => "gate",
+            LoraTarget::Down => "down",
+        }
+    }
+
+    /// The target named `name` in a plan (`None` when no target has it).
+    pub fn from_name(name: &str) -> Option<LoraTarget> {
+        [
+            LoraTarget::Q,
+            LoraTarget::K,
+            LoraTarget::V,
+            LoraTarget::Qkv,
+            LoraTarget::O,
+            LoraTarget::Up,
+            LoraTarget::Gate,
+            LoraTarget::Down,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+    }
+}
+
+/// LoRA (low-rank adaptation) as peft applies it: the base model frozen, and beside each
+/// targeted projection `W` (`in → out`) an adapter `B·A` with `A` of `rank × in` and `B` of
+/// `out × rank` (no biases), added to the projection's output scaled by `alpha / rank`, with
+/// dropout on the adapter's input when `dropout > 0`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    /// The adapters' rank `r`.
+    pub rank: u64,
+    /// The scaling numerator (`alpha / rank` scales the adapter's output); no effect on
+    /// memory. Default: the rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// The projections adapted in every block; default `["q", "v"]`.
+    #[serde(default = "default_lora_targets")]
+    pub targets: Vec<LoraTarget>,
+    /// Dropout probability on the adapters' input (0 = none).
+    #[serde(default)]
+    pub dropout: f64,
+}
+
+fn default_lora_targets() -> Vec<LoraTarget> {
+    vec![LoraTarget::Q, LoraTarget::V]
+}
+
+impl LoraSpec {
+    /// Rank `rank` on the query and value projections, no dropout.
+    pub fn new(rank: u64) -> LoraSpec {
+        LoraSpec {
+            rank,
+            alpha: None,
+            targets: default_lora_targets(),
+            dropout: 0.0,
+        }
+    }
+
+    /// Why the adapters cannot be put on `t` (a zero rank, a target twice, `qkv` beside `q`,
+    /// `k` or `v`, `gate` without a gated feed-forward, a dropout outside [0, 1)).
+    pub fn check(&self, t: &TransformerSpec) -> Result<(), String> {
+        if self.rank == 0 {
+            return Err("lora.rank must be at least 1".into());
+        }
+        if self.targets.is_empty() {
+            return Err("lora.targets names no projection".into());
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(format!("lora.dropout {} is not in [0, 1)", self.dropout));
+        }
+        for (i, a) in self.targets.iter().enumerate() {
+            if self.targets[..i].contains(a) {
+                return Err(format!("lora.targets names `{}` twice", a.name()));
+            }
+        }
+        let has = |x| self.targets.contains(&x);
+        if has(LoraTarget::Qkv) && (has(LoraTarget::Q) || has(LoraTarget::K) || has(LoraTarget::V))
+        {
+            return Err(
+                "lora.targets: `qkv` adapts the packed projection; it cannot be combined with \
+                 `q`, `k` or `v`"
+                    .into(),
+            );
+        }
+        if has(LoraTarget::Gate) && !t.gated_ffn {
+            return Err("lora.targets: `gate` needs a gated feed-forward (gated_ffn)".into());
+        }
+        Ok(())
+    }
+
+    /// `(in, out)` of the projection `target` of a block of `t`.
+    pub fn dims(t: &TransformerSpec, target: LoraTarget) -> (u64, u64) {
+        let (h, f) = (t.hidden, t.ffn_size());
+        let kv = t.hidden.checked_div(t.heads).unwrap_or(0) * t.kv_head_count();
+        match target {
+            LoraTarget::Q | LoraTarget::O => (h, h),
+            LoraTarget::K | LoraTarget::V => (h, kv),
+            LoraTarget::Qkv => (h, h + 2 * kv),
+            LoraTarget::Up | LoraTarget::Gate => (h, f),
+            LoraTarget::Down => (f, h),
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -355,6 +503,7 @@ impl TransformerSpec {
             token_types: 0,
             pooler: false,
             separate_qkv: false,
+            lora: None,
         }
     }
 
@@ -411,10 +560,13 @@ pub struct RawLayer {
     #[serde(default)]
     pub params: Vec<u64>,
     /// For two-input ops (`add`, `mul`, `matmul`): the 0-based index of the earlier layer
-    /// whose output is the second input (default: the previous layer's
-    /// output is used for both inputs).
+    /// whose output is the second input (default: the first input is used for both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub with: Option<usize>,
+    /// The 0-based index of the earlier layer whose output this op reads (default: the
+    /// previous layer's): a residual network's shortcut projection reads its block's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<usize>,
     /// A label for reports; default `op` and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

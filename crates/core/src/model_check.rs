@@ -152,6 +152,13 @@ pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
                 ));
             }
         }
+        if let Some(f) = layer.from
+            && f >= i
+        {
+            return Err(format!(
+                "layer {i}: `from = {f}` must name an earlier layer"
+            ));
+        }
         if layer
             .out
             .as_ref()
@@ -177,11 +184,13 @@ pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
 
 /// Elements per sample after layer `i` of a raw layer list.
 pub fn layer_out(l: &LayersSpec, i: usize) -> u64 {
+    let mut outs: Vec<u64> = Vec::with_capacity(i + 1);
     let mut cur: u64 = l.input.iter().product();
     for layer in &l.layers[..=i] {
-        if let Some(o) = &layer.out {
-            cur = o.iter().product();
-        }
+        // an op without `out` keeps the shape of what it reads
+        let read = layer.from.and_then(|f| outs.get(f).copied()).unwrap_or(cur);
+        cur = layer.out.as_ref().map_or(read, |o| o.iter().product());
+        outs.push(cur);
     }
     cur
 }

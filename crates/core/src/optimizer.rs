@@ -16,6 +16,10 @@ pub enum OptimizerKind {
     /// AdamW (decoupled weight decay): first and second moments.
     #[serde(rename = "adamw")]
     AdamW,
+    /// Adafactor (as `transformers` implements it, without a first moment): the second
+    /// moment factored into a row and a column vector per matrix parameter, a full-size one
+    /// per vector parameter.
+    Adafactor,
 }
 
 impl OptimizerKind {
@@ -26,6 +30,7 @@ impl OptimizerKind {
             OptimizerKind::Momentum => "momentum",
             OptimizerKind::Adam => "adam",
             OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Adafactor => "adafactor",
         }
     }
 

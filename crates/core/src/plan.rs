@@ -706,6 +706,22 @@ impl Plan {
                 ),
             ));
         }
+        if self.optimizer.kind == OptimizerKind::Adafactor {
+            // the factored state needs each parameter's matrix shape, which trainmem knows for
+            // MLPs and transformers; burn has no Adafactor; ZeRO does not shard factored state
+            let why = if self.framework != Framework::Pytorch {
+                Some("Adafactor is modelled under framework = \"pytorch\" only")
+            } else if !matches!(self.model, ModelSpec::Mlp(_) | ModelSpec::Transformer(_)) {
+                Some("Adafactor is modelled for mlp and transformer models only")
+            } else if self.parallel.zero_stage > 0 {
+                Some("Adafactor's factored state is not sharded by ZeRO here")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(err("optimizer.kind", why.into()));
+            }
+        }
         Ok(())
     }
 
@@ -884,6 +900,9 @@ impl Plan {
                     ));
                 }
                 check_prob(t.dropout, &format!("{k}.dropout"), err)?;
+                if let Some(lora) = &t.lora {
+                    lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
+                }
                 if self.parallel.pipeline_stages > t.layers {
                     return Err(err(
                         "parallel.pipeline_stages",
@@ -1014,6 +1033,46 @@ micro_batch_size = 4
 epochs = 2
 steps_per_epoch = 3
 "#;
+
+    #[test]
+    fn a_lora_table_parses_and_bad_adapters_are_named() {
+        let plan = |lora: &str| {
+            Plan::from_toml_str(&format!(
+                "[model.transformer]\nlayers = 2\nhidden = 64\nheads = 4\nseq_len = 16\n\
+                 vocab = 100\n[model.transformer.lora]\n{lora}"
+            ))
+        };
+        let p = plan("rank = 8\nalpha = 16.0\ntargets = [\"q\", \"v\", \"down\"]\n").unwrap();
+        let ModelSpec::Transformer(t) = &p.model else {
+            panic!("a transformer");
+        };
+        let lora = t.lora.as_ref().expect("lora");
+        assert_eq!(lora.rank, 8);
+        assert_eq!(
+            lora.targets,
+            vec![LoraTarget::Q, LoraTarget::V, LoraTarget::Down]
+        );
+        // the default targets are q and v
+        let p = plan("rank = 4\n").unwrap();
+        let ModelSpec::Transformer(t) = &p.model else {
+            panic!("a transformer");
+        };
+        assert_eq!(t.lora, Some(LoraSpec::new(4)));
+        for (bad, says) in [
+            ("rank = 0\n", "rank"),
+            ("rank = 8\ntargets = [\"qkv\", \"q\"]\n", "qkv"),
+            ("rank = 8\ntargets = [\"gate\"]\n", "gated"),
+            ("rank = 8\ntargets = [\"v\", \"v\"]\n", "twice"),
+            ("rank = 8\ndropout = 1.5\n", "dropout"),
+        ] {
+            let e = plan(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("model.transformer.lora") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        assert!(plan("rank = 8\ntargets = [\"attn\"]\n").is_err());
+    }
 
     #[test]
     fn parses_a_small_plan_with_defaults() {

@@ -195,6 +195,21 @@ impl OptimizerConfig {
             OptimizerKind::Adam | OptimizerKind::AdamW => {
                 &[StateRole::FirstMoment, StateRole::SecondMoment]
             }
+            // one second moment, factored for matrices ([`OptimizerConfig::state_elems_of`])
+            OptimizerKind::Adafactor => &[StateRole::SecondMoment],
+        }
+    }
+
+    /// Elements of each state buffer of one parameter of `elems` elements, shaped `matrix`
+    /// (`Some((rows, cols))` for a 2-D parameter). Adafactor keeps a row vector (`rows`) and
+    /// a column vector (`cols`) for a matrix, a full-size second moment for a vector, and for
+    /// either the parameter's RMS as a 0-dim tensor (one element); every other optimizer
+    /// keeps [`OptimizerConfig::state_roles`] buffers of `elems` each.
+    pub fn state_elems_of(&self, elems: u64, matrix: Option<(u64, u64)>) -> Vec<u64> {
+        match (self.kind, matrix) {
+            (OptimizerKind::Adafactor, Some((rows, cols))) => vec![rows, cols, 1],
+            (OptimizerKind::Adafactor, None) => vec![elems, 1],
+            _ => vec![elems; self.state_roles().len()],
         }
     }
 
@@ -253,6 +268,10 @@ impl OptimizerConfig {
             // denominator sqrt(v) + eps, and the update itself
             (OptimizerKind::Adam | OptimizerKind::AdamW, StepImpl::Foreach) => 1,
             (OptimizerKind::Adam | OptimizerKind::AdamW, StepImpl::ForLoop) => 2,
+            // `grad² + ε`, then the update made while it is still referenced (and `-update`
+            // while the update is): two parameter-sized tensors at once, one parameter at a
+            // time
+            (OptimizerKind::Adafactor, _) => 2,
         };
         let dtype = if self.has_master_weights() {
             Dtype::F32
@@ -435,6 +454,8 @@ pub fn model_state_bytes(
 /// | Adam | 552 B | 1,116 B |
 /// | AdamW | 552 B | 1,180 B |
 ///
+/// Adafactor, which burn-optim does not have, is 0.
+///
 /// E.g. plain SGD over 4 tensors: 8 buckets × 193 + 16 + 4 × 964 = 5,416 bytes.
 pub fn burn_step_bookkeeping_bytes(kind: OptimizerKind, tensors: u64) -> u64 {
     if tensors == 0 {
@@ -445,6 +466,8 @@ pub fn burn_step_bookkeeping_bytes(kind: OptimizerKind, tensors: u64) -> u64 {
         OptimizerKind::Momentum => (192, 1_040),
         OptimizerKind::Adam => (552, 1_116),
         OptimizerKind::AdamW => (552, 1_180),
+        // burn-optim has no Adafactor (a plan cannot name it under burn): nothing measured
+        OptimizerKind::Adafactor => return 0,
     };
     hashbrown_buckets(tensors) * (entry + 1) + 16 + tensors * per_tensor
 }
@@ -565,5 +588,22 @@ mod tests {
             let sh = model_state_bytes(&c, Dtype::F32, Sharding { world_size: world, zero_stage: stage }, &[elems]);
             prop_assert!(sh.total() <= base.total());
         }
+    }
+
+    #[test]
+    fn adafactor_factors_matrices_and_keeps_vectors_whole() {
+        let c = OptimizerConfig::new(OptimizerKind::Adafactor);
+        // a 1024 × 784 weight: a row vector, a column vector and the RMS scalar
+        assert_eq!(
+            c.state_elems_of(1024 * 784, Some((1024, 784))),
+            vec![1024, 784, 1]
+        );
+        // a bias: its full second moment and the RMS scalar
+        assert_eq!(c.state_elems_of(1024, None), vec![1024, 1]);
+        // other optimizers ignore the shape
+        let adam = OptimizerConfig::new(OptimizerKind::Adam);
+        assert_eq!(adam.state_elems_of(12, Some((3, 4))), vec![12, 12]);
+        // two parameter-sized temporaries per parameter, one parameter at a time
+        assert_eq!(c.step_temporary_peak(&[100, 50]), 2 * 100 * 4);
     }
 }

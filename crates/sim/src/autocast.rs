@@ -123,9 +123,14 @@ impl Rewrite<'_> {
         let input_needs_grad = self.out.values[op.inputs[0] as usize].requires_grad;
         let h = self.half.size();
         for (k, &pid) in params.iter().enumerate() {
-            let elems = self.src.params[pid as usize].elems;
-            if k == 0 && input_needs_grad {
-                self.out.extra_saved.push((at, Saved::ParamCopy(h as u8)));
+            let param = &self.src.params[pid as usize];
+            let elems = param.elems;
+            // the weights (the first parameter, or each of separate query/key/value weights
+            // lowered as one op) are kept; biases only cached
+            let weight = k == 0 || param.name.ends_with(".weight");
+            if weight && input_needs_grad {
+                let (k, n) = (k as u8, h as u8);
+                self.out.extra_saved.push((at, Saved::ParamCopy { k, n }));
             } else {
                 self.out.forward_cache.push((at, elems * h));
             }
@@ -224,11 +229,15 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
             let at = r.out.ops.len() as u32;
             if policy(op.kind, device) == Policy::Half {
                 r.weight_copies(&op, at);
-                let fused_qkv =
-                    r.src.params_of(&op).first().is_some_and(|&w| {
-                        r.src.params[w as usize].name.ends_with(".attn.qkv.weight")
-                    });
-                if separate_qkv && fused_qkv {
+                let first = r.src.params_of(&op).first();
+                let named = |suffix: &str| {
+                    first.is_some_and(|&w| r.src.params[w as usize].name.ends_with(suffix))
+                };
+                // three projections lowered as one op: their three weights, or one packed
+                // weight standing for three layers
+                let three_layers =
+                    named(".attn.q.weight") || (separate_qkv && named(".attn.qkv.weight"));
+                if three_layers {
                     // the key and value projections cast the input again and keep their copies
                     r.out.extra_saved.push((at, Saved::InputCopy(0)));
                     r.out.extra_saved.push((at, Saved::InputCopy(0)));

@@ -49,6 +49,7 @@ pub mod export;
 pub mod fit;
 pub mod lower;
 pub mod machine;
+pub mod param_shapes;
 pub mod params;
 pub mod profile;
 pub mod report;

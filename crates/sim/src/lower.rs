@@ -7,6 +7,8 @@ use crate::model::*;
 use crate::profile::{FrameworkProfile, Lowering};
 pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
 
+pub(crate) mod lora;
+
 /// Errors lowering a model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -275,18 +277,6 @@ impl TransformerDims {
         }
     }
 
-    /// A linear layer `fin → fout` per token, with the blocks' bias setting.
-    fn linear(
-        &self,
-        b: &mut ProgramBuilder,
-        x: ValueId,
-        fin: u64,
-        fout: u64,
-        name: String,
-    ) -> ValueId {
-        self.linear_with(b, x, (fin, fout), self.linear_bias, name)
-    }
-
     /// A linear layer `fin → fout` per token, with a bias when `bias`.
     fn linear_with(
         &self,
@@ -301,6 +291,65 @@ impl TransformerDims {
             ps.push(b.param(fout, format!("{name}.bias")));
         }
         b.op(OpKind::Linear, &[x], self.s * fout, &ps)
+    }
+
+    /// [`TransformerDims::linear_with`] for the projection `target` of a block, with its
+    /// LoRA adapter when `t` puts one on it (`parts`: the adapters that add into this
+    /// projection's output, for a packed one).
+    #[allow(clippy::too_many_arguments)] // a projection and the adapters on it
+    fn projection(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        (fin, fout): (u64, u64),
+        bias: bool,
+        name: String,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let mut y = self.linear_with(b, x, (fin, fout), bias, name.clone());
+        for &target in parts {
+            y = lora::adapt(b, t, target, x, y, fout, self.s, &name);
+        }
+        y
+    }
+
+    /// The query, key and value projections as three weights (and biases) computed as one
+    /// packed output, with the adapters `parts` names.
+    fn separate_qkv(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        i: u64,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let (h, kv) = (self.h, self.kv);
+        let widths = [("q", h), ("k", kv), ("v", kv)];
+        let mut ps: Vec<_> = widths
+            .iter()
+            .map(|&(n, w)| b.param_matrix(w, h, format!("block{i}.attn.{n}.weight")))
+            .collect();
+        if self.qkv_bias {
+            for &(n, w) in &widths {
+                ps.push(b.param(w, format!("block{i}.attn.{n}.bias")));
+            }
+        }
+        let out = h + 2 * kv;
+        let mut y = b.op(OpKind::Linear, &[x], self.s * out, &ps);
+        for &target in parts {
+            y = lora::adapt(
+                b,
+                t,
+                target,
+                x,
+                y,
+                out,
+                self.s,
+                &format!("block{i}.attn.qkv"),
+            );
+        }
+        y
     }
 
     /// A norm over the hidden size, per token.
@@ -343,27 +392,47 @@ impl TransformerDims {
     fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
         let (s, h, f) = (self.s, self.h, self.f);
         let n1 = self.norm(b, x, format!("block{i}.norm1"));
-        let qkv = self.linear_with(
-            b,
-            n1,
-            (h, h + 2 * self.kv),
-            self.qkv_bias,
-            format!("block{i}.attn.qkv"),
-        );
+        let qkv_parts = [LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V];
+        let qkv = if t.separate_qkv {
+            self.separate_qkv(b, t, n1, i, &qkv_parts)
+        } else {
+            self.projection(
+                b,
+                t,
+                n1,
+                (h, h + 2 * self.kv),
+                self.qkv_bias,
+                format!("block{i}.attn.qkv"),
+                &qkv_parts,
+            )
+        };
         let ctx = self.attention(b, t, qkv);
-        let mut o = self.linear(b, ctx, h, h, format!("block{i}.attn.out"));
+        let bias = self.linear_bias;
+        let mut o = self.projection(
+            b,
+            t,
+            ctx,
+            (h, h),
+            bias,
+            format!("block{i}.attn.out"),
+            &[LoraTarget::O],
+        );
         if t.dropout > 0.0 {
             o = b.op(OpKind::Dropout, &[o], s * h, &[]);
         }
         let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
         let n2 = self.norm(b, x, format!("block{i}.norm2"));
-        let a = self.linear(b, n2, h, f, format!("block{i}.ffn.up"));
+        let up = [LoraTarget::Up];
+        let a = self.projection(b, t, n2, (h, f), bias, format!("block{i}.ffn.up"), &up);
         let mut g = activation(b, t.activation, a, s * f);
         if t.gated_ffn {
-            let gate = self.linear(b, n2, h, f, format!("block{i}.ffn.gate"));
+            let gate_target = [LoraTarget::Gate];
+            let name = format!("block{i}.ffn.gate");
+            let gate = self.projection(b, t, n2, (h, f), bias, name, &gate_target);
             g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
         }
-        let mut d = self.linear(b, g, f, h, format!("block{i}.ffn.down"));
+        let down = [LoraTarget::Down];
+        let mut d = self.projection(b, t, g, (f, h), bias, format!("block{i}.ffn.down"), &down);
         if t.dropout > 0.0 {
             d = b.op(OpKind::Dropout, &[d], s * h, &[]);
         }
@@ -378,6 +447,8 @@ fn lower_transformer(
     let dims = TransformerDims::new(t);
     let (s, h) = (dims.s, dims.h);
     let mut b = ProgramBuilder::new();
+    // under LoRA every parameter but the adapters' is frozen
+    b.freeze_params(t.lora.is_some());
     let ids = ValueDtype::Fixed(layout.int_dtype);
     let tokens = b.input(s, ids);
     b.begin_layer("embed");
@@ -467,12 +538,18 @@ fn lower_layers(
             .map(|(j, &e)| b.param(e, format!("{name}.p{j}")))
             .collect();
         let out = layer_out(l, i);
+        let first = layer.from.map_or(x, |f| outs[f]);
         let inputs: Vec<ValueId> = if kind.arity() == 2 {
-            vec![x, layer.with.map_or(x, |w| outs[w])]
+            vec![first, layer.with.map_or(first, |w| outs[w])]
         } else {
-            vec![x]
+            vec![first]
         };
-        x = b.op(kind, &inputs, out, &ps);
+        // a batch norm's statistics are per channel: as many as its weight has elements
+        let channels = match (kind, layer.params.first()) {
+            (OpKind::BatchNorm, Some(&c)) => c,
+            _ => 0,
+        };
+        x = b.op_full(kind, &inputs, out, 0, ValueDtype::Compute, &ps, 0, channels);
         outs.push(x);
     }
     b.begin_layer("loss");
@@ -671,6 +748,40 @@ mod tests {
         assert_eq!(p.param_elems(), LLAMA_7B_PARAMS);
         let fixture = lower(&fixture_model("llama-7b-zero3")).unwrap();
         assert_eq!(fixture.param_elems(), LLAMA_7B_PARAMS);
+    }
+
+    /// A residual block as a layer list: the shortcut projection reads the block's input
+    /// (`from`), the sum adds the two branches (`from`, `with`).
+    #[test]
+    fn a_layer_reads_an_earlier_output_with_from() {
+        let raw = |op: &str, out: u64, params: Vec<u64>, from, with| RawLayer {
+            op: op.into(),
+            out: Some(vec![out]),
+            params,
+            with,
+            from,
+            name: None,
+        };
+        let l = LayersSpec {
+            input: vec![8],
+            layers: vec![
+                raw("relu", 8, vec![], None, None),          // 0: block input
+                raw("linear", 16, vec![128], None, None),    // 1: main branch
+                raw("linear", 16, vec![128], Some(0), None), // 2: shortcut from 0
+                raw("add", 16, vec![], Some(1), Some(2)),    // 3: main + shortcut
+            ],
+            loss: Loss::Mse,
+        };
+        let p = lower(&ModelSpec::Layers(l.clone())).unwrap();
+        let relu = p.ops[0].output;
+        assert_eq!(
+            p.ops[2].inputs[0], relu,
+            "the shortcut reads the block input"
+        );
+        assert_eq!(&p.ops[3].inputs, &[p.ops[1].output, p.ops[2].output]);
+        let mut bad = l;
+        bad.layers[2].from = Some(2);
+        assert!(check_layers(&bad).unwrap_err().contains("`from = 2`"));
     }
 
     #[test]

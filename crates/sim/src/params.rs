@@ -119,6 +119,14 @@ fn transformer_groups(
             if norm_bias {
                 per_block.push(fin);
             }
+        } else if k == 1 && t.separate_qkv {
+            // the query, key and value weights (and biases) as three tensors
+            for w in [h, kv, kv] {
+                per_block.push(mul(fin, w, "block weight")?);
+            }
+            if qkv_bias {
+                per_block.extend([h, kv, kv]);
+            }
         } else {
             per_block.push(mul(fin, fout, "block weight")?);
             if (k == 1 && qkv_bias) || (k != 1 && linear_bias) {
@@ -139,6 +147,9 @@ fn transformer_groups(
         elems,
         count: t.layers,
     }));
+    for (elems, count) in crate::lower::lora::adapter_tensors(t) {
+        out.push(ParamGroup { elems, count });
+    }
     if t.final_norm.unwrap_or(layout.transformer_final_norm) {
         out.push(once(h));
         if norm_bias {
@@ -165,6 +176,29 @@ fn transformer_groups(
         }
     }
     Ok(Some(out))
+}
+
+/// The trainable parameter tensors of `model` (those with gradients and optimizer state),
+/// grouped by size: under LoRA the adapters alone, otherwise every parameter
+/// ([`param_groups`]).
+pub fn trainable_groups(
+    model: &ModelSpec,
+    framework: Framework,
+) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
+    match model {
+        ModelSpec::Transformer(t) if t.lora.is_some() => {
+            if t.hidden.checked_div(t.heads).is_none() {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            for (elems, count) in crate::lower::lora::adapter_tensors(t) {
+                mul(elems, count, "adapter parameters")?;
+                out.push(ParamGroup { elems, count });
+            }
+            Ok(Some(out))
+        }
+        _ => param_groups(model, framework),
+    }
 }
 
 /// Total elements of `groups` (checked).
@@ -223,6 +257,7 @@ mod tests {
             s in 1u64..20, vocab in 1u64..50, tied in any::<bool>(),
             rms in any::<bool>(), positions in any::<bool>(), encoder in any::<bool>(),
             classes in proptest::option::of(1u64..7), grouped in any::<bool>(),
+            lora in proptest::option::of((1u64..5, 1u8..=127)), separate_qkv in any::<bool>(),
             extra in (
                 proptest::option::of(1u64..30), proptest::option::of(any::<bool>()),
                 proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>()),
@@ -256,8 +291,35 @@ mod tests {
                 embedding_norm,
                 token_types,
                 pooler,
-                separate_qkv: false,
+                separate_qkv,
+                lora: lora.map(|(rank, mask)| lora_spec(rank, mask, gated)),
             }
+        }
+    }
+
+    /// Rank-`rank` adapters on the projections `mask` picks (q, k, v, o, up, gate, down by
+    /// bit; or the packed qkv in place of q, k, v when bit 7's place is taken by q, k and v
+    /// together), skipping `gate` without a gated feed-forward.
+    fn lora_spec(rank: u64, mask: u8, gated: bool) -> LoraSpec {
+        use LoraTarget::*;
+        let mut targets: Vec<LoraTarget> = [Q, K, V, O, Up, Gate, Down]
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, t)| mask & (1 << i) != 0 && (t != Gate || gated))
+            .map(|(_, t)| t)
+            .collect();
+        if mask & 0b111 == 0b111 {
+            targets.retain(|t| !matches!(t, Q | K | V));
+            targets.insert(0, Qkv);
+        }
+        if targets.is_empty() {
+            targets.push(O);
+        }
+        LoraSpec {
+            rank,
+            alpha: None,
+            targets,
+            dropout: if mask & 1 == 0 { 0.0 } else { 0.1 },
         }
     }
 
@@ -267,6 +329,14 @@ mod tests {
         fn transformer_counts_match_lowering(t in transformer(), fw in framework()) {
             let m = ModelSpec::Transformer(t);
             prop_assert_eq!(counted(&m, fw), lowered(&m, fw));
+            // the trainable tensors are the lowered program's unfrozen ones
+            let p = crate::lower::lower_for(&m, fw).expect("lowers");
+            let trainable = trainable_groups(&m, fw).expect("no overflow").expect("valid");
+            prop_assert_eq!(total_elems(&trainable).expect("fits"), p.trainable_elems());
+            prop_assert_eq!(
+                total_tensors(&trainable).expect("fits"),
+                p.params.iter().filter(|p| !p.frozen).count() as u64
+            );
         }
 
         #[test]

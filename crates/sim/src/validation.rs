@@ -14,7 +14,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 use trainmem_core::Category;
-use trainmem_core::hf_config::{HfOptions, plan_from_hf};
+use trainmem_core::hf_config::{HfOptions, lora_target_of_module, plan_from_hf};
+use trainmem_core::model::LoraSpec;
 use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 
 use crate::model::ModelSpec;
@@ -53,6 +54,12 @@ pub struct Recording {
     /// The `torch.autocast` region forward and the loss ran in, when they did.
     #[serde(default)]
     pub autocast: Option<AutocastRegion>,
+    /// The LoRA adapters peft put on the model (its base frozen), when it did.
+    #[serde(default)]
+    pub lora: Option<RecordedLora>,
+    /// Parameters with `requires_grad` (recorded for LoRA runs; otherwise all of them).
+    #[serde(default)]
+    pub trainable_parameters: Option<u64>,
     /// Phase-boundary samples.
     pub samples: Vec<LedgerSample>,
 }
@@ -64,6 +71,19 @@ pub struct AutocastRegion {
     pub device_type: String,
     /// `bfloat16` or `float16`.
     pub dtype: String,
+}
+
+/// The `LoraConfig` of a recorded run.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RecordedLora {
+    /// `r`.
+    pub rank: u64,
+    /// `lora_alpha`.
+    pub alpha: f64,
+    /// `lora_dropout`.
+    pub dropout: f64,
+    /// `target_modules`, as peft names them (`c_attn`, `q_proj`, ...).
+    pub targets: Vec<String>,
 }
 
 /// Live bytes at one phase boundary of a recorded run.
@@ -144,6 +164,10 @@ pub struct Comparison {
     pub plan_parameters: u64,
     /// The recorded model's parameter count.
     pub parameters: u64,
+    /// The plan's trainable parameter count.
+    pub plan_trainable: u64,
+    /// The recorded model's trainable parameter count.
+    pub trainable: u64,
     /// One row per category with bytes, then the total peak.
     pub rows: Vec<Row>,
 }
@@ -180,6 +204,7 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         "sgd" => (OptimizerKind::Sgd, StepImpl::ForLoop),
         "adamw" => (OptimizerKind::AdamW, StepImpl::ForLoop),
         "adamw-foreach" => (OptimizerKind::AdamW, StepImpl::Foreach),
+        "adafactor" => (OptimizerKind::Adafactor, StepImpl::ForLoop),
         other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
     };
     let mut plan = match (&rec.hf_config, &rec.plan_model) {
@@ -188,6 +213,12 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
             opts.optimizer = optimizer;
             opts.steps = rec.steps;
             opts.checkpointing = rec.checkpointing;
+            opts.lora = rec
+                .lora
+                .as_ref()
+                .map(|l| lora_of(config, l))
+                .transpose()
+                .map_err(fail)?;
             plan_from_hf(&config.to_string(), &opts).map_err(|e| fail(e.to_string()))?
         }
         (None, Some(model)) => {
@@ -233,10 +264,38 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
     Ok(plan)
 }
 
+/// The adapters of a recorded `LoraConfig`, peft's module names read for the family of
+/// `config`.
+fn lora_of(config: &serde_json::Value, l: &RecordedLora) -> Result<LoraSpec, String> {
+    let family = config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let targets = l
+        .targets
+        .iter()
+        .map(|m| {
+            lora_target_of_module(family, m)
+                .ok_or_else(|| format!("LoRA target `{m}` is not a projection of a {family} block"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LoraSpec {
+        rank: l.rank,
+        alpha: Some(l.alpha),
+        targets,
+        dropout: l.dropout,
+    })
+}
+
 /// Simulates the recorded run and sets each category's peak beside the recorded one.
 pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
     let plan = plan_of(rec)?;
     let plan_parameters = crate::params::param_groups(&plan.model, plan.framework)
+        .ok()
+        .flatten()
+        .and_then(|g| crate::params::total_elems(&g).ok())
+        .unwrap_or(0);
+    let plan_trainable = crate::params::trainable_groups(&plan.model, plan.framework)
         .ok()
         .flatten()
         .and_then(|g| crate::params::total_elems(&g).ok())
@@ -286,6 +345,8 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
         name: rec.name.clone(),
         plan_parameters,
         parameters: rec.parameters,
+        plan_trainable,
+        trainable: rec.trainable_parameters.unwrap_or(rec.parameters),
         rows,
     })
 }
@@ -299,6 +360,13 @@ pub fn render(c: &Comparison) -> String {
         "{}: {} parameters recorded, {} in the plan",
         c.name, c.parameters, c.plan_parameters
     );
+    if c.trainable != c.parameters || c.plan_trainable != c.plan_parameters {
+        let _ = writeln!(
+            out,
+            "  trainable: {} recorded, {} in the plan",
+            c.trainable, c.plan_trainable
+        );
+    }
     let _ = writeln!(
         out,
         "  {:<16} {:>14} {:>14} {:>9} {:>7}",

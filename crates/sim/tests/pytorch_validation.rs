@@ -37,6 +37,32 @@ fn row<'a>(c: &'a Comparison, what: &str) -> &'a trainmem_sim::validation::Row {
 fn plans_from_recordings_have_the_recorded_parameter_counts() {
     for c in comparisons() {
         assert_eq!(c.plan_parameters, c.parameters, "{}", c.name);
+        assert_eq!(c.plan_trainable, c.trainable, "{}", c.name);
+    }
+}
+
+/// Under LoRA (peft, the base frozen) only the adapters have gradients and optimizer state:
+/// the recorded gradients are the adapters' bytes, a small fraction of the parameters, and
+/// the twin predicts them (within the model-state target, checked above) from a plan whose
+/// frozen parameters have none.
+#[test]
+fn lora_runs_keep_gradients_and_state_for_the_adapters_alone() {
+    let lora: Vec<Comparison> = comparisons()
+        .into_iter()
+        .filter(|c| c.name.starts_with("lora-"))
+        .collect();
+    assert!(lora.len() >= 5, "{} LoRA recordings", lora.len());
+    for c in &lora {
+        assert!(c.trainable * 10 < c.parameters, "{}", c.name);
+        let grads = row(c, "gradient");
+        assert_eq!(grads.measured, 4 * c.trainable, "{}", c.name);
+        assert_eq!(grads.predicted, 4 * c.plan_trainable, "{}", c.name);
+        let state = row(c, "optimizer_state");
+        if c.name.contains("adamw") {
+            assert_eq!(state.predicted, 2 * 4 * c.plan_trainable, "{}", c.name);
+        } else {
+            assert_eq!(state.predicted, 0, "{}", c.name);
+        }
     }
 }
 
@@ -54,17 +80,42 @@ fn model_state_is_within_a_tenth_of_a_percent_on_every_recorded_run() {
                 100.0 * r.error()
             );
         }
-        // the recorded state is there to be matched: AdamW holds two moments
+        // the recorded state is there to be matched: AdamW holds two moments of every
+        // trainable parameter (4 bytes each)
         if c.name.contains("adamw") {
-            assert!(row(&c, "optimizer_state").measured >= 2 * row(&c, "parameter").measured);
+            assert!(row(&c, "optimizer_state").measured >= 2 * 4 * c.trainable);
         }
     }
 }
 
-/// Figures not yet within target, with why. None now: the one listed before (LLaMA's
-/// activations under Hugging Face's checkpointing, −8.7%) was the normalised input each of
-/// Hugging Face's RMS norms keeps for its weight's gradient (one hidden-sized f32 tensor per
-/// norm; the final norm's stays under checkpointing), which the twin's RMS norm now saves.
+/// transformers' Adafactor keeps a row and a column vector per matrix (a full-size second
+/// moment per vector, and each parameter's RMS as a 0-dim tensor): a state of about 1% of the
+/// parameters here, predicted to the byte from the parameters' shapes (LLaMA's query, key and
+/// value as three matrices, GPT-2's packed `c_attn` as one).
+#[test]
+fn adafactor_state_is_factored_and_predicted_to_the_byte() {
+    let runs: Vec<Comparison> = comparisons()
+        .into_iter()
+        .filter(|c| c.name.contains("adafactor"))
+        .collect();
+    assert!(runs.len() >= 3, "{} Adafactor recordings", runs.len());
+    for c in &runs {
+        let state = row(c, "optimizer_state");
+        assert_eq!(state.predicted, state.measured, "{}", c.name);
+        assert!(
+            state.measured * 50 < row(c, "parameter").measured,
+            "{}",
+            c.name
+        );
+    }
+}
+
+/// Figures not yet within target, with why (none now). LLaMA under Hugging Face's
+/// checkpointing missed its activation target (−8.7%) while the twin ran LLaMA's attention
+/// eagerly and its RMS norm without the normalized tensor the weight's gradient reads (one
+/// hidden-sized f32 tensor per norm; the final norm's stays under checkpointing); with the
+/// fused (SDPA) attention Hugging Face runs and that tensor it is −1.1%: what is left are the
+/// few tensors made outside the blocks (rotary cos/sin tables, shifted labels).
 const KNOWN_MISSES: &[(&str, &str)] = &[];
 
 #[test]

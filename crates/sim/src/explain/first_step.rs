@@ -94,7 +94,7 @@ pub(super) fn optimizer_jump(plan: &Plan, t: &Timeline, s: &Summary, out: &mut V
 fn state_buffers(plan: &Plan) -> u64 {
     match plan.optimizer.kind {
         OptimizerKind::Sgd => 0,
-        OptimizerKind::Momentum => 1,
+        OptimizerKind::Momentum | OptimizerKind::Adafactor => 1,
         _ => 2 + plan.optimizer.amsgrad as u64,
     }
 }

@@ -39,6 +39,9 @@ pub(super) struct ModelState {
     /// Per parameter: a graph kept without backward references it (the weight of a linear
     /// layer whose input requires grad).
     saved_by_graph: Vec<bool>,
+    /// Per parameter, its matrix shape when the optimizer factors its state (Adafactor);
+    /// empty otherwise.
+    shapes: Vec<Option<(u64, u64)>>,
 }
 
 /// Per parameter of `program`: whether a graph that is kept references it (the weight of
@@ -54,6 +57,15 @@ fn saved_by_graph(program: &Program) -> Vec<bool> {
         }
     }
     saved
+}
+
+/// The model state of trainable parameters (`trainable`) beside frozen ones (`frozen`, as
+/// if they were trainable): the frozen ones add their parameter bytes alone.
+pub(super) fn with_frozen(trainable: ModelStateBytes, frozen: ModelStateBytes) -> ModelStateBytes {
+    ModelStateBytes {
+        parameters: trainable.parameters + frozen.parameters - frozen.master_weights,
+        ..trainable
+    }
 }
 
 /// The optimizer (as far as memory goes), the ZeRO sharding and the gradients' dtype of
@@ -111,6 +123,11 @@ impl ModelState {
             ddp_buckets: Vec::new(),
             optimizer_records: None,
             saved_by_graph: saved_by_graph(spec.program),
+            shapes: if opt.kind == OptimizerKind::Adafactor {
+                crate::param_shapes::matrix_shapes(spec.program)
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -129,8 +146,9 @@ impl ModelState {
                 Category::Parameter,
             )?;
             self.params.push(t);
+            // a frozen parameter is never updated: no master copy
             let master = self.opt.master_bytes(self.sharding.state_elems(p.elems));
-            if master > 0 {
+            if master > 0 && !p.frozen {
                 let t = store.alloc(master, Category::Parameter)?;
                 self.beside_params.push(t);
             }
@@ -180,9 +198,13 @@ impl ModelState {
             return Ok(());
         }
         let aliased: Vec<TensorId> = self.optimizer_state.drain(..).collect();
-        for p in &spec.program.params {
-            for _ in self.opt.state_roles() {
-                let b = self.sharding.state_elems(p.elems) * self.opt.state_dtype.size();
+        for (i, p) in spec.program.params.iter().enumerate() {
+            if p.frozen {
+                continue;
+            }
+            let matrix = self.shapes.get(i).copied().flatten();
+            for e in self.opt.state_elems_of(p.elems, matrix) {
+                let b = self.sharding.state_elems(e) * self.opt.state_dtype.size();
                 let t = store.alloc(b, Category::OptimizerState)?;
                 self.optimizer_state.push(t);
             }
@@ -204,7 +226,8 @@ impl ModelState {
         if let Some(records) = spec.profile.bookkeeping.optimizer_records
             && self.optimizer_records.is_none()
         {
-            let b = (records.bytes)(self.opt.kind, spec.program.params.len() as u64);
+            let trainable = spec.program.params.iter().filter(|p| !p.frozen).count();
+            let b = (records.bytes)(self.opt.kind, trainable as u64);
             self.optimizer_records = Some(store.alloc(b, Category::OptimizerState)?);
         }
         Ok(())
@@ -228,7 +251,7 @@ impl ModelState {
         let adamw = self.opt.kind == OptimizerKind::AdamW;
         for i in 0..self.params.len() {
             let pin = kept_graphs && self.saved_by_graph[i];
-            if !(adamw || pin) {
+            if !((adamw && !spec.program.params[i].frozen) || pin) {
                 continue;
             }
             let old = self.params[i];
@@ -258,6 +281,7 @@ impl ModelState {
             .program
             .params
             .iter()
+            .filter(|p| !p.frozen)
             .map(|p| p.elems * self.grad_dtype.size())
             .sum();
         let mut left = total;
@@ -271,10 +295,31 @@ impl ModelState {
     }
 
     /// Steady-state model-state bytes of `program`'s parameters (parameters, gradients,
-    /// optimizer state).
+    /// optimizer state; frozen parameters have neither gradients, state nor master copies).
     pub(super) fn bytes(&self, program: &Program) -> ModelStateBytes {
-        let elems: Vec<u64> = program.params.iter().map(|p| p.elems).collect();
-        model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems)
+        let elems = |frozen: bool| -> Vec<u64> {
+            program
+                .params
+                .iter()
+                .filter(|p| p.frozen == frozen)
+                .map(|p| p.elems)
+                .collect()
+        };
+        let trainable = model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems(false));
+        let frozen = model_state_bytes(&self.opt, self.grad_dtype, self.sharding, &elems(true));
+        let mut bytes = with_frozen(trainable, frozen);
+        if !self.shapes.is_empty() {
+            // factored state: sized by each parameter's shape
+            bytes.optimizer_state = program
+                .params
+                .iter()
+                .zip(&self.shapes)
+                .filter(|(p, _)| !p.frozen)
+                .flat_map(|(p, &m)| self.opt.state_elems_of(p.elems, m))
+                .map(|e| self.sharding.state_elems(e) * self.opt.state_dtype.size())
+                .sum();
+        }
+        bytes
     }
 
     /// Bytes of the model-state tensors alive now, besides the gradients.

@@ -57,6 +57,7 @@ fn step_temporaries(
     let elems: Vec<u64> = program
         .params
         .iter()
+        .filter(|p| !p.frozen)
         .map(|p| sharding.state_elems(p.elems))
         .collect();
     let temps = opt.step_temporaries(&elems);

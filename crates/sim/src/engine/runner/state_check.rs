@@ -21,7 +21,7 @@ use crate::bytes::human;
 use crate::engine::memory::SimOom;
 use crate::engine::{SimOptions, SimResult};
 use crate::params::{
-    ParamGroup, ParamOverflow, add, mul, param_groups, total_elems, total_tensors,
+    ParamGroup, ParamOverflow, add, mul, param_groups, total_elems, total_tensors, trainable_groups,
 };
 use crate::plan::Plan;
 use crate::profile::FrameworkProfile;
@@ -54,16 +54,42 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
     let Some(groups) = param_groups(&plan.model, plan.framework)? else {
         return Ok(None);
     };
+    if plan.optimizer.kind == trainmem_optim::OptimizerKind::Adafactor {
+        // the factored state follows the parameters' shapes, which only the lowered program
+        // has: such plans are checked as they are simulated
+        return Ok(None);
+    }
     let profile = FrameworkProfile::of(plan.framework);
     let (opt, sharding, grad_dtype) = state_config(plan, profile);
+    // frozen parameters (under LoRA) hold their bytes alone: the trainable ones are summed
+    // in full, the rest for their parameter bytes
+    let trainable = match trainable_groups(&plan.model, plan.framework)? {
+        Some(t) if t != groups => Some(t),
+        _ => None,
+    };
     let mut steady = ModelStateBytes::default();
-    for &ParamGroup { elems, count } in &groups {
+    let all_frozen = trainable.is_some();
+    for (&ParamGroup { elems, count }, frozen) in groups
+        .iter()
+        .map(|g| (g, all_frozen))
+        .chain(trainable.iter().flatten().map(|g| (g, false)))
+    {
         if elems > MAX_TENSOR_ELEMS {
             return Err(ParamOverflow(format!(
                 "a parameter tensor of {elems} elements overflows a 64-bit byte count"
             )));
         }
-        let one = model_state_bytes(&opt, grad_dtype, sharding, &[elems]);
+        let mut one = model_state_bytes(&opt, grad_dtype, sharding, &[elems]);
+        if frozen {
+            // counted as frozen here; the adapters among them come again as trainable,
+            // less their parameter bytes
+            one = ModelStateBytes {
+                parameters: one.parameters - one.master_weights,
+                ..ModelStateBytes::default()
+            };
+        } else if all_frozen {
+            one.parameters = one.master_weights;
+        }
         let sum = |acc: u64, per: u64, what: &str| add(acc, mul(per, count, what)?, what);
         steady.parameters = sum(steady.parameters, one.parameters, "parameter bytes")?;
         steady.master_weights = sum(steady.master_weights, one.master_weights, "master weights")?;
@@ -295,13 +321,18 @@ mod tests {
             burn in any::<bool>(), opt in 0usize..4, eager in any::<bool>(),
             half in any::<bool>(), master in any::<bool>(), zero in 0u8..4,
             world in 1u64..5, cpu in any::<bool>(), mlp in any::<bool>(),
-            width in 1u64..300, depth in 1u64..4,
+            width in 1u64..300, depth in 1u64..4, lora in any::<bool>(),
         ) -> String {
             let model = if mlp {
                 format!("[model.mlp]\ninput = {width}\nhidden = [{width}, 7]\noutput = 3\n")
             } else {
+                let adapters = if lora {
+                    "[model.transformer.lora]\nrank = 2\ntargets = [\"q\", \"v\", \"down\"]\n"
+                } else {
+                    ""
+                };
                 format!("[model.transformer]\nlayers = {depth}\nhidden = {}\nheads = 2\n\
-                         seq_len = 4\nvocab = {width}\n", 2 * (width % 40 + 1))
+                         seq_len = 4\nvocab = {width}\n{adapters}", 2 * (width % 40 + 1))
             };
             let kind = ["sgd", "momentum", "adam", "adamw"][opt];
             format!(

@@ -1,0 +1,61 @@
+//! LoRA adapters beside a frozen projection, as peft runs them: `y = W·x + B·(A·drop(x)) ·
+//! alpha / rank`.
+//!
+//! Each adapter is two trainable linear layers without biases (`A`: `rank × in`, `B`:
+//! `out × rank`). What they keep for backward follows from the ops: `A` keeps its input (the
+//! dropout's output, or the projection's input itself without dropout), `B` keeps the
+//! `rank`-wide output of `A`, the dropout (on a CPU device) its noise when its input needs a
+//! gradient; the scaling and the sum keep nothing. The frozen projection keeps nothing for its
+//! weight (its input is saved only by the adapter).
+
+use trainmem_autograd::{OpKind, ProgramBuilder, ValueId};
+
+use crate::model::{LoraSpec, LoraTarget, TransformerSpec};
+
+/// The parameter groups of `t`'s adapters (`(elements, count)` per tensor: `A` and `B` of
+/// each target in each block), empty without LoRA.
+pub(crate) fn adapter_tensors(t: &TransformerSpec) -> Vec<(u64, u64)> {
+    let Some(lora) = &t.lora else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for &target in &lora.targets {
+        let (fin, fout) = LoraSpec::dims(t, target);
+        out.push((lora.rank * fin, t.layers));
+        out.push((fout * lora.rank, t.layers));
+    }
+    out
+}
+
+/// Adds the adapter of `target` (when `t` has one) to `base`, the output of a projection
+/// of `x` named `name` whose output is `base_width` per token (the packed projection's when
+/// `target` is one of its parts), `s` tokens per sample; returns the sum (or `base`).
+#[allow(clippy::too_many_arguments)] // one adapter: where it reads, where it adds, its sizes
+pub(crate) fn adapt(
+    b: &mut ProgramBuilder,
+    t: &TransformerSpec,
+    target: LoraTarget,
+    x: ValueId,
+    base: ValueId,
+    base_width: u64,
+    s: u64,
+    name: &str,
+) -> ValueId {
+    let Some(lora) = t.lora.as_ref().filter(|l| l.targets.contains(&target)) else {
+        return base;
+    };
+    let (fin, fout) = LoraSpec::dims(t, target);
+    let r = lora.rank;
+    let input = if lora.dropout > 0.0 {
+        b.op(OpKind::Dropout, &[x], s * fin, &[])
+    } else {
+        x
+    };
+    let tag = target.name();
+    let a = b.trainable_param(r * fin, format!("{name}.lora_{tag}.a"));
+    let bw = b.trainable_param(fout * r, format!("{name}.lora_{tag}.b"));
+    let low = b.op(OpKind::Linear, &[input], s * r, &[a]);
+    let up = b.op(OpKind::Linear, &[low], s * fout, &[bw]);
+    let scaled = b.op(OpKind::Scale, &[up], s * fout, &[]);
+    b.op(OpKind::Add, &[base, scaled], s * base_width, &[])
+}
