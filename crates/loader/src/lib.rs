@@ -277,6 +277,7 @@ mod arrow_collate;
 mod arrow_dataset;
 mod arrow_ipc_file;
 pub mod augment;
+mod batch_writer;
 mod builder;
 pub mod config;
 mod context;
@@ -309,6 +310,7 @@ pub use arrow_collate::{
 pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
 pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
+pub use batch_writer::BatchWriter;
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
 pub use context::WorkerContext;
