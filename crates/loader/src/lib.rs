@@ -23,7 +23,9 @@
 //! * Batch building: [`StackColumns`] copies each column's rows of a [`MmapDataset`] into one
 //!   buffer per column ([`ColumnBatch`]; the only copy, page cache → batch buffer); a user
 //!   transform + collate ([`MapCollate`], [`Loader::with_transform`]); a random-resize
-//!   augmentation with per-worker scratch ([`RandomResize`], [`ScratchResize`]). Builders see
+//!   augmentation with per-worker scratch ([`RandomResize`], [`ScratchResize`]); a
+//!   [`BatchWriter`] ([`WorkerContext::writer`]) for collates that write rows, padding and
+//!   masks into one buffer front to back, every byte once, no zeroing first. Builders see
 //!   a [`WorkerContext`] (worker id, a per-batch random generator, scratch and output
 //!   buffers that are accounted).
 //! * Memory: [`LoaderMemory`], the loader's own byte counts, read with [`Loader::memory`],

@@ -16,8 +16,12 @@
 //!
 //! Every configuration is timed in rounds (the bound, the reference and the loader back to
 //! back, on the same epoch's batches), one warm-up round then `--reps`; the ratio is the median
-//! of the per-round ratios, with its min and max. Minor page faults of the process during each
-//! loader epoch (`/proc/self/stat`) are printed beside it.
+//! of the per-round ratios, with its min and max. Beside it, to show where the time goes: the
+//! process's minor page faults during each loader epoch (`/proc/self/stat`), the time the
+//! caller's thread and the workers spent on a CPU and runnable but waiting for one
+//! (`/proc/self/task/*/schedstat`; on a shared machine the waiting is other processes' load),
+//! and the process's CPU time during the bound over that during the loader's epoch
+//! (`getrusage`).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -283,48 +287,48 @@ impl BoundBatch for PackBound<'_> {
 }
 
 /// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there
-/// is one, else on one scoped thread each. Returns the nanoseconds the copying threads spent
-/// on a CPU, summed (each thread reads its own `/proc/thread-self/schedstat` around its work;
-/// 0 where it cannot be read).
-fn on_threads(dst: &mut [Vec<u8>], copy: impl Fn(usize, &mut Vec<u8>) + Sync) -> u64 {
-    let timed = |t: usize, mine: &mut Vec<u8>| {
-        let before = own_cpu_ns();
-        copy(t, mine);
-        own_cpu_ns().saturating_sub(before)
-    };
+/// is one, else on one scoped thread each.
+fn on_threads(dst: &mut [Vec<u8>], copy: impl Fn(usize, &mut Vec<u8>) + Sync) {
     if dst.len() <= 1 {
-        return dst.first_mut().map_or(0, |mine| timed(0, mine));
+        if let Some(mine) = dst.first_mut() {
+            copy(0, mine);
+        }
+        return;
     }
-    let timed = &timed;
+    let copy = &copy;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = dst
-            .iter_mut()
-            .enumerate()
-            .map(|(t, mine)| scope.spawn(move || timed(t, mine)))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
-    })
+        for (t, mine) in dst.iter_mut().enumerate() {
+            scope.spawn(move || copy(t, mine));
+        }
+    });
 }
 
-/// Nanoseconds the calling thread has spent on a CPU (0 where it cannot be read).
-fn own_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+/// Nanoseconds of CPU time (user and system) this process has used so far, every thread
+/// included, exited ones too (`getrusage(RUSAGE_SELF)`).
+fn process_cpu_ns() -> u64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` writes one `rusage` through the pointer, which points to a live,
+    // zeroed `rusage`; `RUSAGE_SELF` is a valid target and the call has no other effect.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    // SAFETY: zero-initialised and filled in by the successful call above.
+    let u = unsafe { u.assume_init() };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(u.ru_utime) + ns(u.ru_stime)
 }
 
 /// The bound of one epoch: every batch of `plan` written by `bound`, the batches split in
-/// contiguous shares between `dst.len()` threads, each reusing its one destination. Returns
-/// the threads' CPU nanoseconds.
-fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>]) -> u64 {
+/// contiguous shares between `dst.len()` threads, each reusing its one destination.
+fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>]) {
     let share = plan.len().div_ceil(dst.len().max(1));
     on_threads(dst, |t, mine| {
         for k in (t * share..(t + 1) * share).take_while(|&k| k < plan.len()) {
             bound.write(plan.batch(k), mine);
             black_box(&mut *mine);
         }
-    })
+    });
 }
 
 /// The reference: the source regions copied in file order, in chunks of `chunk` bytes, the
@@ -398,8 +402,9 @@ struct Times {
     ours: Vec<f64>,
     faults: Vec<f64>,
     bound_faults: Vec<f64>,
-    /// Seconds the bound's threads spent on a CPU per epoch (summed).
+    /// CPU seconds of the process per epoch: during the bound, during the loader's epoch.
     bound_cpu: Vec<f64>,
+    ours_cpu: Vec<f64>,
     /// Seconds per epoch on a CPU: the caller's thread, the workers' (summed).
     main_cpu: Vec<f64>,
     worker_cpu: Vec<f64>,
@@ -442,9 +447,11 @@ where
             // The loader's next epoch, and the same batches for the bound.
             let plan = EpochPlan::new(n, loader.config(), loader.state().epoch);
             let f0 = minor_faults()?;
+            let c0 = process_cpu_ns();
             let t = Instant::now();
-            let bcpu = bound_epoch(bound, &plan, &mut dst[i]);
+            bound_epoch(bound, &plan, &mut dst[i]);
             let b = t.elapsed().as_secs_f64();
+            let bcpu = process_cpu_ns().saturating_sub(c0);
             let bf = minor_faults()? - f0;
             let t = Instant::now();
             contiguous_epoch(src, chunk, &mut dst[i]);
@@ -453,6 +460,7 @@ where
             let mut first = None;
             let f0 = minor_faults()?;
             let s0 = thread_times()?;
+            let c0 = process_cpu_ns();
             let t = Instant::now();
             for batch in loader.epoch()? {
                 let batch = batch?;
@@ -463,6 +471,7 @@ where
                 black_box(&batch);
             }
             let o = t.elapsed().as_secs_f64();
+            let ocpu = process_cpu_ns().saturating_sub(c0);
             let s1 = thread_times()?;
             let f = minor_faults()? - f0;
             anyhow::ensure!(count == batches, "{count} of {batches} batches");
@@ -487,6 +496,7 @@ where
                 t.bound_faults.push(bf as f64);
                 let d = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e9;
                 t.bound_cpu.push(bcpu as f64 / 1e9);
+                t.ours_cpu.push(ocpu as f64 / 1e9);
                 t.main_cpu.push(d(s1.other_run, s0.other_run));
                 t.worker_cpu.push(d(s1.worker_run, s0.worker_run));
                 t.main_runnable.push(d(s1.other_wait, s0.other_wait));
@@ -547,15 +557,7 @@ fn print(
             Spread::of(&t.main_runnable).median * 1e3,
             Spread::of(&t.worker_cpu).median * 1e3,
             Spread::of(&t.worker_runnable).median * 1e3,
-            {
-                let ours: Vec<f64> = t
-                    .main_cpu
-                    .iter()
-                    .zip(&t.worker_cpu)
-                    .map(|(a, b)| a + b)
-                    .collect();
-                ratios(&t.bound_cpu, &ours).median
-            },
+            ratios(&t.bound_cpu, &t.ours_cpu).median,
         );
         spreads.push(r);
     }
@@ -692,4 +694,29 @@ pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
         println!("| {w} | {} |", cells.join(" | "));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_time_and_faults_are_read() {
+        let start = process_cpu_ns();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut spin = 0u64;
+        while process_cpu_ns() <= start && Instant::now() < deadline {
+            spin = black_box(spin.wrapping_add(1));
+        }
+        assert!(
+            process_cpu_ns() > start,
+            "CPU time grows while this thread spins"
+        );
+        let faults = minor_faults().expect("/proc/self/stat");
+        let touched = vec![1u8; 64 << 20];
+        black_box(&touched);
+        assert!(minor_faults().expect("/proc/self/stat") >= faults);
+        let times = thread_times().expect("/proc/self/task");
+        assert!(times.other_run > 0, "this thread has run");
+    }
 }
