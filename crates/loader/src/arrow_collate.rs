@@ -4,11 +4,12 @@
 //! packed into sequences of a fixed length, with separators and document boundaries).
 
 use crate::arrow_dataset::{ArrowDataset, ColumnKind};
+use crate::batch_writer::BatchWriter;
 use crate::builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes};
 use crate::context::WorkerContext;
 use crate::dtype::{Dtype, Element};
 use crate::error::DataError;
-use crate::staging::BatchBuffer;
+use crate::staging::{BatchBuffer, prefetch_pages};
 
 /// `v` as one little-endian element of `dtype` (`None` for `f16`/`bf16`/`bool`, or when it
 /// does not fit).
@@ -183,23 +184,23 @@ impl BatchBuilder<ArrowDataset> for PadCollate {
             PadTo::Fixed(n) => n,
         };
         let row_bytes = width * size;
-        let mut ids = ctx.alloc_buffer(indices.len() * row_bytes);
-        let mut mask = ctx.alloc_buffer(indices.len() * width);
+        // Every byte written once, front to back: a row's values then its padding, and its
+        // mask; the next row's pages are hinted while one is copied (rows are shuffled).
+        let mut ids = ctx.writer(indices.len() * row_bytes);
+        let mut mask = ctx.writer(indices.len() * width);
         let mut lengths = Vec::with_capacity(indices.len());
-        let (out, m) = (ids.as_bytes_mut(), mask.as_bytes_mut());
         for (r, row) in rows.iter().enumerate() {
-            let n = row.len().min(row_bytes);
-            let dst = &mut out[r * row_bytes..(r + 1) * row_bytes];
-            dst[..n].copy_from_slice(&row[..n]);
-            // The buffer starts zeroed: a zero padding id needs no second pass.
-            if self.pad.iter().any(|&b| b != 0) {
-                for pad in dst[n..].chunks_exact_mut(size) {
-                    pad.copy_from_slice(&self.pad);
-                }
+            if let Some(next) = rows.get(r + 1) {
+                prefetch_pages(next);
             }
-            m[r * width..r * width + n / size].fill(1);
-            lengths.push(n / size);
+            let n = row.len().min(row_bytes) / size;
+            ids.copy(&row[..n * size]);
+            ids.repeat(&self.pad, width - n);
+            mask.fill(1, n);
+            mask.fill(0, width - n);
+            lengths.push(n);
         }
+        let (ids, mask) = (ids.finish(), mask.finish());
         Ok(PaddedBatch {
             indices: indices.to_vec(),
             ids,
@@ -339,22 +340,34 @@ impl BatchBuilder<ArrowDataset> for PackCollate {
         ctx.clear_sample();
         let lens: Vec<usize> = rows.iter().map(|r| r.len() / size).collect();
         let (segments, packed) = self.layout(&lens, indices);
-        let row_bytes = self.length * size;
-        let mut ids = ctx.alloc_buffer(packed * row_bytes);
-        let mut mask = ctx.alloc_buffer(packed * self.length);
-        let (out, m) = (ids.as_bytes_mut(), mask.as_bytes_mut());
-        // The buffer starts zeroed: a zero separator needs no fill pass.
-        if self.separator.iter().any(|&b| b != 0) {
-            for sep in out.chunks_exact_mut(size) {
-                sep.copy_from_slice(&self.separator);
+        // Every byte written once, front to back: in each packed row its samples, each then
+        // a separator, then the separator as fill; the mask 1 over samples and separators, 0
+        // over the fill. The next sample's pages are hinted while one is copied.
+        let mut ids = ctx.writer(packed * self.length * size);
+        let mut mask = ctx.writer(packed * self.length);
+        let close = |ids: &mut BatchWriter, mask: &mut BatchWriter, used: usize| {
+            ids.repeat(&self.separator, self.length - used);
+            mask.fill(1, used);
+            mask.fill(0, self.length - used);
+        };
+        let (mut row, mut used) = (0, 0);
+        for (k, (s, src)) in segments.iter().zip(&rows).enumerate() {
+            if let Some(next) = rows.get(k + 1) {
+                prefetch_pages(next);
             }
+            if s.row != row {
+                close(&mut ids, &mut mask, used);
+                (row, used) = (s.row, 0);
+            }
+            debug_assert_eq!(s.start, used, "segments follow each other in a packed row");
+            ids.copy(&src[..s.len * size]);
+            ids.repeat(&self.separator, 1);
+            used += s.len + 1;
         }
-        for (s, row) in segments.iter().zip(&rows) {
-            let at = s.row * row_bytes + s.start * size;
-            out[at..at + s.len * size].copy_from_slice(&row[..s.len * size]);
-            let mstart = s.row * self.length + s.start;
-            m[mstart..mstart + s.len + 1].fill(1);
+        if packed > 0 {
+            close(&mut ids, &mut mask, used);
         }
+        let (ids, mask) = (ids.finish(), mask.finish());
         Ok(PackedBatch {
             indices: indices.to_vec(),
             ids,

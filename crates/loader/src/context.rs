@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::batch_writer::BatchWriter;
 use crate::memory::{MemoryCounters, Term};
 use crate::rng::Rng;
 use crate::staging::{BatchBuffer, StagingPool};
@@ -136,6 +137,18 @@ impl WorkerContext {
         self.building_counted += buf.capacity();
         self.memory.add(Term::Building, buf.capacity());
         buf
+    }
+
+    /// An output buffer of `len` bytes to be written front to back with a [`BatchWriter`]
+    /// (rows, runs of one byte, a repeated element; every byte once, no zeroing first; bytes
+    /// left unwritten are zeroed by [`BatchWriter::finish`]). Staged and accounted like
+    /// [`Self::alloc_buffer`].
+    pub fn writer(&mut self, len: usize) -> BatchWriter {
+        let w = BatchWriter::new(self.staging.as_ref(), len);
+        let capacity = w.capacity();
+        self.building_counted += capacity;
+        self.memory.add(Term::Building, capacity);
+        w
     }
 
     pub(crate) fn begin_batch(

@@ -23,7 +23,9 @@
 //! * Batch building: [`StackColumns`] copies each column's rows of a [`MmapDataset`] into one
 //!   buffer per column ([`ColumnBatch`]; the only copy, page cache → batch buffer); a user
 //!   transform + collate ([`MapCollate`], [`Loader::with_transform`]); a random-resize
-//!   augmentation with per-worker scratch ([`RandomResize`], [`ScratchResize`]). Builders see
+//!   augmentation with per-worker scratch ([`RandomResize`], [`ScratchResize`]); a
+//!   [`BatchWriter`] ([`WorkerContext::writer`]) for collates that write rows, padding and
+//!   masks into one buffer front to back, every byte once, no zeroing first. Builders see
 //!   a [`WorkerContext`] (worker id, a per-batch random generator, scratch and output
 //!   buffers that are accounted).
 //! * Memory: [`LoaderMemory`], the loader's own byte counts, read with [`Loader::memory`],
@@ -277,6 +279,7 @@ mod arrow_collate;
 mod arrow_dataset;
 mod arrow_ipc_file;
 pub mod augment;
+mod batch_writer;
 mod builder;
 pub mod config;
 mod context;
@@ -309,6 +312,7 @@ pub use arrow_collate::{
 pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
 pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
+pub use batch_writer::BatchWriter;
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
 pub use context::WorkerContext;

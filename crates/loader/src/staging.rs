@@ -13,6 +13,7 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use crate::batch_writer::BatchWriter;
 use crate::dtype::Element;
 use crate::memory::{MemoryCounters, Term};
 
@@ -326,50 +327,106 @@ impl BatchBuffer {
         }
     }
 
+    /// A buffer of `len` bytes whose bytes are not yet initialised, from `pool` or the heap;
+    /// only [`BatchWriter`] uses it, and it initialises every byte before handing it out.
+    pub(crate) fn uninit(pool: Option<&Arc<StagingPool>>, len: usize) -> BatchBuffer {
+        match pool {
+            Some(p) => BatchBuffer::staged_uninit(p, len),
+            None => BatchBuffer::heap_block(len, false),
+        }
+    }
+
+    /// Whether this buffer is large enough to be written with non-temporal stores.
+    pub(crate) fn streams(&self) -> bool {
+        cfg!(target_arch = "x86_64") && self.len >= STREAM_MIN_BATCH
+    }
+
+    /// Copies `part` to byte `off` (with non-temporal stores when `stream` and the part is
+    /// long enough; [`Self::finish_at`] then fences them).
+    ///
+    /// # Safety
+    ///
+    /// `off + part.len() <= self.len()`, and `part` must not lie inside this buffer.
+    pub(crate) unsafe fn write_at(&mut self, off: usize, part: &[u8], stream: bool) {
+        let Some(b) = &self.block else { return };
+        let n = part.len();
+        debug_assert!(off + n <= self.len);
+        // SAFETY: the caller keeps `off + n` within the block's `len` bytes and `part` outside
+        // it; the block is owned by `self`, borrowed exclusively.
+        unsafe {
+            let dst = b.ptr.as_ptr().add(off);
+            #[cfg(target_arch = "x86_64")]
+            if stream && n >= STREAM_MIN_PART {
+                copy_streaming(part.as_ptr(), dst, n);
+                return;
+            }
+            let _ = stream;
+            std::ptr::copy_nonoverlapping(part.as_ptr(), dst, n);
+        }
+    }
+
+    /// Writes `n` bytes of value `byte` from byte `off`.
+    ///
+    /// # Safety
+    ///
+    /// `off + n <= self.len()`.
+    pub(crate) unsafe fn fill_at(&mut self, off: usize, byte: u8, n: usize) {
+        let Some(b) = &self.block else { return };
+        debug_assert!(off + n <= self.len);
+        // SAFETY: the caller keeps the range within the block's `len` bytes.
+        unsafe { std::ptr::write_bytes(b.ptr.as_ptr().add(off), byte, n) };
+    }
+
+    /// Copies the `n` bytes at `from` to `to`, within this buffer.
+    ///
+    /// # Safety
+    ///
+    /// `[from, from + n)` must be initialised, both ranges within `self.len()` bytes, and the
+    /// two must not overlap.
+    pub(crate) unsafe fn copy_within_at(&mut self, from: usize, to: usize, n: usize) {
+        let Some(b) = &self.block else { return };
+        debug_assert!(from + n <= to && to + n <= self.len);
+        // SAFETY: the caller vouches for both ranges; they are within one live block.
+        unsafe {
+            let p = b.ptr.as_ptr();
+            std::ptr::copy_nonoverlapping(p.add(from), p.add(to), n);
+        }
+    }
+
+    /// Fences the non-temporal stores (when `stream`) and zeroes bytes `off..len`, after which
+    /// every byte is initialised.
+    ///
+    /// # Safety
+    ///
+    /// `off <= self.len()`.
+    pub(crate) unsafe fn finish_at(&mut self, off: usize, stream: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if stream {
+            store_fence();
+        }
+        let _ = stream;
+        let len = self.len;
+        // SAFETY: `off <= len` by the caller's promise.
+        unsafe { self.fill_at(off, 0, len - off) };
+    }
+
     /// A buffer of `len` bytes holding `parts` back to back (bytes past the last part are
-    /// zeroed; parts beyond `len` are cut). One pass over the memory: no zeroing first.
+    /// zeroed; parts beyond `len` are cut). One pass over the memory: no zeroing first. While
+    /// a part is copied the next one's pages are hinted ([`prefetch_pages`]).
     pub(crate) fn concat<'a>(
         pool: Option<&Arc<StagingPool>>,
         len: usize,
         parts: impl IntoIterator<Item = &'a [u8]>,
     ) -> BatchBuffer {
-        let buf = match pool {
-            Some(p) => BatchBuffer::staged_uninit(p, len),
-            None => BatchBuffer::heap_block(len, false),
-        };
-        if let Some(b) = &buf.block {
-            let dst = b.ptr.as_ptr();
-            let stream = cfg!(target_arch = "x86_64") && len >= STREAM_MIN_BATCH;
-            let mut off = 0;
-            let mut parts = parts.into_iter().peekable();
-            while let Some(part) = parts.next() {
-                if let Some(next) = parts.peek() {
-                    prefetch_pages(next);
-                }
-                let n = part.len().min(len - off);
-                // SAFETY: `dst + off .. dst + off + n` lies within the block's `len` bytes
-                // (`off + n <= len`), the source is a live slice of `n` bytes, and a fresh
-                // block cannot overlap a borrowed slice.
-                unsafe {
-                    #[cfg(target_arch = "x86_64")]
-                    if stream && n >= STREAM_MIN_PART {
-                        copy_streaming(part.as_ptr(), dst.add(off), n);
-                        off += n;
-                        continue;
-                    }
-                    std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), n);
-                }
-                off += n;
+        let mut w = BatchWriter::new(pool, len);
+        let mut parts = parts.into_iter().peekable();
+        while let Some(part) = parts.next() {
+            if let Some(next) = parts.peek() {
+                prefetch_pages(next);
             }
-            #[cfg(target_arch = "x86_64")]
-            if stream {
-                store_fence();
-            }
-            // SAFETY: the rest of the `len` bytes, within the block; after this every one of
-            // the `len` bytes is initialised.
-            unsafe { std::ptr::write_bytes(dst.add(off), 0, len - off) };
+            w.copy(part);
         }
-        buf
+        w.finish()
     }
 
     /// Number of bytes.

@@ -336,6 +336,56 @@ fn packing_concatenates_rows_with_separators_and_returns_boundaries() {
     assert_eq!(samples, 40);
 }
 
+/// Every id of a padded batch and of a packed batch, padding and fill included, against a
+/// layout built here element by element, with a padding id and a separator whose bytes differ
+/// (so no fill can pass by being zero or one repeated byte), over two shuffled epochs (the
+/// second one writes into reused pool blocks that still hold the first one's bytes).
+#[test]
+fn padding_and_packing_write_every_byte_of_the_batch() {
+    let ds = Arc::new(ArrowDataset::open(data("hf_file.arrow")).expect("open"));
+    let (pad_id, sep, length) = (0x0102_0304, 0x0A0B_0C0D, 20);
+    for workers in [0, 2] {
+        let mut cfg = config(7, workers);
+        cfg.order = Order::Shuffled { seed: 5 };
+        let pad = PadCollate::new(&ds, "input_ids", pad_id, PadTo::Fixed(12)).expect("pad");
+        let mut loader = Loader::new(Arc::clone(&ds), cfg.clone(), pad).expect("loader");
+        for _ in 0..2 {
+            for batch in loader.epoch().expect("epoch") {
+                let b = batch.expect("batch");
+                let mut want = Vec::new();
+                let mut mask = Vec::new();
+                for &i in &b.indices {
+                    let n = row_len(i).min(12);
+                    want.extend(
+                        (0..12).map(|j| if j < n { input_id(i, j) } else { pad_id as i32 }),
+                    );
+                    mask.extend((0..12).map(|j| u8::from(j < n)));
+                }
+                assert_eq!(b.ids::<i32>().expect("i32"), &want[..]);
+                assert_eq!(b.mask(), &mask[..]);
+            }
+        }
+        let pack = PackCollate::new(&ds, "input_ids", sep, length).expect("pack");
+        let mut loader = Loader::new(Arc::clone(&ds), cfg, pack).expect("loader");
+        for _ in 0..2 {
+            for batch in loader.epoch().expect("epoch") {
+                let b = batch.expect("batch");
+                let mut want = vec![sep as i32; b.rows * length];
+                let mut mask = vec![0u8; b.rows * length];
+                for s in &b.segments {
+                    let at = s.row * length + s.start;
+                    for j in 0..s.len {
+                        want[at + j] = input_id(s.sample, j);
+                    }
+                    mask[at..at + s.len + 1].fill(1);
+                }
+                assert_eq!(b.ids::<i32>().expect("i32"), &want[..]);
+                assert_eq!(b.mask(), &mask[..]);
+            }
+        }
+    }
+}
+
 #[test]
 fn the_safetensors_file_reads_back_exactly() {
     let ds = Arc::new(open_safetensors(data("tensors.safetensors"), &[]).expect("open"));

@@ -26,7 +26,7 @@ use trainmem_probe::rss;
 use crate::gen_data::write_fixture_with_progress;
 
 mod cgroup;
-mod timing;
+pub(super) mod timing;
 
 use timing::{Spread, timed};
 

@@ -1,21 +1,43 @@
 //! `cargo xtask bench loader-formats`: trainmem's loader on token windows (a flat `u16` token
 //! file cut into `seq + 1` windows) and on an Arrow list column (a tokenized `datasets`-style
 //! stream, padded to the batch's longest row, and packed), at 0, 1, 2 and 4 workers, each
-//! beside the memcpy bound of the same bytes measured in the same run: the bytes copied in
-//! batch-sized chunks on `max(W, 1)` threads, as `bench loader` measures its bound. Every
-//! figure is the median of `--reps` timed epochs after one warm-up, with the min and max.
+//! beside its copy bound measured in the same rounds.
+//!
+//! The bound of a format is the least work that produces the loader's batches: for every batch
+//! of the loader's next epoch (the same samples in the same order, [`EpochPlan`]), each source
+//! row copied with `memcpy` from the mapping into a destination of the batch's shape, and every
+//! other byte of that destination (padding, separators, the attention mask) written once with
+//! `memset`. The batches are split between `max(W, 1)` threads, each reusing one destination
+//! (the fewest buffers any loader could use). Before timing, the bound's first batch is checked
+//! to be byte for byte the loader's, so both do the same work. Rates are the source bytes per
+//! second (the bytes read from the mapping). A reference column copies the same source bytes
+//! contiguously in file order, in batch-sized chunks (long sequential runs, no shuffling, no
+//! padding): the bound this bench used before, kept for comparison.
+//!
+//! Every configuration is timed in rounds (the bound, the reference and the loader back to
+//! back, on the same epoch's batches), one warm-up round then `--reps`; the ratio is the median
+//! of the per-round ratios, with its min and max. Beside it, to show where the time goes: the
+//! process's minor page faults during each loader epoch (`/proc/self/stat`), the time the
+//! caller's thread and the workers spent on a CPU and runnable but waiting for one
+//! (`/proc/self/task/*/schedstat`; on a shared machine the waiting is other processes' load),
+//! and the process's CPU time during the bound over that during the loader's epoch
+//! (`getrusage`).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use trainmem_loader::format_fixtures::{write_arrow_lists, write_tokens};
 use trainmem_loader::{
-    ArrowDataset, BatchBuilder, Dataset, Dtype, HeldBytes, Loader, LoaderConfig, Order,
-    PackCollate, PadCollate, PadTo, StackWindows, TokenFile, TokenWindows, WindowSpec,
+    ArrowDataset, BatchBuilder, Dataset, Dtype, EpochPlan, Loader, LoaderConfig, Order,
+    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, StackWindows, TokenBatch, TokenFile,
+    TokenWindows, WindowSpec, prefetch_pages,
 };
+
+use super::loader::timing::Spread;
 
 /// Arguments of `bench loader-formats`.
 #[derive(Debug, clap::Args)]
@@ -41,149 +63,505 @@ pub struct LoaderFormatsBenchArgs {
     /// Prefetch factor (batches in flight per worker).
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
-    /// Timed epochs per row (the median, min and max are printed).
+    /// Timed rounds (the median, min and max are printed), after one warm-up round.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Worker counts to run.
+    #[arg(long, num_args = 1.., default_values_t = [0, 1, 2, 4])]
+    pub workers: Vec<usize>,
+    /// Formats to run.
+    #[arg(long, num_args = 1.., value_enum, default_values_t = [Format::Tokens, Format::Pad, Format::Pack])]
+    pub formats: Vec<Format>,
     /// Read samples in order instead of shuffled (to separate the cost of random access).
     #[arg(long)]
     pub sequential: bool,
 }
 
-const WORKERS: [usize; 4] = [0, 1, 2, 4];
+/// A format row of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Token windows stacked into `[batch, seq + 1]`.
+    Tokens,
+    /// An Arrow list column padded to each batch's longest row, with a mask.
+    Pad,
+    /// An Arrow list column packed into rows of twice the longest row, with a mask.
+    Pack,
+}
 
-/// Seconds of `reps` timed runs after one warm-up, sorted.
-fn timed(reps: usize, mut run: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
-    run()?;
-    let mut out = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        run()?;
-        out.push(t.elapsed().as_secs_f64());
+impl Format {
+    fn title(self) -> &'static str {
+        match self {
+            Format::Tokens => "token windows",
+            Format::Pad => "Arrow list, pad to longest",
+            Format::Pack => "Arrow list, packed",
+        }
     }
-    out.sort_by(f64::total_cmp);
-    Ok(out)
 }
 
-fn median(t: &[f64]) -> f64 {
-    t[t.len() / 2]
+/// The padding id and the packing separator of the Arrow rows (the bound writes it too).
+const PAD_ID: i64 = 0;
+
+/// Minor page faults of this process so far (field 10 of `/proc/self/stat`), all threads.
+fn minor_faults() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    // The command name (field 2) may hold spaces; fields after its closing parenthesis split.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("no ')' in /proc/self/stat")?;
+    rest.split_whitespace()
+        .nth(7)
+        .context("no minflt field in /proc/self/stat")?
+        .parse()
+        .context("minflt is not a number")
 }
 
-/// Copies `src` in `chunk`-byte pieces, the pieces split in contiguous shares between
-/// `threads` threads, each into its own buffer.
-fn memcpy_chunks(src: &[&[u8]], chunk: usize, threads: usize) {
-    let pieces: Vec<&[u8]> = src.iter().flat_map(|s| s.chunks(chunk.max(1))).collect();
-    let share = pieces.len().div_ceil(threads.max(1));
+/// Nanoseconds the live threads of this process have spent on a CPU and waiting runnable for
+/// one (the first two fields of `/proc/self/task/*/schedstat`), summed separately over the
+/// loader's worker threads (named `trainmem-loader-*`) and over every other thread. Threads
+/// that already exited are not counted: read it around work done by threads that outlive it.
+#[derive(Debug, Default, Clone, Copy)]
+struct ThreadTimes {
+    worker_run: u64,
+    worker_wait: u64,
+    other_run: u64,
+    other_wait: u64,
+}
+
+fn thread_times() -> anyhow::Result<ThreadTimes> {
+    let mut sum = ThreadTimes::default();
+    for task in std::fs::read_dir("/proc/self/task").context("listing /proc/self/task")? {
+        let dir = task?.path();
+        // A thread that exited meanwhile has no files left: skip it.
+        let (Ok(s), Ok(comm)) = (
+            std::fs::read_to_string(dir.join("schedstat")),
+            std::fs::read_to_string(dir.join("comm")),
+        ) else {
+            continue;
+        };
+        let mut f = s.split_whitespace().map(str::parse::<u64>);
+        if let (Some(Ok(run)), Some(Ok(wait))) = (f.next(), f.next()) {
+            if comm.starts_with("trainmem-loader") {
+                sum.worker_run += run;
+                sum.worker_wait += wait;
+            } else {
+                sum.other_run += run;
+                sum.other_wait += wait;
+            }
+        }
+    }
+    Ok(sum)
+}
+
+/// How one batch of a format is laid out by the bound: writes the batch of `rows` into `dst`
+/// and returns the bytes written.
+trait BoundBatch: Sync {
+    /// The largest destination a batch of `batch` samples can need.
+    fn max_bytes(&self, batch: usize) -> usize;
+    /// Writes the batch of samples `rows` into `dst`; the bytes written.
+    fn write(&self, rows: &[usize], dst: &mut [u8]) -> usize;
+}
+
+/// Token windows: each window copied back to back.
+struct WindowsBound<'a>(&'a TokenWindows);
+
+/// `rows` in order, each one's successor given the loader's page hint ([`prefetch_pages`]) as
+/// it is handed out to be copied.
+fn copy_rows<'a>(rows: impl Iterator<Item = &'a [u8]> + Clone) -> impl Iterator<Item = &'a [u8]> {
+    let mut ahead = rows.clone().skip(1);
+    rows.inspect(move |_| {
+        if let Some(next) = ahead.next() {
+            prefetch_pages(next);
+        }
+    })
+}
+
+impl BoundBatch for WindowsBound<'_> {
+    fn max_bytes(&self, batch: usize) -> usize {
+        batch * self.0.bytes_per_sample()
+    }
+
+    fn write(&self, rows: &[usize], dst: &mut [u8]) -> usize {
+        let w = self.0;
+        let src = rows
+            .iter()
+            .map(|&i| w.sample(i).map(|s| s.bytes).unwrap_or(&[]));
+        let mut off = 0;
+        for s in copy_rows(src) {
+            dst[off..off + s.len()].copy_from_slice(s);
+            off += s.len();
+        }
+        off
+    }
+}
+
+/// An Arrow list column: the source rows of one batch.
+fn arrow_rows<'a>(data: &'a ArrowDataset, rows: &[usize]) -> Vec<&'a [u8]> {
+    rows.iter()
+        .map(|&i| data.row_bytes(0, i).unwrap_or(&[]))
+        .collect()
+}
+
+/// Padded to the batch's longest row: `[batch, width]` ids (rows then padding), then the
+/// `[batch, width]` mask (1 over a row, 0 over its padding).
+struct PadBound<'a> {
+    data: &'a ArrowDataset,
+    size: usize,
+    longest: usize,
+}
+
+impl BoundBatch for PadBound<'_> {
+    fn max_bytes(&self, batch: usize) -> usize {
+        batch * self.longest * (self.size + 1)
+    }
+
+    fn write(&self, rows: &[usize], dst: &mut [u8]) -> usize {
+        let src = arrow_rows(self.data, rows);
+        let width = src.iter().map(|r| r.len() / self.size).max().unwrap_or(0);
+        let row_bytes = width * self.size;
+        let (ids, mask) = dst.split_at_mut(rows.len() * row_bytes);
+        for (r, s) in copy_rows(src.iter().copied()).enumerate() {
+            let out = &mut ids[r * row_bytes..(r + 1) * row_bytes];
+            out[..s.len()].copy_from_slice(s);
+            out[s.len()..].fill(PAD_ID as u8);
+            let m = &mut mask[r * width..(r + 1) * width];
+            m[..s.len() / self.size].fill(1);
+            m[s.len() / self.size..].fill(0);
+        }
+        rows.len() * (row_bytes + width)
+    }
+}
+
+/// Packed into rows of `length` ids: each source row then one separator, a row that does not
+/// fit starting the next packed row, the rest of a packed row filled with the separator; then
+/// the mask (1 over rows and their separators, 0 over the fill).
+struct PackBound<'a> {
+    data: &'a ArrowDataset,
+    size: usize,
+    length: usize,
+}
+
+impl BoundBatch for PackBound<'_> {
+    fn max_bytes(&self, batch: usize) -> usize {
+        batch * self.length * (self.size + 1)
+    }
+
+    fn write(&self, rows: &[usize], dst: &mut [u8]) -> usize {
+        let src = arrow_rows(self.data, rows);
+        // Packed rows: how many, from the lengths alone.
+        let mut packed = 0;
+        let mut used = 0;
+        for s in &src {
+            let len = (s.len() / self.size).min(self.length - 1);
+            if used > 0 && used + len + 1 > self.length || packed == 0 {
+                packed += 1;
+                used = 0;
+            }
+            used += len + 1;
+        }
+        let row_bytes = self.length * self.size;
+        let (ids, mask) = dst.split_at_mut(packed * row_bytes);
+        let (mut row, mut used) = (0usize, 0usize);
+        let close = |ids: &mut [u8], mask: &mut [u8], row: usize, used: usize| {
+            ids[row * row_bytes + used * self.size..(row + 1) * row_bytes].fill(PAD_ID as u8);
+            mask[row * self.length..row * self.length + used].fill(1);
+            mask[row * self.length + used..(row + 1) * self.length].fill(0);
+        };
+        for s in copy_rows(src.iter().copied()) {
+            let len = (s.len() / self.size).min(self.length - 1);
+            if used > 0 && used + len + 1 > self.length {
+                close(ids, mask, row, used);
+                row += 1;
+                used = 0;
+            }
+            let at = row * row_bytes + used * self.size;
+            ids[at..at + len * self.size].copy_from_slice(&s[..len * self.size]);
+            ids[at + len * self.size..at + (len + 1) * self.size].fill(PAD_ID as u8);
+            used += len + 1;
+        }
+        if packed > 0 {
+            close(ids, mask, row, used.min(self.length));
+        }
+        packed * (row_bytes + self.length)
+    }
+}
+
+/// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there
+/// is one, else on one scoped thread each.
+fn on_threads(dst: &mut [Vec<u8>], copy: impl Fn(usize, &mut Vec<u8>) + Sync) {
+    if dst.len() <= 1 {
+        if let Some(mine) = dst.first_mut() {
+            copy(0, mine);
+        }
+        return;
+    }
+    let copy = &copy;
     std::thread::scope(|scope| {
-        for mine in pieces.chunks(share.max(1)) {
-            scope.spawn(move || {
-                let mut dst = vec![0u8; chunk];
-                for p in mine {
-                    dst[..p.len()].copy_from_slice(p);
-                    black_box(&dst);
-                }
-            });
+        for (t, mine) in dst.iter_mut().enumerate() {
+            scope.spawn(move || copy(t, mine));
         }
     });
 }
 
-/// One table row: a pipeline's sorted epoch times.
-struct Row {
-    name: String,
-    times: Vec<f64>,
-    bound: Option<f64>,
+/// Nanoseconds of CPU time (user and system) this process has used so far, every thread
+/// included, exited ones too (`getrusage(RUSAGE_SELF)`).
+fn process_cpu_ns() -> u64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` writes one `rusage` through the pointer, which points to a live,
+    // zeroed `rusage`; `RUSAGE_SELF` is a valid target and the call has no other effect.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    // SAFETY: zero-initialised and filled in by the successful call above.
+    let u = unsafe { u.assume_init() };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(u.ru_utime) + ns(u.ru_stime)
 }
 
-/// Rows for `bytes` of source data: the memcpy bound and the loader at every worker count.
-fn measure<D: Dataset, B: BatchBuilder<D> + Clone>(
+/// The bound of one epoch: every batch of `plan` written by `bound`, the batches split in
+/// contiguous shares between `dst.len()` threads, each reusing its one destination.
+fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>]) {
+    let share = plan.len().div_ceil(dst.len().max(1));
+    on_threads(dst, |t, mine| {
+        for k in (t * share..(t + 1) * share).take_while(|&k| k < plan.len()) {
+            bound.write(plan.batch(k), mine);
+            black_box(&mut *mine);
+        }
+    });
+}
+
+/// The reference: the source regions copied in file order, in chunks of `chunk` bytes, the
+/// chunks split in contiguous shares between `dst.len()` threads.
+fn contiguous_epoch(src: &[&[u8]], chunk: usize, dst: &mut [Vec<u8>]) {
+    let pieces: Vec<&[u8]> = src.iter().flat_map(|s| s.chunks(chunk.max(1))).collect();
+    let share = pieces.len().div_ceil(dst.len().max(1));
+    on_threads(dst, |t, mine| {
+        for p in pieces.iter().skip(t * share).take(share) {
+            mine[..p.len()].copy_from_slice(p);
+            black_box(&mut *mine);
+        }
+    });
+}
+
+/// A batch's output bytes in order (ids then mask), to check the bound writes the same.
+trait OutputBytes {
+    fn output(&self) -> Vec<u8>;
+}
+
+impl OutputBytes for TokenBatch {
+    fn output(&self) -> Vec<u8> {
+        self.tokens.as_bytes().to_vec()
+    }
+}
+
+impl OutputBytes for PaddedBatch {
+    fn output(&self) -> Vec<u8> {
+        [self.ids.as_bytes(), self.mask()].concat()
+    }
+}
+
+impl OutputBytes for PackedBatch {
+    fn output(&self) -> Vec<u8> {
+        [self.ids.as_bytes(), self.mask()].concat()
+    }
+}
+
+/// Waits (untimed) until persistent workers have finished the next epoch's first batches,
+/// which they start while an epoch ends, so that work never overlaps the next timing.
+fn settle<D: Dataset, B: BatchBuilder<D>>(loader: &Loader<D, B>) {
+    let c = loader.config();
+    let want = c.max_batches_in_flight().min(loader.batches_per_epoch());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while c.workers > 0 && loader.memory().ready_batches < want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The loader's configuration with `workers` workers.
+fn config(args: &LoaderFormatsBenchArgs, workers: usize) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: args.batch,
+        workers,
+        prefetch_factor: args.prefetch,
+        persistent_workers: true,
+        order: if args.sequential {
+            Order::Sequential
+        } else {
+            Order::Shuffled { seed: 7 }
+        },
+        ..LoaderConfig::default()
+    }
+}
+
+/// One format's seconds per round for one worker count.
+#[derive(Debug, Default)]
+struct Times {
+    bound: Vec<f64>,
+    contiguous: Vec<f64>,
+    ours: Vec<f64>,
+    faults: Vec<f64>,
+    bound_faults: Vec<f64>,
+    /// CPU seconds of the process per epoch: during the bound, during the loader's epoch.
+    bound_cpu: Vec<f64>,
+    ours_cpu: Vec<f64>,
+    /// Seconds per epoch on a CPU: the caller's thread, the workers' (summed).
+    main_cpu: Vec<f64>,
+    worker_cpu: Vec<f64>,
+    /// Seconds per epoch runnable but waiting for a CPU: the caller's, the workers'.
+    main_runnable: Vec<f64>,
+    worker_runnable: Vec<f64>,
+}
+
+/// One format at every worker count: one check-and-warm-up round, then `reps` timed rounds.
+fn measure<D, B>(
     args: &LoaderFormatsBenchArgs,
     data: &Arc<D>,
     builder: &B,
+    bound: &dyn BoundBatch,
     src: &[&[u8]],
-    label: &str,
-) -> anyhow::Result<Vec<Row>> {
+) -> anyhow::Result<Vec<Times>>
+where
+    D: Dataset,
+    B: BatchBuilder<D> + Clone,
+    B::Batch: OutputBytes,
+{
     let n = data.len();
-    let batches = n.div_ceil(args.batch);
+    let batches = n.div_ceil(args.batch.max(1));
     let bytes: usize = src.iter().map(|s| s.len()).sum();
     let chunk = bytes.div_ceil(batches.max(1));
-    let mut rows = Vec::new();
-    for w in WORKERS {
-        let threads = w.max(1);
-        let bound = timed(args.reps, || {
-            memcpy_chunks(src, chunk, threads);
-            Ok(())
-        })?;
-        let config = LoaderConfig {
-            batch_size: args.batch,
-            workers: w,
-            prefetch_factor: args.prefetch,
-            persistent_workers: true,
-            order: if args.sequential {
-                Order::Sequential
-            } else {
-                Order::Shuffled { seed: 7 }
-            },
-            ..LoaderConfig::default()
-        };
-        let mut loader = Loader::new(Arc::clone(data), config, builder.clone())?;
-        let mut held = 0;
-        let ours = timed(args.reps, || {
-            let mut count = 0;
-            held = 0;
-            for b in loader.epoch()? {
-                let b = b?;
-                count += 1;
-                held += black_box(b.byte_size());
-            }
-            anyhow::ensure!(count == batches, "{label}: {count} of {batches} batches");
-            Ok(())
-        })?;
-        let m = median(&bound);
-        rows.push(Row {
-            name: format!(
-                "memcpy, {threads} thread{}",
-                if threads > 1 { "s" } else { "" }
-            ),
-            times: bound,
-            bound: None,
-        });
-        if w == 0 {
-            println!(
-                "{label}: batches hold {:.1} MiB per epoch (the bound copies the source bytes)",
-                held as f64 / f64::from(1u32 << 20)
-            );
-        }
-        rows.push(Row {
-            name: format!("{label}, {w} workers"),
-            times: ours,
-            bound: Some(m),
-        });
+    let mut loaders = Vec::new();
+    let mut dst = Vec::new();
+    for &w in &args.workers {
+        loaders.push(Loader::new(
+            Arc::clone(data),
+            config(args, w),
+            builder.clone(),
+        )?);
+        let size = bound.max_bytes(args.batch).max(chunk);
+        dst.push((0..w.max(1)).map(|_| vec![0u8; size]).collect::<Vec<_>>());
     }
-    Ok(rows)
+    let mut out: Vec<Times> = args.workers.iter().map(|_| Times::default()).collect();
+    for round in 0..=args.reps.max(1) {
+        for (i, loader) in loaders.iter_mut().enumerate() {
+            // The loader's next epoch, and the same batches for the bound.
+            let plan = EpochPlan::new(n, loader.config(), loader.state().epoch);
+            let f0 = minor_faults()?;
+            let c0 = process_cpu_ns();
+            let t = Instant::now();
+            bound_epoch(bound, &plan, &mut dst[i]);
+            let b = t.elapsed().as_secs_f64();
+            let bcpu = process_cpu_ns().saturating_sub(c0);
+            let bf = minor_faults()? - f0;
+            let t = Instant::now();
+            contiguous_epoch(src, chunk, &mut dst[i]);
+            let c = t.elapsed().as_secs_f64();
+            let mut count = 0;
+            let mut first = None;
+            let f0 = minor_faults()?;
+            let s0 = thread_times()?;
+            let c0 = process_cpu_ns();
+            let t = Instant::now();
+            for batch in loader.epoch()? {
+                let batch = batch?;
+                if round == 0 && count == 0 {
+                    first = Some(batch.output());
+                }
+                count += 1;
+                black_box(&batch);
+            }
+            let o = t.elapsed().as_secs_f64();
+            let ocpu = process_cpu_ns().saturating_sub(c0);
+            let s1 = thread_times()?;
+            let f = minor_faults()? - f0;
+            anyhow::ensure!(count == batches, "{count} of {batches} batches");
+            if let Some(first) = first {
+                // The bound does the loader's work: its first batch is the loader's, byte for
+                // byte (checked in the warm-up round, outside the timings).
+                let mut mine = vec![0u8; bound.max_bytes(args.batch)];
+                let len = bound.write(plan.batch(0), &mut mine);
+                anyhow::ensure!(
+                    mine[..len] == first[..],
+                    "the bound's first batch differs from the loader's ({len} against {} bytes)",
+                    first.len()
+                );
+            }
+            settle(loader);
+            if round > 0 {
+                let t = &mut out[i];
+                t.bound.push(b);
+                t.contiguous.push(c);
+                t.ours.push(o);
+                t.faults.push(f as f64);
+                t.bound_faults.push(bf as f64);
+                let d = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e9;
+                t.bound_cpu.push(bcpu as f64 / 1e9);
+                t.ours_cpu.push(ocpu as f64 / 1e9);
+                t.main_cpu.push(d(s1.other_run, s0.other_run));
+                t.worker_cpu.push(d(s1.worker_run, s0.worker_run));
+                t.main_runnable.push(d(s1.other_wait, s0.other_wait));
+                t.worker_runnable.push(d(s1.worker_wait, s0.worker_wait));
+            }
+        }
+    }
+    Ok(out)
 }
 
-fn print(title: &str, bytes: usize, rows: &[Row]) {
+fn ratios(bound: &[f64], ours: &[f64]) -> Spread {
+    let r: Vec<f64> = bound.iter().zip(ours).map(|(b, o)| b / o).collect();
+    Spread::of(&r)
+}
+
+/// One format's table; returns its ratio spread per worker count.
+fn print(
+    args: &LoaderFormatsBenchArgs,
+    title: &str,
+    src_bytes: usize,
+    out_bytes: usize,
+    times: &[Times],
+) -> Vec<Spread> {
+    let gbs = |s: f64| src_bytes as f64 / s / 1e9;
     println!();
     println!(
-        "{title}: {:.1} MiB per epoch",
-        bytes as f64 / f64::from(1u32 << 20)
+        "{title}: {:.1} MiB read from the mapping and {:.1} MiB of batches written per epoch",
+        src_bytes as f64 / f64::from(1u32 << 20),
+        out_bytes as f64 / f64::from(1u32 << 20),
     );
-    println!("| pipeline | median s | min s | max s | GB/s (median) | vs memcpy bound (median) |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for r in rows {
-        let m = median(&r.times);
-        let ratio = r
-            .bound
-            .map_or(String::from("bound"), |b| format!("{:.2}", b / m));
+    println!(
+        "| workers | bound GB/s median (min–max) | trainmem GB/s median (min–max) | trainmem / bound: median | min | max | >= 0.80 | trainmem / contiguous source copy (median) | minor faults per epoch: trainmem (bound) | trainmem epoch ms: wall; caller on CPU / runnable; workers on CPU / runnable (medians) | CPU time: bound / trainmem (median) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+    let mut spreads = Vec::new();
+    for (w, t) in args.workers.iter().zip(times) {
+        let b = Spread::of(&t.bound).map_decreasing(gbs);
+        let o = Spread::of(&t.ours).map_decreasing(gbs);
+        let r = ratios(&t.bound, &t.ours);
+        let c = ratios(&t.contiguous, &t.ours);
         println!(
-            "| {} | {:.4} | {:.4} | {:.4} | {:.2} | {} |",
-            r.name,
-            m,
-            r.times[0],
-            r.times[r.times.len() - 1],
-            bytes as f64 / m / 1e9,
-            ratio
+            "| {w} | {:.2} ({:.2}–{:.2}) | {:.2} ({:.2}–{:.2}) | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0} ({:.0}) | {:.1}; {:.1} / {:.1}; {:.1} / {:.1} | {:.2} |",
+            b.median,
+            b.min,
+            b.max,
+            o.median,
+            o.min,
+            o.max,
+            r.median,
+            r.min,
+            r.max,
+            if r.median >= 0.8 { "yes" } else { "no" },
+            c.median,
+            Spread::of(&t.faults).median,
+            Spread::of(&t.bound_faults).median,
+            Spread::of(&t.ours).median * 1e3,
+            Spread::of(&t.main_cpu).median * 1e3,
+            Spread::of(&t.main_runnable).median * 1e3,
+            Spread::of(&t.worker_cpu).median * 1e3,
+            Spread::of(&t.worker_runnable).median * 1e3,
+            ratios(&t.bound_cpu, &t.ours_cpu).median,
         );
+        spreads.push(r);
     }
+    spreads
 }
 
 fn token_file(args: &LoaderFormatsBenchArgs) -> anyhow::Result<PathBuf> {
@@ -205,11 +583,19 @@ fn arrow_file(args: &LoaderFormatsBenchArgs) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Output bytes of one epoch of `bound` (every batch of `plan`).
+fn epoch_output(bound: &dyn BoundBatch, plan: &EpochPlan, batch: usize) -> usize {
+    let mut dst = vec![0u8; bound.max_bytes(batch)];
+    (0..plan.len())
+        .map(|k| bound.write(plan.batch(k), &mut dst))
+        .sum()
+}
+
 /// Runs the benchmark.
 pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.dir)?;
     println!(
-        "loader-formats bench: batch {}, prefetch {}, {}, persistent workers, page cache warm, median of {} (min, max), {} CPUs",
+        "loader-formats bench: batch {}, prefetch {}, {}, persistent workers, page cache warm, {} timed rounds after a warm-up (median, min, max), {} CPUs",
         args.batch,
         args.prefetch,
         if args.sequential {
@@ -220,68 +606,117 @@ pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
         args.reps,
         std::thread::available_parallelism().map_or(0, usize::from)
     );
-    let tokens = TokenFile::open(token_file(&args)?, Dtype::U16, Some(50257))?;
-    let windows = Arc::new(TokenWindows::new(tokens, WindowSpec::tiled(args.seq))?);
-    let wbytes = windows.len() * windows.bytes_per_sample();
-    let file = windows
-        .tokens()
-        .bytes(0, windows.tokens().len())
-        .unwrap_or(&[]);
-    let src = [&file[..wbytes.min(file.len())]];
-    let rows = measure(
-        &args,
-        &windows,
-        &StackWindows,
-        &src,
-        "trainmem token windows",
-    )?;
-    print(
-        &format!(
-            "token windows: {} windows of {} u16 tokens",
-            windows.len(),
-            args.seq + 1
-        ),
-        wbytes,
-        &rows,
-    );
-
-    let arrow = Arc::new(ArrowDataset::open_columns(
-        arrow_file(&args)?,
-        &["input_ids"],
-    )?);
-    // The rows lie back to back in each record batch: the bound copies those regions.
-    let regions = arrow.columns()[0].value_bytes();
-    let abytes: usize = regions.iter().map(|v| v.len()).sum();
-    let pad = PadCollate::new(&arrow, "input_ids", 0, PadTo::Longest)?;
-    let rows = measure(
-        &args,
-        &arrow,
-        &pad,
-        &regions,
-        "trainmem arrow list, pad to longest",
-    )?;
-    print(
-        &format!(
-            "arrow list<int32>: {} rows of {}..={} ids",
-            arrow.len(),
-            args.row_len[0],
-            args.row_len[1]
-        ),
-        abytes,
-        &rows,
-    );
-    let pack = PackCollate::new(&arrow, "input_ids", 0, args.row_len[1] * 2)?;
-    let rows = measure(
-        &args,
-        &arrow,
-        &pack,
-        &regions,
-        "trainmem arrow list, packed",
-    )?;
-    print(
-        "arrow list<int32>, packed into rows of 2 x the longest",
-        abytes,
-        &rows,
-    );
+    // The batches of a first epoch, for the bytes the batches hold per epoch.
+    let plan_of = |len: usize| EpochPlan::new(len, &config(&args, 0), 0);
+    let mut summary: Vec<(Format, Vec<Spread>)> = Vec::new();
+    for &format in &args.formats {
+        let spreads = match format {
+            Format::Tokens => {
+                let tokens = TokenFile::open(token_file(&args)?, Dtype::U16, Some(50257))?;
+                let windows = Arc::new(TokenWindows::new(tokens, WindowSpec::tiled(args.seq))?);
+                let wbytes = windows.len() * windows.bytes_per_sample();
+                let file = windows
+                    .tokens()
+                    .bytes(0, windows.tokens().len())
+                    .unwrap_or(&[]);
+                let src = [&file[..wbytes.min(file.len())]];
+                let bound = WindowsBound(&windows);
+                let times = measure(&args, &windows, &StackWindows, &bound, &src)?;
+                let title = format!(
+                    "token windows: {} windows of {} u16 tokens",
+                    windows.len(),
+                    args.seq + 1
+                );
+                let out = epoch_output(&bound, &plan_of(windows.len()), args.batch);
+                print(&args, &title, wbytes, out, &times)
+            }
+            Format::Pad | Format::Pack => {
+                let arrow = Arc::new(ArrowDataset::open_columns(
+                    arrow_file(&args)?,
+                    &["input_ids"],
+                )?);
+                let size = arrow.columns()[0].dtype().size() as usize;
+                // The rows lie back to back in each record batch: the reference copies those.
+                let regions = arrow.columns()[0].value_bytes();
+                let abytes: usize = regions.iter().map(|v| v.len()).sum();
+                let longest = (0..arrow.len())
+                    .map(|i| arrow.row_bytes(0, i).map_or(0, |r| r.len() / size))
+                    .max()
+                    .unwrap_or(0);
+                let title = format!(
+                    "Arrow list<int32>, {} rows of {}..={} ids, {}",
+                    arrow.len(),
+                    args.row_len[0],
+                    args.row_len[1],
+                    if format == Format::Pad {
+                        "padded to each batch's longest row".to_string()
+                    } else {
+                        format!("packed into rows of {} ids", args.row_len[1] * 2)
+                    }
+                );
+                let plan = plan_of(arrow.len());
+                if format == Format::Pad {
+                    let pad = PadCollate::new(&arrow, "input_ids", PAD_ID, PadTo::Longest)?;
+                    let bound = PadBound {
+                        data: &arrow,
+                        size,
+                        longest,
+                    };
+                    let times = measure(&args, &arrow, &pad, &bound, &regions)?;
+                    let out = epoch_output(&bound, &plan, args.batch);
+                    print(&args, &title, abytes, out, &times)
+                } else {
+                    let length = args.row_len[1] * 2;
+                    let pack = PackCollate::new(&arrow, "input_ids", PAD_ID, length)?;
+                    let bound = PackBound {
+                        data: &arrow,
+                        size,
+                        length,
+                    };
+                    let times = measure(&args, &arrow, &pack, &bound, &regions)?;
+                    let out = epoch_output(&bound, &plan, args.batch);
+                    print(&args, &title, abytes, out, &times)
+                }
+            }
+        };
+        summary.push((format, spreads));
+    }
+    println!();
+    println!("trainmem / bound, median (min–max) of the per-round ratios, side by side:");
+    let head: Vec<&str> = summary.iter().map(|(f, _)| f.title()).collect();
+    println!("| workers | {} |", head.join(" | "));
+    println!("|---:|{}", "---:|".repeat(head.len()));
+    for (k, w) in args.workers.iter().enumerate() {
+        let cells: Vec<String> = summary
+            .iter()
+            .map(|(_, s)| format!("{:.2} ({:.2}–{:.2})", s[k].median, s[k].min, s[k].max))
+            .collect();
+        println!("| {w} | {} |", cells.join(" | "));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_time_and_faults_are_read() {
+        let start = process_cpu_ns();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut spin = 0u64;
+        while process_cpu_ns() <= start && Instant::now() < deadline {
+            spin = black_box(spin.wrapping_add(1));
+        }
+        assert!(
+            process_cpu_ns() > start,
+            "CPU time grows while this thread spins"
+        );
+        let faults = minor_faults().expect("/proc/self/stat");
+        let touched = vec![1u8; 64 << 20];
+        black_box(&touched);
+        assert!(minor_faults().expect("/proc/self/stat") >= faults);
+        let times = thread_times().expect("/proc/self/task");
+        assert!(times.other_run > 0, "this thread has run");
+    }
 }
