@@ -122,9 +122,15 @@ fn scaling_plan(layers: u64, steps: u64, micro: u64) -> anyhow::Result<Plan> {
     Ok(Plan::from_toml_str(&src)?)
 }
 
-/// One series: sizes from `first` doubling up to `last`, each timed (fastest of `reps`).
-/// The repetitions go round the whole series (every size once, then again), so that a
-/// machine that slows down for a while slows every size, not one.
+/// Processor time a timed sample gathers at least: the small sizes are simulated several
+/// times per sample (the time is per simulation), because the processor time the kernel
+/// reports here advances in ticks of a few milliseconds, a tenth of a 1,000-layer run.
+const MIN_SAMPLE_SECS: f64 = 0.25;
+
+/// One series: sizes from `first` doubling up to `last`, each timed (fastest of `reps`
+/// samples, each sample at least [`MIN_SAMPLE_SECS`] long). The repetitions go round the
+/// whole series (every size once, then again), so that a machine that slows down for a
+/// while slows every size, not one.
 fn series(
     first: u64,
     last: u64,
@@ -141,15 +147,22 @@ fn series(
     for _ in 0..reps.max(1) {
         for (i, (_, p)) in plans.iter().enumerate() {
             let (wall, cpu0) = (Instant::now(), thread_cpu());
-            let r = simulate(p, SimOptions::default())?;
-            let secs = match (cpu0, thread_cpu()) {
-                (Some(a), Some(b)) => (b - a).as_secs_f64(),
-                _ => wall.elapsed().as_secs_f64(),
+            let mut runs = 0u32;
+            let secs = loop {
+                let r = simulate(p, SimOptions::default())?;
+                if let Some(oom) = &r.summary.oom {
+                    anyhow::bail!("the scaling plan ran out of memory: {}", oom.message);
+                }
+                runs += 1;
+                let secs = match (cpu0, thread_cpu()) {
+                    (Some(a), Some(b)) => (b - a).as_secs_f64(),
+                    _ => wall.elapsed().as_secs_f64(),
+                };
+                if secs >= MIN_SAMPLE_SECS {
+                    break secs;
+                }
             };
-            if let Some(oom) = &r.summary.oom {
-                anyhow::bail!("the scaling plan ran out of memory: {}", oom.message);
-            }
-            best[i] = best[i].min(secs);
+            best[i] = best[i].min(secs / f64::from(runs));
         }
     }
     Ok(plans.iter().map(|(n, _)| *n).zip(best).collect())
@@ -190,7 +203,8 @@ fn scaling(args: &SimBenchArgs) -> anyhow::Result<ExitCode> {
     const MICRO_SERIES_STEPS: u64 = 200;
     println!(
         "simulator cost per doubling (transformer, hidden 256, seq 128; processor time of the \
-         simulating thread where the OS reports it, else wall time; fastest of {} runs)",
+         simulating thread where the OS reports it, else wall time, per simulation; fastest of {} \
+         samples of at least {MIN_SAMPLE_SECS} s each)",
         args.reps.max(1)
     );
     let depth = series(1_000, args.max_layers, args.reps, &|l| {
