@@ -52,6 +52,7 @@ pub mod error;
 pub mod checks;
 pub mod ctx;
 pub mod isolate;
+pub mod meta;
 pub mod output;
 pub mod plans;
 pub mod replay;
@@ -249,6 +250,12 @@ pub struct ScenarioArgs {
     /// resident, so verdicts can depend on the order the scenarios ran in.
     #[arg(long)]
     pub in_process: bool,
+    /// Also train every measured run's plan on trainmem-meta (burn's code on a backend whose
+    /// tensors have shapes and no data, with the same training loop) and compare its tensor
+    /// bytes per category with the measured run's at every phase boundary; exit 4 when they
+    /// differ by more than 1% + 16 KiB anywhere. Needs measured runs on Flex.
+    #[arg(long)]
+    pub meta: bool,
 }
 
 /// Looks a scenario up by name.
@@ -299,6 +306,9 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code with `--strict-twin` when every pattern reproduced but the prediction missed its
 /// accuracy target.
 pub const EXIT_TWIN_MISSED: u8 = 3;
+/// Exit code with `--meta` when every pattern reproduced but trainmem-meta's tensor bytes
+/// disagree with a measured run's (beyond 1% + 16 KiB of a category at a phase boundary).
+pub const EXIT_META_DISAGREES: u8 = 4;
 
 /// Runs the scenarios the arguments name; files go under `default_out/NAME/` unless `--out`
 /// says otherwise.
@@ -319,6 +329,13 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
         Some(s) => s,
         None => return Ok(ExitCode::from(EXIT_USAGE)),
     };
+    if args.meta && (!args.mode.measured() || args.backend != Backend::Flex) {
+        eprintln!(
+            "error: --meta compares trainmem-meta with measured runs on Flex; use it with \
+             --mode both or --mode measured, and --backend flex"
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
     let plan = match &args.plan {
         Some(_) if selected.len() > 1 => {
             eprintln!("error: --plan applies to one scenario, not `all`");
@@ -413,6 +430,7 @@ fn run_selected(
         let mut ctx = Ctx::new(args.mode, args.backend, dir.clone(), !args.json);
         ctx.plan_override = plan.clone();
         ctx.isolation = isolation(args)?;
+        ctx.meta = args.meta;
         let mut report = execute_in(scenario, ctx)?;
         report
             .notes
@@ -470,6 +488,17 @@ fn finish(args: &ScenarioArgs, reports: &[ScenarioReport]) -> Result<ExitCode> {
             twin_missed.join(", ")
         );
     }
+    let meta_disagrees: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.meta_disagreements()
+                .into_iter()
+                .map(move |(run, what)| format!("{} / {run}: {what}", r.name))
+        })
+        .collect();
+    for line in &meta_disagrees {
+        eprintln!("trainmem-meta disagrees with the measured run: {line}");
+    }
     if !failed.is_empty() {
         eprintln!("not reproduced: {}", failed.join(", "));
     }
@@ -477,14 +506,23 @@ fn finish(args: &ScenarioArgs, reports: &[ScenarioReport]) -> Result<ExitCode> {
         !failed.is_empty(),
         !twin_missed.is_empty(),
         args.strict_twin,
+        !meta_disagrees.is_empty(),
     )))
 }
 
-/// The exit code of a finished run: a pattern not reproduced outranks a missed twin target,
-/// which counts only under `--strict-twin`.
-pub fn exit_code(not_reproduced: bool, twin_missed: bool, strict_twin: bool) -> u8 {
+/// The exit code of a finished run: a pattern not reproduced outranks Meta disagreeing with a
+/// measured run (`--meta`), which outranks a missed twin target, which counts only under
+/// `--strict-twin`.
+pub fn exit_code(
+    not_reproduced: bool,
+    twin_missed: bool,
+    strict_twin: bool,
+    meta_disagrees: bool,
+) -> u8 {
     if not_reproduced {
         EXIT_NOT_REPRODUCED
+    } else if meta_disagrees {
+        EXIT_META_DISAGREES
     } else if twin_missed && strict_twin {
         EXIT_TWIN_MISSED
     } else {
