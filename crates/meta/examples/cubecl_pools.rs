@@ -4,7 +4,7 @@
 //! an H100 80GB (85,017,493,504 bytes): bytes in use and reserved at every epoch end and after
 //! every cleanup, beside what burn on a real H100 reported for the same plan.
 //!
-//! `cargo run --release -p trainmem-meta --example cubecl_pools`
+//! `cargo run -p trainmem-meta --example cubecl_pools`
 
 use trainmem_burn::RunOptions;
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
@@ -38,16 +38,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if matches!(s.phase, Phase::EpochEnd | Phase::EmptyCache | Phase::End) {
             let point = format!("e{} s{} {}", s.epoch, s.step, s.phase.name());
             println!(
-                "{point:<26} {:>12.2} {:>12.2}",
+                "{point:<26} {:>12.2} {:>12.2}   ({} B in use, {} B reserved)",
                 mib(s.device.allocated),
-                mib(s.device.reserved)
+                mib(s.device.reserved),
+                s.device.allocated,
+                s.device.reserved
             );
         }
     }
     let figures = model.figures();
     println!(
-        "peak reserved {:.2} MiB, peak in use {:.2} MiB, {} pages allocated",
+        "peak reserved {} B ({:.2} MiB), peak in use {} B ({:.2} MiB), {} pages allocated",
+        figures.peak_reserved,
         mib(figures.peak_reserved),
+        figures.peak_in_use,
         mib(figures.peak_in_use),
         figures.pages_allocated
     );
