@@ -127,6 +127,10 @@ impl RunRecord {
 /// tensor domain, else the plan's device).
 pub use trainmem_core::compare::comparison_domain as domain_of;
 
+/// The Meta run beside a measured run: `None` without [`Ctx::meta`], the run, or its error in
+/// words when it failed.
+type MetaOutcome = Option<std::result::Result<MeasuredRun, String>>;
+
 /// A scenario's working state.
 pub struct Ctx {
     /// Which runs to make.
@@ -219,7 +223,7 @@ impl Ctx {
         Ok(idx)
     }
 
-    fn set_meta(&mut self, run: usize, meta: Option<std::result::Result<MeasuredRun, String>>) {
+    fn set_meta(&mut self, run: usize, meta: MetaOutcome) {
         match meta {
             Some(Ok(m)) => self.runs[run].meta = Some(m),
             Some(Err(why)) => self.runs[run].meta_failed = Some(why),
@@ -297,17 +301,13 @@ impl Ctx {
     }
 
     /// Makes the measured run and, with [`Ctx::meta`], the Meta run of the same plan and
-    /// options (its error in words when it failed).
-    #[allow(clippy::type_complexity)]
+    /// options.
     fn measure(
         &self,
         label: &str,
         plan: &Plan,
         configure: impl FnOnce(&mut RunOptions<'_>),
-    ) -> Result<(
-        MeasuredRun,
-        Option<std::result::Result<MeasuredRun, String>>,
-    )> {
+    ) -> Result<(MeasuredRun, MetaOutcome)> {
         let bar = self.bar(label, "burn", plan.total_steps());
         let show = |step: u64, total: u64| {
             bar.set_length(total.max(1));

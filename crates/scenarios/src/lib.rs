@@ -16,10 +16,16 @@
 //! [`compare`](trainmem_core::compare)), and writes `report.md`, `timeline.json`,
 //! `timeline.svg`, `trace.json` (Chrome trace) and `memory_viz.pickle` per scenario.
 //!
+//! With `--meta` ([`Ctx::meta`]) every measured run's plan is also trained on trainmem-meta
+//! (burn's code with tensors that have shapes and no data, through the same training loop), and
+//! its tensor bytes per category are held to the measured run's at every phase boundary
+//! ([`meta`]: within 1% + 16 KiB).
+//!
 //! Exit codes of [`run`]: 0 when every pattern and knob came out as expected; 1 when one did
 //! not ([`EXIT_NOT_REPRODUCED`]); 3 with `--strict-twin` when the prediction missed its
 //! accuracy target but every pattern reproduced ([`EXIT_TWIN_MISSED`]); 2 for an unknown
-//! scenario name ([`EXIT_USAGE`], as for other usage errors).
+//! scenario name ([`EXIT_USAGE`], as for other usage errors); 4 with `--meta` when trainmem-meta
+//! disagrees with a measured run but every pattern reproduced ([`EXIT_META_DISAGREES`]).
 //!
 //! Measured runs count host bytes per category only when the binary installs trainmem-probe's
 //! counting allocator (`#[global_allocator] static A: trainmem_probe::CountingAlloc = ...`);
