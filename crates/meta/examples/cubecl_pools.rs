@@ -7,9 +7,10 @@
 //! `cargo run -p trainmem-meta --example cubecl_pools`
 
 use trainmem_burn::RunOptions;
+use trainmem_core::Category;
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
-use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_meta::{AllocationHook, CubeclModel, DeviceTotals, MetaDevice, run_plan};
 
 /// The H100's memory as cubecl-cuda read it (RESULTS.md, "CUDA (an H100, lent on 2026-11-24)").
 const H100_BYTES: u64 = 85_017_493_504;
@@ -19,6 +20,26 @@ const H100_BYTES: u64 = 85_017_493_504;
 const H100_AFTER_EPOCH_0: (f64, f64) = (543.76, 64.04);
 /// And after burn's `memory_cleanup`: reserved, in MiB.
 const H100_AFTER_CLEANUP: f64 = 64.04;
+
+/// The same pools with burn's persistent section ignored (every buffer in mode `Auto`), to show
+/// what the persistent pool changes.
+#[derive(Debug)]
+struct NoPersistentPool(CubeclModel);
+
+impl AllocationHook for NoPersistentPool {
+    fn allocated(&mut self, id: u64, bytes: u64, category: Category) {
+        self.0.allocated(id, bytes, category);
+    }
+    fn freed(&mut self, id: u64, bytes: u64, category: Category) {
+        self.0.freed(id, bytes, category);
+    }
+    fn device_totals(&mut self) -> Option<DeviceTotals> {
+        self.0.device_totals()
+    }
+    fn empty_cache(&mut self) {
+        self.0.empty_cache();
+    }
+}
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
@@ -80,6 +101,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "  reserved after cleanup   {after:>12.2} {H100_AFTER_CLEANUP:>18.2} {:>+7.1}%",
             err(after, H100_AFTER_CLEANUP)
         );
+    }
+    let auto = CubeclModel::cuda(H100_BYTES);
+    let device = MetaDevice::with_hook(Box::new(NoPersistentPool(auto.clone())));
+    let run = run_plan(&plan, RunOptions::default(), device)?;
+    if let Some(s) = run
+        .timeline
+        .samples
+        .iter()
+        .find(|s| s.phase == Phase::EpochEnd && s.epoch == 0)
+    {
+        println!(
+            "\nwithout the persistent pool (parameters in mode Auto): after the first epoch \
+             {:.2} MiB reserved, {:.2} MiB in use",
+            mib(s.device.reserved),
+            mib(s.device.allocated)
+        );
+    }
+    if let Some(s) = run
+        .timeline
+        .samples
+        .iter()
+        .find(|s| s.phase == Phase::EmptyCache)
+    {
+        println!("  reserved after cleanup {:.2} MiB", mib(s.device.reserved));
     }
     Ok(())
 }
