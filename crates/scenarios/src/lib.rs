@@ -335,11 +335,8 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
         Some(s) => s,
         None => return Ok(ExitCode::from(EXIT_USAGE)),
     };
-    if args.meta && (!args.mode.measured() || args.backend != Backend::Flex) {
-        eprintln!(
-            "error: --meta compares trainmem-meta with measured runs on Flex; use it with \
-             --mode both or --mode measured, and --backend flex"
-        );
+    if let Some(why) = meta_refused(args.meta, args.mode, args.backend) {
+        eprintln!("error: {why}");
         return Ok(ExitCode::from(EXIT_USAGE));
     }
     let plan = match &args.plan {
@@ -354,6 +351,15 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
     };
     let reports = run_selected(&args, &selected, plan, default_out)?;
     finish(&args, &reports)
+}
+
+/// Why `--meta` cannot be used with this mode and backend, when it cannot: Meta is compared
+/// with measured runs on Flex.
+fn meta_refused(meta: bool, mode: Mode, backend: Backend) -> Option<&'static str> {
+    (meta && (!mode.measured() || backend != Backend::Flex)).then_some(
+        "--meta compares trainmem-meta with measured runs on Flex; use it with --mode both or \
+         --mode measured, and --backend flex",
+    )
 }
 
 /// `--list`: one line per scenario.

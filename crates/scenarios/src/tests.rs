@@ -52,6 +52,15 @@ fn exit_codes() {
 }
 
 #[test]
+fn meta_needs_measured_runs_on_flex() {
+    assert_eq!(meta_refused(true, Mode::Both, Backend::Flex), None);
+    assert_eq!(meta_refused(true, Mode::Measured, Backend::Flex), None);
+    assert_eq!(meta_refused(false, Mode::Simulated, Backend::Cuda), None);
+    assert!(meta_refused(true, Mode::Simulated, Backend::Flex).is_some());
+    assert!(meta_refused(true, Mode::Both, Backend::Cuda).is_some());
+}
+
+#[test]
 fn out_dir_rules() {
     let dir = Path::new("/tmp/x");
     let default = Path::new("/tmp/d");
