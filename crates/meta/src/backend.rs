@@ -48,6 +48,24 @@ impl Backend for Meta {
         1
     }
 
+    /// Runs `func`, telling the device's memory model that its allocations are persistent (burn
+    /// creates parameters this way; on CUDA cubecl then serves them from its persistent pool).
+    fn memory_persistent_allocations<
+        Output: Send,
+        Input: Send,
+        Func: Fn(Input) -> Output + Send,
+    >(
+        device: &Self::Device,
+        input: Input,
+        func: Func,
+    ) -> Output {
+        let ledger = device.ledger();
+        ledger.persistent(true);
+        let output = func(input);
+        ledger.persistent(false);
+        output
+    }
+
     /// Runs the device's memory model's `empty_cache` (nothing for exact accounting).
     fn memory_cleanup(device: &Self::Device) {
         device.ledger().empty_cache();

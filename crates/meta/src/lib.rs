@@ -86,10 +86,31 @@
 //!   `free` of PyTorch's caching allocator over a modelled device, so a run predicts allocated
 //!   and reserved bytes, the cache, `empty_cache` (`Backend::memory_cleanup`), out-of-memory
 //!   reports, and gives a PyTorch-format snapshot for memory_viz.
+//! * **cubecl's memory management** ([`CubeclModel`], [`MetaDevice::cubecl`]): every buffer is
+//!   a `reserve` in cubecl-runtime 0.10's own pools (the code burn 0.21's CUDA backend
+//!   allocates from, configured as cubecl-cuda configures it) over a storage that counts pages
+//!   instead of allocating them, so a run predicts what burn on CUDA reserves: pages held,
+//!   bytes in use, their peaks, and what `memory_cleanup` gives back ([`cubecl`] has the rules
+//!   and what is not modelled).
+//!
+//!   ```
+//!   use burn::tensor::{Tensor, backend::Backend};
+//!   use trainmem_meta::{Meta, MetaDevice};
+//!   // An 80 GiB device: cubecl's pools of 16 MiB, 64 MiB, ... pages.
+//!   let (device, pools) = MetaDevice::cubecl(80 << 30);
+//!   let x = Tensor::<Meta, 2>::zeros([1024, 1024], &device); // 4 MiB
+//!   drop(x);
+//!   let f = pools.figures();
+//!   assert_eq!((f.in_use, f.peak_in_use), (0, 4 << 20));
+//!   assert!(f.reserved >= 4 << 20, "the page stays reserved");
+//!   Meta::memory_cleanup(&device);
+//!   assert_eq!(pools.figures().reserved, 0);
+//!   ```
 //! * **trainmem-burn's training loop** ([`run_plan`]): the loop measured runs use trains a
 //!   plan on Meta, only the backend type differing. For every scenario plan that runs on the
 //!   CPU, the bytes per category at every phase boundary agree with the Flex run's within
-//!   1% + 16 KiB (`tests/burn_loop.rs`; the largest difference seen is 12 KiB of 7.9 MB).
+//!   1% + 16 KiB (`tests/burn_loop.rs`; the largest difference seen is 12 KiB of 7.9 MB), and
+//!   `trainmem scenario NAME --meta` makes the same comparison inside every scenario.
 //! * **Scale**: tensors of any size cost no host memory; a LLaMA-7B-shaped decoder
 //!   (`examples/llama.rs`, 6.74 B parameters, sequence 2048) takes one AdamW step in about
 //!   0.1 s with a peak RSS of about 6.5 MiB.
@@ -127,13 +148,14 @@
 //!   (≈1% of the tensor bytes on the MLP test).
 //! * Where Flex first copies a non-contiguous operand into a contiguous buffer before an
 //!   element-wise op, Meta allocates only the output.
-//! * cubecl's memory pools (what burn's CUDA backend reserves) are not modelled yet;
-//!   [`AllocationHook`] is where such a model attaches. The caching model treats all buffers
-//!   as allocations on one stream.
+//! * The caching model treats all buffers as allocations on one stream; the cubecl model does
+//!   not know burn's fusion (buffers a fused kernel never materialises are still counted) nor
+//!   the row pitch of `Optimized` 2-D layouts.
 
 mod backend;
 pub mod burn_runs;
 pub mod caching;
+pub mod cubecl;
 mod device;
 pub mod llama;
 pub mod memory;
@@ -145,6 +167,7 @@ pub mod tensor;
 pub use backend::Meta;
 pub use burn_runs::run_plan;
 pub use caching::CachingModel;
+pub use cubecl::{CubeclConfig, CubeclFigures, CubeclModel};
 pub use device::MetaDevice;
 pub use memory::{AllocationHook, DeviceTotals, Ledger, MemoryStats};
 pub use run::{MetaRun, Recorder, materialize, predict, predict_on};

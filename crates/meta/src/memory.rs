@@ -33,6 +33,11 @@ pub trait AllocationHook: Send + fmt::Debug {
 
     /// Releases cached, unused memory (`empty_cache`); nothing by default.
     fn empty_cache(&mut self) {}
+
+    /// burn is entering (`true`) or leaving (`false`) `Backend::memory_persistent_allocations`
+    /// (where it creates parameters): buffers made in between are meant to live for the whole
+    /// run. Nothing by default; cubecl's pools keep them apart.
+    fn persistent(&mut self, _on: bool) {}
 }
 
 /// Device figures of a memory model at one moment.
@@ -141,6 +146,12 @@ impl Ledger {
     /// The hook's device totals, when it has any (see [`AllocationHook::device_totals`]).
     pub fn device_totals(&self) -> Option<DeviceTotals> {
         self.with_hook_mut(|h| h.device_totals()).flatten()
+    }
+
+    /// Tells the hook that persistent allocations begin or end (see
+    /// [`AllocationHook::persistent`]).
+    pub fn persistent(&self, on: bool) {
+        self.with_hook_mut(|h| h.persistent(on));
     }
 
     /// Asks the hook to release cached memory (see [`AllocationHook::empty_cache`]).

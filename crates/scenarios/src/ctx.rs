@@ -84,6 +84,13 @@ pub struct RunRecord {
     /// Why the twin's accuracy targets do not apply to this run (its measured side is not a
     /// full count of the run's bytes), when they do not.
     pub no_targets: Option<String>,
+    /// The same plan trained on trainmem-meta with the measured run's options (with
+    /// [`Ctx::meta`], beside every measured run).
+    pub meta: Option<MeasuredRun>,
+    /// Why the Meta run failed, when it did (a disagreement with the measured run).
+    pub meta_failed: Option<String>,
+    /// Why a run with a measured side has no Meta run (it is not a training run of its own).
+    pub no_meta: Option<String>,
 }
 
 impl RunRecord {
@@ -120,6 +127,10 @@ impl RunRecord {
 /// tensor domain, else the plan's device).
 pub use trainmem_core::compare::comparison_domain as domain_of;
 
+/// The Meta run beside a measured run: `None` without [`Ctx::meta`], the run, or its error in
+/// words when it failed.
+type MetaOutcome = Option<std::result::Result<MeasuredRun, String>>;
+
 /// A scenario's working state.
 pub struct Ctx {
     /// Which runs to make.
@@ -136,6 +147,10 @@ pub struct Ctx {
     /// Where measured runs are made: in this process (the default) or each in a fresh child
     /// process, so that no run measures what an earlier one left behind.
     pub isolation: Isolation,
+    /// Also train every measured run's plan on trainmem-meta (in this process, with the same
+    /// run options) and compare its tensor bytes per category at every phase boundary
+    /// ([`crate::meta`]).
+    pub meta: bool,
     runs: Vec<RunRecord>,
     verdicts: Vec<Verdict>,
     notes: Vec<String>,
@@ -147,6 +162,7 @@ impl std::fmt::Debug for Ctx {
             .field("mode", &self.mode)
             .field("backend", &self.backend)
             .field("isolation", &self.isolation)
+            .field("meta", &self.meta)
             .field("runs", &self.runs.len())
             .field("verdicts", &self.verdicts.len())
             .finish()
@@ -163,6 +179,7 @@ impl Ctx {
             progress,
             plan_override: None,
             isolation: Isolation::InProcess,
+            meta: false,
             runs: Vec::new(),
             verdicts: Vec::new(),
             notes: Vec::new(),
@@ -195,12 +212,23 @@ impl Ctx {
         } else {
             None
         };
-        let measured = if self.mode.measured() {
-            Some(self.measure(label, plan, configure)?)
+        let (measured, meta) = if self.mode.measured() {
+            let (m, meta) = self.measure(label, plan, configure)?;
+            (Some(m), meta)
         } else {
-            None
+            (None, None)
         };
-        Ok(self.add_run(label, plan, measured, simulated))
+        let idx = self.add_run(label, plan, measured, simulated);
+        self.set_meta(idx, meta);
+        Ok(idx)
+    }
+
+    fn set_meta(&mut self, run: usize, meta: MetaOutcome) {
+        match meta {
+            Some(Ok(m)) => self.runs[run].meta = Some(m),
+            Some(Err(why)) => self.runs[run].meta_failed = Some(why),
+            None => {}
+        }
     }
 
     /// Runs `plan` measured only (when the mode measures; `None` otherwise), for a run option
@@ -215,9 +243,11 @@ impl Ctx {
         if !self.mode.measured() {
             return Ok(None);
         }
-        let measured = self.measure(label, plan, configure)?;
+        let (measured, meta) = self.measure(label, plan, configure)?;
         self.note(format!("`{label}` is measured only: {reason}"));
-        Ok(Some(self.add_run(label, plan, Some(measured), None)))
+        let idx = self.add_run(label, plan, Some(measured), None);
+        self.set_meta(idx, meta);
+        Ok(Some(idx))
     }
 
     /// Runs `plan` through the twin only, whatever the mode, and says why in the report
@@ -270,12 +300,14 @@ impl Ctx {
         result
     }
 
+    /// Makes the measured run and, with [`Ctx::meta`], the Meta run of the same plan and
+    /// options.
     fn measure(
         &self,
         label: &str,
         plan: &Plan,
         configure: impl FnOnce(&mut RunOptions<'_>),
-    ) -> Result<MeasuredRun> {
+    ) -> Result<(MeasuredRun, MetaOutcome)> {
         let bar = self.bar(label, "burn", plan.total_steps());
         let show = |step: u64, total: u64| {
             bar.set_length(total.max(1));
@@ -291,6 +323,14 @@ impl Ctx {
             ..RunOptions::default()
         };
         configure(&mut opts);
+        let on_meta = self.meta.then(|| {
+            (
+                opts.work_dir.clone(),
+                opts.learning_rate,
+                opts.lazy_parameters,
+                opts.source.is_some(),
+            )
+        });
         let result = match &self.isolation {
             Isolation::InProcess => {
                 opts.progress = Some(&mut on_step);
@@ -311,7 +351,32 @@ impl Ctx {
                 label: label.to_string(),
             });
         }
-        Ok(run)
+        let meta = on_meta.map(|(work_dir, learning_rate, lazy_parameters, has_source)| {
+            if has_source {
+                return Err(
+                    "the measured run read a batch source object, which a second \
+                            run cannot share"
+                        .to_string(),
+                );
+            }
+            let bar = self.bar(label, "meta", plan.total_steps());
+            let mut on_step = |p: trainmem_burn::Progress| {
+                bar.set_length(p.total_steps.max(1));
+                bar.set_position(p.step);
+            };
+            let opts = RunOptions {
+                work_dir,
+                learning_rate,
+                lazy_parameters,
+                progress: Some(&mut on_step),
+                ..RunOptions::default()
+            };
+            let result = trainmem_meta::run_plan(plan, opts, trainmem_meta::MetaDevice::new())
+                .map_err(|e| isolate::error_chain(&e));
+            bar.finish_and_clear();
+            result
+        });
+        Ok((run, meta))
     }
 
     /// Records a run the scenario assembled itself (for instance a measured run's allocations
@@ -337,6 +402,9 @@ impl Ctx {
             simulated,
             not_measured: None,
             no_targets,
+            meta: None,
+            meta_failed: None,
+            no_meta: None,
         });
         self.runs.len() - 1
     }
@@ -345,6 +413,14 @@ impl Ctx {
     /// accuracy targets do not apply to it), saying why.
     pub fn without_twin_targets(&mut self, run: usize, reason: &str) {
         self.runs[run].no_targets = Some(reason.to_string());
+    }
+
+    /// Marks a run that has no Meta run of its own although it has a measured side (with
+    /// [`Ctx::meta`]), saying why in the report.
+    pub fn without_meta(&mut self, run: usize, reason: &str) {
+        if self.meta && self.runs[run].measured.is_some() {
+            self.runs[run].no_meta = Some(reason.to_string());
+        }
     }
 
     /// A recorded run.

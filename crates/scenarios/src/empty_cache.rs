@@ -377,6 +377,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         "the replay counts only allocations of at least 4 KiB; the twin's accuracy is judged on \
          the host view of the same run",
     );
+    ctx.without_meta(
+        idx,
+        "its measured side replays the host-view run's allocations, which is compared with Meta",
+    );
 
     cache_verdicts(ctx, idx);
     if let Some(c) = check {

@@ -170,7 +170,7 @@ fn serve(request: &Path) -> std::result::Result<(), String> {
 }
 
 /// An error and its causes, joined with `: `.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -16,10 +16,16 @@
 //! [`compare`](trainmem_core::compare)), and writes `report.md`, `timeline.json`,
 //! `timeline.svg`, `trace.json` (Chrome trace) and `memory_viz.pickle` per scenario.
 //!
+//! With `--meta` ([`Ctx::meta`]) every measured run's plan is also trained on trainmem-meta
+//! (burn's code with tensors that have shapes and no data, through the same training loop), and
+//! its tensor bytes per category are held to the measured run's at every phase boundary
+//! ([`meta`]: within 1% + 16 KiB).
+//!
 //! Exit codes of [`run`]: 0 when every pattern and knob came out as expected; 1 when one did
 //! not ([`EXIT_NOT_REPRODUCED`]); 3 with `--strict-twin` when the prediction missed its
 //! accuracy target but every pattern reproduced ([`EXIT_TWIN_MISSED`]); 2 for an unknown
-//! scenario name ([`EXIT_USAGE`], as for other usage errors).
+//! scenario name ([`EXIT_USAGE`], as for other usage errors); 4 with `--meta` when trainmem-meta
+//! disagrees with a measured run but every pattern reproduced ([`EXIT_META_DISAGREES`]).
 //!
 //! Measured runs count host bytes per category only when the binary installs trainmem-probe's
 //! counting allocator (`#[global_allocator] static A: trainmem_probe::CountingAlloc = ...`);
@@ -52,6 +58,7 @@ pub mod error;
 pub mod checks;
 pub mod ctx;
 pub mod isolate;
+pub mod meta;
 pub mod output;
 pub mod plans;
 pub mod replay;
@@ -249,6 +256,12 @@ pub struct ScenarioArgs {
     /// resident, so verdicts can depend on the order the scenarios ran in.
     #[arg(long)]
     pub in_process: bool,
+    /// Also train every measured run's plan on trainmem-meta (burn's code on a backend whose
+    /// tensors have shapes and no data, with the same training loop) and compare its tensor
+    /// bytes per category with the measured run's at every phase boundary; exit 4 when they
+    /// differ by more than 1% + 16 KiB anywhere. Needs measured runs on Flex.
+    #[arg(long)]
+    pub meta: bool,
 }
 
 /// Looks a scenario up by name.
@@ -299,6 +312,9 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code with `--strict-twin` when every pattern reproduced but the prediction missed its
 /// accuracy target.
 pub const EXIT_TWIN_MISSED: u8 = 3;
+/// Exit code with `--meta` when every pattern reproduced but trainmem-meta's tensor bytes
+/// disagree with a measured run's (beyond 1% + 16 KiB of a category at a phase boundary).
+pub const EXIT_META_DISAGREES: u8 = 4;
 
 /// Runs the scenarios the arguments name; files go under `default_out/NAME/` unless `--out`
 /// says otherwise.
@@ -319,6 +335,10 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
         Some(s) => s,
         None => return Ok(ExitCode::from(EXIT_USAGE)),
     };
+    if let Some(why) = meta_refused(args.meta, args.mode, args.backend) {
+        eprintln!("error: {why}");
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
     let plan = match &args.plan {
         Some(_) if selected.len() > 1 => {
             eprintln!("error: --plan applies to one scenario, not `all`");
@@ -331,6 +351,15 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
     };
     let reports = run_selected(&args, &selected, plan, default_out)?;
     finish(&args, &reports)
+}
+
+/// Why `--meta` cannot be used with this mode and backend, when it cannot: Meta is compared
+/// with measured runs on Flex.
+fn meta_refused(meta: bool, mode: Mode, backend: Backend) -> Option<&'static str> {
+    (meta && (!mode.measured() || backend != Backend::Flex)).then_some(
+        "--meta compares trainmem-meta with measured runs on Flex; use it with --mode both or \
+         --mode measured, and --backend flex",
+    )
 }
 
 /// `--list`: one line per scenario.
@@ -413,6 +442,7 @@ fn run_selected(
         let mut ctx = Ctx::new(args.mode, args.backend, dir.clone(), !args.json);
         ctx.plan_override = plan.clone();
         ctx.isolation = isolation(args)?;
+        ctx.meta = args.meta;
         let mut report = execute_in(scenario, ctx)?;
         report
             .notes
@@ -470,6 +500,17 @@ fn finish(args: &ScenarioArgs, reports: &[ScenarioReport]) -> Result<ExitCode> {
             twin_missed.join(", ")
         );
     }
+    let meta_disagrees: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.meta_disagreements()
+                .into_iter()
+                .map(move |(run, what)| format!("{} / {run}: {what}", r.name))
+        })
+        .collect();
+    for line in &meta_disagrees {
+        eprintln!("trainmem-meta disagrees with the measured run: {line}");
+    }
     if !failed.is_empty() {
         eprintln!("not reproduced: {}", failed.join(", "));
     }
@@ -477,14 +518,23 @@ fn finish(args: &ScenarioArgs, reports: &[ScenarioReport]) -> Result<ExitCode> {
         !failed.is_empty(),
         !twin_missed.is_empty(),
         args.strict_twin,
+        !meta_disagrees.is_empty(),
     )))
 }
 
-/// The exit code of a finished run: a pattern not reproduced outranks a missed twin target,
-/// which counts only under `--strict-twin`.
-pub fn exit_code(not_reproduced: bool, twin_missed: bool, strict_twin: bool) -> u8 {
+/// The exit code of a finished run: a pattern not reproduced outranks Meta disagreeing with a
+/// measured run (`--meta`), which outranks a missed twin target, which counts only under
+/// `--strict-twin`.
+pub fn exit_code(
+    not_reproduced: bool,
+    twin_missed: bool,
+    strict_twin: bool,
+    meta_disagrees: bool,
+) -> u8 {
     if not_reproduced {
         EXIT_NOT_REPRODUCED
+    } else if meta_disagrees {
+        EXIT_META_DISAGREES
     } else if twin_missed && strict_twin {
         EXIT_TWIN_MISSED
     } else {

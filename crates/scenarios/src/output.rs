@@ -109,7 +109,15 @@ fn run_report(r: &RunRecord) -> RunReport {
             e.tolerance = None;
         }
     }
+    let meta_check = match (&r.measured, &r.meta) {
+        (Some(m), Some(meta)) => Some(super::meta::compare(&r.plan, m, meta, domain)),
+        _ => None,
+    };
     RunReport {
+        meta: r.meta.as_ref().map(|m| m.timeline.clone()),
+        meta_check,
+        meta_failed: r.meta_failed.clone(),
+        no_meta: r.no_meta.clone(),
         label: r.label.clone(),
         plan: r.plan.clone(),
         domain,
@@ -159,6 +167,10 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> Result<()> {
     for (i, run) in report.runs.iter().enumerate() {
         for t in [&run.measured, &run.simulated].into_iter().flatten() {
             let name = format!("run{i}-{}-{}.svg", slug(&run.label), t.source);
+            files.push(write(&name, render_svg(t).as_bytes())?);
+        }
+        if let Some(t) = &run.meta {
+            let name = format!("run{i}-{}-meta.svg", slug(&run.label));
             files.push(write(&name, render_svg(t).as_bytes())?);
         }
     }
@@ -336,6 +348,86 @@ pub fn summary_table(reports: &[ScenarioReport]) -> String {
             .iter()
             .filter(|s| **s == Source::Simulated)
             .count()
+    );
+    out.push_str(&meta_summary(reports));
+    out
+}
+
+/// The Meta part of the summary (`--meta`): per run, Meta's error per category at the phase
+/// boundary shown (see `meta::MetaRow::point`), and whether every boundary is within 1% + 16 KiB. Empty when
+/// no run was compared.
+pub fn meta_summary(reports: &[ScenarioReport]) -> String {
+    let compared = reports.iter().any(|r| {
+        r.runs
+            .iter()
+            .any(|run| run.meta_check.is_some() || run.meta_failed.is_some())
+    });
+    if !compared {
+        return String::new();
+    }
+    let cats = super::meta::COMPARED;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n== trainmem-meta against the measured runs: tensor bytes per category at every phase \
+         boundary"
+    );
+    let _ = write!(out, "| scenario | run | boundaries |");
+    for c in cats {
+        let _ = write!(out, " {} |", c.name());
+    }
+    let _ = writeln!(out, " agrees |");
+    let _ = writeln!(out, "|---|---|---|{}---|", "---|".repeat(cats.len()));
+    let (mut runs, mut agreeing) = (0, 0);
+    for r in reports {
+        let mut first = true;
+        for run in &r.runs {
+            let name = if first { r.name.as_str() } else { "" };
+            let Some(c) = &run.meta_check else {
+                // A run without a measured side has nothing to hold Meta to.
+                if let Some(why) = &run.meta_failed {
+                    first = false;
+                    runs += 1;
+                    let _ = writeln!(out, "| {name} | {} | Meta run failed: {why} |", run.label);
+                }
+                continue;
+            };
+            first = false;
+            runs += 1;
+            let boundaries = c.rows.first().map_or(0, |row| row.boundaries);
+            let _ = write!(out, "| {name} | {} | {boundaries} |", run.label);
+            for cat in cats {
+                let cell = match c.rows.iter().find(|row| row.category == cat) {
+                    Some(row) => {
+                        let err = row
+                            .error
+                            .map(|x| format!("{:+.2}%", x * 100.0))
+                            .unwrap_or_else(|| "-".into());
+                        let diff = report::human(row.largest_difference as f64);
+                        if row.within() {
+                            format!("{err} (max {diff})")
+                        } else {
+                            format!("{err} (MISS at {})", row.outside)
+                        }
+                    }
+                    None => "not compared".into(),
+                };
+                let _ = write!(out, " {cell} |");
+            }
+            let agrees = c.agrees();
+            if agrees {
+                agreeing += 1;
+            }
+            let _ = writeln!(out, " {} |", if agrees { "yes" } else { "**no**" });
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{agreeing} of {runs} runs agree. Each cell is (Meta - measured) / measured at the \
+         category's measured peak (at the boundary furthest outside 1% + 16 KiB when one is), \
+         and in brackets the largest |Meta - measured| over all boundaries; \
+         `input` is not compared with loader workers (the prefetch queue's fill at a boundary \
+         depends on thread scheduling)."
     );
     out
 }

@@ -9,6 +9,7 @@ use trainmem_probe::Category;
 use trainmem_sim::timeline::{Domain, Sample, Source, Timeline};
 
 use super::ctx::{Backend, Mode};
+use super::meta::MetaComparison;
 
 /// A number behind a verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -135,6 +136,18 @@ pub struct RunReport {
     pub no_targets: Option<String>,
     /// The twin's error per category (both sources present).
     pub twin: Vec<TwinError>,
+    /// The plan trained on trainmem-meta (`--meta`), its tensors in the device categories.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Timeline>,
+    /// Meta against the measured run at every phase boundary (`--meta`, with a measured run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta_check: Option<MetaComparison>,
+    /// Why the Meta run failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta_failed: Option<String>,
+    /// Why this run has no Meta run although it has a measured side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_meta: Option<String>,
 }
 
 impl RunReport {
@@ -177,6 +190,37 @@ impl ScenarioReport {
     /// True when every pattern and knob check came out as expected.
     pub fn all_reproduced(&self) -> bool {
         !self.verdicts.is_empty() && self.verdicts.iter().all(|v| v.reproduced)
+    }
+
+    /// The runs where trainmem-meta disagrees with the measured run (a category outside 1% +
+    /// 16 KiB at some phase boundary, timelines that do not line up, or a Meta run that
+    /// failed), as `(run, what)`.
+    pub fn meta_disagreements(&self) -> Vec<(&str, String)> {
+        let mut out = Vec::new();
+        for r in &self.runs {
+            if let Some(why) = &r.meta_failed {
+                out.push((r.label.as_str(), format!("the Meta run failed: {why}")));
+            }
+            let Some(c) = &r.meta_check else { continue };
+            if let Some(why) = &c.mismatch {
+                out.push((r.label.as_str(), why.clone()));
+            }
+            for row in c.misses() {
+                out.push((
+                    r.label.as_str(),
+                    format!(
+                        "{} outside at {} of {} boundaries (e.g. {}: measured {}, Meta {})",
+                        row.category.name(),
+                        row.outside,
+                        row.boundaries,
+                        row.point,
+                        row.measured,
+                        row.meta
+                    ),
+                ));
+            }
+        }
+        out
     }
 
     /// The twin errors outside their targets, as `(run, row)`.
@@ -444,6 +488,63 @@ pub fn twin_table(run: &RunReport) -> String {
     out
 }
 
+/// Meta against the measured run for one run: per category, one phase boundary (see
+/// [`crate::meta::MetaRow::point`]), with the number of boundaries compared and outside; then
+/// the categories left out and why. Empty without a comparison.
+pub fn meta_table(run: &RunReport) -> String {
+    let mut out = String::new();
+    if let Some(why) = &run.meta_failed {
+        let _ = writeln!(out, "DISAGREES: the Meta run failed: {why}");
+    }
+    if let Some(why) = &run.no_meta {
+        let _ = writeln!(out, "(not run on Meta: {why})");
+    }
+    let Some(c) = &run.meta_check else {
+        return out;
+    };
+    if let Some(why) = &c.mismatch {
+        let _ = writeln!(out, "DISAGREES: the timelines do not line up: {why}");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
+        "category", "boundary shown", "measured", "Meta", "error", "largest diff", "within"
+    );
+    for r in &c.rows {
+        let err = r
+            .error
+            .map(|x| format!("{:+.2}%", x * 100.0))
+            .unwrap_or_else(|| "-".into());
+        let within = format!(
+            "{}{}/{}",
+            if r.within() { "ok " } else { "MISS " },
+            r.boundaries - r.outside,
+            r.boundaries
+        );
+        let _ = writeln!(
+            out,
+            "{:<16} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
+            r.category.name(),
+            r.point,
+            r.measured,
+            r.meta,
+            err,
+            human(r.largest_difference as f64),
+            within
+        );
+    }
+    for e in &c.excluded {
+        let _ = writeln!(out, "({} not compared: {})", e.category.name(), e.reason);
+    }
+    out
+}
+
+/// The heading over [`meta_table`].
+pub const META_HEADING: &str = "trainmem-meta against the measured run, tensor bytes per \
+category at every phase boundary (within 1% + 16 KiB; shown: the boundary furthest outside it, \
+else the category's measured peak; largest diff: over all boundaries):";
+
 fn mark(v: &Verdict) -> &'static str {
     match (v.kind, v.reproduced) {
         (VerdictKind::Pattern, true) => "REPRODUCED    ",
@@ -535,6 +636,11 @@ pub fn render_text(report: &ScenarioReport) -> String {
                 let _ = writeln!(out, "(no accuracy targets for this run: {why})");
             }
         }
+        let meta = meta_table(run);
+        if !meta.is_empty() {
+            let _ = writeln!(out, "\n{META_HEADING}");
+            out.push_str(&meta);
+        }
         out.push('\n');
     }
     out.push_str(&verdict_lines(&report.verdicts));
@@ -611,6 +717,10 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
                 out,
                 "Twin error per category at the peak:\n\n```text\n{table}```\n"
             );
+        }
+        let meta = meta_table(run);
+        if !meta.is_empty() {
+            let _ = writeln!(out, "{META_HEADING}\n\n```text\n{meta}```\n");
         }
     }
     if !report.notes.is_empty() {
@@ -706,6 +816,10 @@ mod tests {
             simulated: Some(s),
             not_measured: None,
             no_targets: None,
+            meta: None,
+            meta_check: None,
+            meta_failed: None,
+            no_meta: None,
         };
         let text = chart(&run);
         let lines: Vec<&str> = text.lines().collect();

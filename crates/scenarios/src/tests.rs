@@ -23,16 +23,24 @@ fn registry_names_are_unique_and_findable() {
 
 #[test]
 fn exit_codes() {
-    assert_eq!(exit_code(false, false, false), 0);
+    assert_eq!(exit_code(false, false, false, false), 0);
     assert_eq!(
-        exit_code(false, true, false),
+        exit_code(false, true, false, false),
         0,
         "a twin miss fails only when strict"
     );
-    assert_eq!(exit_code(false, true, true), EXIT_TWIN_MISSED);
-    assert_eq!(exit_code(true, true, true), EXIT_NOT_REPRODUCED);
-    assert_eq!(exit_code(true, false, false), EXIT_NOT_REPRODUCED);
-    let codes = [EXIT_NOT_REPRODUCED, EXIT_USAGE, EXIT_TWIN_MISSED];
+    assert_eq!(exit_code(false, true, true, false), EXIT_TWIN_MISSED);
+    assert_eq!(exit_code(true, true, true, false), EXIT_NOT_REPRODUCED);
+    assert_eq!(exit_code(true, false, false, false), EXIT_NOT_REPRODUCED);
+    assert_eq!(exit_code(false, false, false, true), EXIT_META_DISAGREES);
+    assert_eq!(exit_code(false, true, true, true), EXIT_META_DISAGREES);
+    assert_eq!(exit_code(true, false, false, true), EXIT_NOT_REPRODUCED);
+    let codes = [
+        EXIT_NOT_REPRODUCED,
+        EXIT_USAGE,
+        EXIT_TWIN_MISSED,
+        EXIT_META_DISAGREES,
+    ];
     assert!(codes.iter().all(|&c| c != 0));
     assert_eq!(
         codes.len(),
@@ -41,6 +49,15 @@ fn exit_codes() {
             .collect::<std::collections::BTreeSet<_>>()
             .len()
     );
+}
+
+#[test]
+fn meta_needs_measured_runs_on_flex() {
+    assert_eq!(meta_refused(true, Mode::Both, Backend::Flex), None);
+    assert_eq!(meta_refused(true, Mode::Measured, Backend::Flex), None);
+    assert_eq!(meta_refused(false, Mode::Simulated, Backend::Cuda), None);
+    assert!(meta_refused(true, Mode::Simulated, Backend::Flex).is_some());
+    assert!(meta_refused(true, Mode::Both, Backend::Cuda).is_some());
 }
 
 #[test]

@@ -1,7 +1,8 @@
-//! Scenarios run end to end: every scenario of the catalogue simulated, and the measured subset
-//! (epoch-spike, optimizer-jump, retained-leak, grad-accumulation, checkpoint-save,
-//! empty-cache) trained for real on burn's Flex backend with the prediction held to its
-//! accuracy targets.
+//! Scenarios run end to end: every scenario of the catalogue simulated, and every scenario that
+//! is measured on the CPU trained for real on burn's Flex backend, with the twin held to its
+//! accuracy targets (epoch-spike, optimizer-jump, retained-leak) and trainmem-meta (the same
+//! plan and training loop on `Autodiff<Meta>`) held to the measured tensor bytes per category
+//! at every phase boundary (all of them).
 //!
 //! This is a test binary of its own, and its tests run one at a time for their whole length:
 //! a measured run reads trainmem-probe's process-wide counters, so no other test may allocate
@@ -47,6 +48,8 @@ fn execute_isolated(
     let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
     let mut ctx = Ctx::new(mode, Backend::Flex, dir, false);
     ctx.isolation = Isolation::Child(ChildCommand::test_harness(CHILD_TEST).expect("test binary"));
+    // Every measured run is made on trainmem-meta too, and compared.
+    ctx.meta = mode.measured();
     execute_in(scenario, ctx)
 }
 
@@ -165,6 +168,119 @@ fn assert_twin_on_target(name: &str, json: &serde_json::Value, run: usize) {
     }
 }
 
+/// The scenarios measured on the CPU that have no Meta comparison, and why.
+const NOT_ON_META: &[(&str, &str)] = &[(
+    "model-parallel",
+    "simulated only: burn 0.21 has no pipeline split across devices to measure",
+)];
+
+/// Runs of measured scenarios that are not a training run of their own (simulated only, or a
+/// replay of another run's allocations), so nothing to hold Meta to, and why.
+const RUNS_NOT_ON_META: &[(&str, &str, &str)] = &[
+    (
+        "startup",
+        "eager optimizer state (twin)",
+        "simulated only: burn-optim creates optimizer state inside the first step",
+    ),
+    (
+        "empty-cache",
+        "through the caching allocator",
+        "the measured side is the host-view run's allocations replayed through trainmem-alloc, \
+         not a training run; that run is compared",
+    ),
+];
+
+/// Every run with a measured side was also trained on trainmem-meta, and Meta's tensor bytes
+/// per category agree with the measured run's within 1% + 16 KiB at every phase boundary; a
+/// run without a measured side must be listed in [`RUNS_NOT_ON_META`].
+fn assert_meta_agrees(report: &ScenarioReport) {
+    let name = report.name.as_str();
+    let mut compared = 0;
+    for run in &report.runs {
+        let listed = RUNS_NOT_ON_META
+            .iter()
+            .any(|(s, r, _)| *s == name && *r == run.label);
+        if listed || run.measured.is_none() {
+            assert!(
+                listed,
+                "{name} / {}: a run without a measured side that is not listed in \
+                 RUNS_NOT_ON_META",
+                run.label
+            );
+            assert!(run.meta_check.is_none(), "{name} / {}", run.label);
+            continue;
+        }
+        let check = run.meta_check.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{name} / {}: measured but not compared with Meta ({:?})",
+                run.label, run.meta_failed
+            )
+        });
+        assert!(
+            check.agrees(),
+            "{name} / {}: trainmem-meta disagrees with the measured run:\n{}",
+            run.label,
+            report::meta_table(run)
+        );
+        assert!(
+            check.rows.iter().all(|r| r.boundaries > 4),
+            "{name} / {}: too few phase boundaries compared",
+            run.label
+        );
+        compared += 1;
+    }
+    assert!(compared > 0, "{name}: no run compared with Meta");
+    assert!(report.meta_disagreements().is_empty());
+}
+
+#[test]
+fn every_scenario_is_compared_with_meta_or_says_why_not() {
+    let mut covered: Vec<&str> = MEASURED_ON_META.to_vec();
+    covered.extend(NOT_ON_META.iter().map(|(s, _)| *s));
+    covered.sort_unstable();
+    let mut all: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    all.sort_unstable();
+    assert_eq!(covered, all);
+}
+
+/// The scenarios measured on the CPU, each run beside trainmem-meta by one of the tests below.
+const MEASURED_ON_META: &[&str] = &[
+    "optimizer-jump",
+    "retained-leak",
+    "epoch-spike",
+    "grad-accumulation",
+    "checkpoint-save",
+    "empty-cache",
+    "memmap-vs-preload",
+    "startup",
+    "activation-retention",
+    "per-batch-plateau",
+    "logging-growth",
+    "mixed-precision",
+    "grad-checkpointing",
+    "pinned-staging",
+];
+
+/// The measured scenarios no other test measures: the pattern reproduces on the real run, and
+/// trainmem-meta agrees with it.
+#[test]
+fn measured_on_meta_the_other_scenarios() {
+    let _one_at_a_time = serial();
+    for name in [
+        "startup",
+        "activation-retention",
+        "per-batch-plateau",
+        "logging-growth",
+        "mixed-precision",
+        "grad-checkpointing",
+        "pinned-staging",
+    ] {
+        let report = run_one(name, Mode::Measured);
+        assert_reproduced(&report, Mode::Measured);
+        assert_meta_agrees(&report);
+    }
+}
+
 fn assert_reproduced(report: &ScenarioReport, mode: Mode) {
     assert!(
         report.all_reproduced(),
@@ -203,6 +319,13 @@ fn measured_with_the_twin_on_target(name: &str) {
     let _one_at_a_time = serial();
     let (report, json) = run_with_json(name, Mode::Both);
     assert_reproduced(&report, Mode::Measured);
+    assert_meta_agrees(&report);
+    assert!(
+        json["runs"][0]["meta"]["samples"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty()),
+        "{name}: the Meta timeline in timeline.json"
+    );
     assert!(
         report.twin_misses().is_empty(),
         "{name}: {:?}",
@@ -234,6 +357,7 @@ fn measured_grad_accumulation_checkpoint_save_and_empty_cache() {
     for name in ["grad-accumulation", "checkpoint-save", "empty-cache"] {
         let report = run_one(name, Mode::Both);
         assert_reproduced(&report, Mode::Measured);
+        assert_meta_agrees(&report);
     }
 }
 
@@ -341,6 +465,7 @@ fn measured_verdicts_do_not_depend_on_the_order_scenarios_run_in() {
     let backward: Vec<ScenarioReport> = pair.iter().rev().map(|n| run_one(n, Mode::Both)).collect();
     for report in forward.iter().chain(&backward) {
         assert_reproduced(report, Mode::Measured);
+        assert_meta_agrees(report);
     }
     assert_same_outcome(&forward[0], &backward[1], "first vs after optimizer-jump");
     assert_same_outcome(

@@ -358,7 +358,7 @@ pub fn run(args: AllocBenchArgs) -> anyhow::Result<ExitCode> {
         "pages are counted, not allocated",
         reps,
         &workload,
-        || Cubecl::new(cubecl::NullStorage, capacity, slots),
+        || Cubecl::new(cubecl::null_storage(), capacity, slots),
     ));
     rows.push(measure(
         "cubecl 0.10 BytesStorage",
@@ -432,7 +432,7 @@ pub fn run(args: AllocBenchArgs) -> anyhow::Result<ExitCode> {
     }
     println!(
         "  frag     = 1 - peak allocated / peak reserved (each allocator's own allocated figure: \
-         trainmem rounds to 512 B, cubecl and first-fit pad to 256 B)"
+         trainmem and cubecl round to 512 B, first-fit pads to 256 B)"
     );
     println!(
         "  frag/req = 1 - peak live requested bytes ({}) / peak reserved: the same numerator for all",
