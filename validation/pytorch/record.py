@@ -423,6 +423,12 @@ def runs():
     yield "gpt2-tiny-adamw-accumulation", gpt2, "adamw", 4, 64, {"micro": 2}
     yield "llama-tiny-adamw-checkpointing", llama, "adamw", 4, 64, {"checkpointing": True}
     yield "bert-tiny-sgd-checkpointing", bert, "sgd", 4, 64, {"checkpointing": True}
+    # BERT-large (bert-large-uncased's shape) at sequence 512 and batch 8, the largest batch
+    # whose training the twin predicts to fit this 24 GiB machine (19.6 GiB; batch 9: 21.6 GiB)
+    large_bert = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                      intermediate_size=4096, vocab_size=30522, max_position_embeddings=512)
+    yield "bert-large-seq512-adamw", (lambda: hf_model("bert", large_bert, 8, 512)), \
+        "adamw", 8, 512, {}
     # torch.autocast to bf16 on the CPU: every model with AdamW, GPT-2 and the MLP with SGD
     bf16 = {"autocast": "bfloat16"}
     yield "autocast-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, bf16
@@ -459,12 +465,14 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", default=None, help="record only runs whose name contains this")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads (the storages recorded do not depend on it)")
     parser.add_argument("--explain", default=None,
                         help="print the storages live at the highest total of this run")
     args = parser.parse_args()
     import os
     os.makedirs(args.out, exist_ok=True)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     for name, build, opt, batch, seq, extra in runs():
         if args.only and args.only not in name:
             continue
