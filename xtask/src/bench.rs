@@ -33,3 +33,20 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Replay(args) => replay::run(args),
     }
 }
+
+/// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there is
+/// one, else on one scoped thread each (the copy bounds of the loader benches).
+fn on_threads<T: Send>(dst: &mut [T], copy: impl Fn(usize, &mut T) + Sync) {
+    if dst.len() <= 1 {
+        if let Some(mine) = dst.first_mut() {
+            copy(0, mine);
+        }
+        return;
+    }
+    let copy = &copy;
+    std::thread::scope(|scope| {
+        for (t, mine) in dst.iter_mut().enumerate() {
+            scope.spawn(move || copy(t, mine));
+        }
+    });
+}

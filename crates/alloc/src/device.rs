@@ -149,6 +149,18 @@ pub struct SimulatedDevice {
 }
 
 impl SimulatedDevice {
+    /// An out-of-memory error unless `size` more bytes fit the capacity left.
+    fn check_room(&self, size: u64) -> Result<(), DeviceError> {
+        let free = self.free_bytes();
+        if size > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free,
+            });
+        }
+        Ok(())
+    }
+
     /// The first address handed out unless changed with
     /// [`with_base_address`](SimulatedDevice::with_base_address).
     pub const DEFAULT_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
@@ -257,13 +269,7 @@ impl SimulatedDevice {
 
 impl DeviceMemory for SimulatedDevice {
     fn allocate(&mut self, size: u64) -> Result<u64, DeviceError> {
-        let free = self.free_bytes();
-        if size > free {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free,
-            });
-        }
+        self.check_room(size)?;
         if let Some(&(planned_size, planned_addr)) = self.planned.front() {
             self.planned.pop_front();
             if planned_size == size && self.range_is_free(planned_addr, size) {
@@ -308,13 +314,7 @@ impl DeviceMemory for SimulatedDevice {
                 "cannot take over {size} bytes at {address:#x}: empty, or overlapping a live range"
             )));
         }
-        let free = self.free_bytes();
-        if size > free {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free,
-            });
-        }
+        self.check_room(size)?;
         self.used += size;
         self.live.insert(address, size);
         self.next_address = self.next_address.max(end.div_ceil(512).saturating_mul(512));
@@ -345,13 +345,7 @@ impl DeviceMemory for SimulatedDevice {
 
     fn map(&mut self, address: u64, size: u64) -> Result<(), DeviceError> {
         let base = self.space_of(address, size)?;
-        let free = self.free_bytes();
-        if size > free {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free,
-            });
-        }
+        self.check_room(size)?;
         self.used += size;
         if let Some(space) = self.spaces.get_mut(&base) {
             space.1 += size;

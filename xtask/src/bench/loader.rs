@@ -6,6 +6,7 @@
 //! bound — optionally in a child process under a cgroup v1 memory limit smaller than the data
 //! set (`--stream-under-limit`), so that the data set cannot fit in the memory it may use.
 
+use super::on_threads;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -101,23 +102,6 @@ fn fixture(dir: &Path, samples: usize, dim: usize) -> anyhow::Result<FixturePath
         return Ok(paths);
     }
     write_fixture_with_progress(&out, &spec)
-}
-
-/// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there is
-/// one, else on one scoped thread each.
-fn on_threads(dst: &mut [Vec<Vec<u8>>], copy: impl Fn(usize, &mut Vec<Vec<u8>>) + Sync) {
-    if dst.len() <= 1 {
-        if let Some(mine) = dst.first_mut() {
-            copy(0, mine);
-        }
-        return;
-    }
-    let copy = &copy;
-    std::thread::scope(|scope| {
-        for (t, mine) in dst.iter_mut().enumerate() {
-            scope.spawn(move || copy(t, mine));
-        }
-    });
 }
 
 /// Copies every column in file order, `batch` rows at a time, each batch as one contiguous

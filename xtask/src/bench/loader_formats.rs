@@ -23,6 +23,7 @@
 //! and the process's CPU time during the bound over that during the loader's epoch
 //! (`getrusage`).
 
+use super::on_threads;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -284,23 +285,6 @@ impl BoundBatch for PackBound<'_> {
         }
         packed * (row_bytes + self.length)
     }
-}
-
-/// Runs `copy(t, destination)` for each thread's destination `t`: on this thread when there
-/// is one, else on one scoped thread each.
-fn on_threads(dst: &mut [Vec<u8>], copy: impl Fn(usize, &mut Vec<u8>) + Sync) {
-    if dst.len() <= 1 {
-        if let Some(mine) = dst.first_mut() {
-            copy(0, mine);
-        }
-        return;
-    }
-    let copy = &copy;
-    std::thread::scope(|scope| {
-        for (t, mine) in dst.iter_mut().enumerate() {
-            scope.spawn(move || copy(t, mine));
-        }
-    });
 }
 
 /// Nanoseconds of CPU time (user and system) this process has used so far, every thread
