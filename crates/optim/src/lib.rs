@@ -475,7 +475,26 @@ impl ModelStateBytes {
     }
 }
 
-/// Per-rank model-state bytes for a list of parameter tensors.
+/// Per-rank model-state bytes of one parameter tensor of `elems` elements, without the
+/// state the optimizer shares between its parameters
+/// ([`OptimizerConfig::shared_state_bytes`]).
+pub fn tensor_state_bytes(
+    cfg: &OptimizerConfig,
+    grad_dtype: Dtype,
+    sharding: Sharding,
+    elems: u64,
+) -> ModelStateBytes {
+    let master = cfg.master_bytes(sharding.state_elems(elems));
+    ModelStateBytes {
+        parameters: sharding.param_elems(elems) * cfg.param_dtype.size() + master,
+        master_weights: master,
+        gradients: sharding.grad_elems(elems) * grad_dtype.size(),
+        optimizer_state: cfg.state_bytes(sharding.state_elems(elems)),
+    }
+}
+
+/// Per-rank model-state bytes for a list of parameter tensors (the optimizer's shared state
+/// counted once).
 pub fn model_state_bytes(
     cfg: &OptimizerConfig,
     grad_dtype: Dtype,
@@ -484,11 +503,11 @@ pub fn model_state_bytes(
 ) -> ModelStateBytes {
     let mut m = ModelStateBytes::default();
     for &e in param_elems {
-        let master = cfg.master_bytes(sharding.state_elems(e));
-        m.parameters += sharding.param_elems(e) * cfg.param_dtype.size() + master;
-        m.master_weights += master;
-        m.gradients += sharding.grad_elems(e) * grad_dtype.size();
-        m.optimizer_state += cfg.state_bytes(sharding.state_elems(e));
+        let t = tensor_state_bytes(cfg, grad_dtype, sharding, e);
+        m.parameters += t.parameters;
+        m.master_weights += t.master_weights;
+        m.gradients += t.gradients;
+        m.optimizer_state += t.optimizer_state;
     }
     if !param_elems.is_empty() {
         m.optimizer_state += cfg.shared_state_bytes();

@@ -128,6 +128,13 @@ fn adamw8bit_state_follows_bitsandbytes_layout_to_the_byte() {
         let c = compare(&rec).expect("simulates");
         let state = row(&c, "optimizer_state");
         assert_eq!(state.predicted, state.measured, "{name}");
+        // the steady-state figure (trainmem-optim's arithmetic) is the simulated one
+        let plan = plan_of(&rec).expect("plan");
+        let r = trainmem_sim::simulate(&plan, Default::default()).expect("simulates");
+        assert_eq!(
+            r.summary.model_state.optimizer_state, state.measured,
+            "{name}"
+        );
         let adamw_state = row(&compare(&f32_run).expect("simulates"), "optimizer_state").measured;
         // a quarter of AdamW's and the block maxima, f32 biases and norms, the maps
         assert!(
