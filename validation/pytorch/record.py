@@ -20,6 +20,16 @@ and the optimizer step outside it, as PyTorch recommends); their ledgers carry a
 field with the device type and dtype. Parameters stay f32; the half-precision copies autocast
 makes of them are storages like any other.
 
+The `autocast-f16-*` runs do the same with `torch.float16` (on the CPU autocast runs the same
+ops in half precision for either dtype: their ledgers equal the bf16 runs' byte for byte).
+
+8-bit AdamW (`*-adamw8bit`): bitsandbytes' `AdamW8bit` with its CPU backend. Its step is a
+custom operator (`bitsandbytes::optimizer_update_8bit_blockwise`) whose CPU kernel is Python
+over aten ops; the ledger calls that kernel with itself re-entered, so the f32 tensors the
+step dequantizes into and frees are seen like any other. The two quantization maps the
+optimizer makes when it is constructed and shares between parameters (`name2qmap`) are
+counted as optimizer state from the start.
+
 `--explain NAME` prints, for one run, the storages live at the highest total of each phase (the
 op that made each, its dtype, shape and the phase that made it), which is how the twin's
 discrepancies are found: set the list beside the twin's tensors at the same moment.
@@ -151,18 +161,18 @@ def optimizer_tensors(optimizer):
             yield v
 
 
-def mlp(batch):
+def mlp(batch, hidden=(1024, 1024)):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(784, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 10),
+        torch.nn.Linear(784, hidden[0]), torch.nn.ReLU(),
+        torch.nn.Linear(hidden[0], hidden[1]), torch.nn.ReLU(),
+        torch.nn.Linear(hidden[1], 10),
     )
     def make_batch(n):
         return (torch.randn(n, 784), torch.randint(0, 10, (n,)))
     def loss_of(model, b):
         return torch.nn.functional.cross_entropy(model(b[0]), b[1])
-    plan = {"mlp": {"input": 784, "hidden": [1024, 1024], "output": 10, "loss": "cross_entropy"}}
+    plan = {"mlp": {"input": 784, "hidden": list(hidden), "output": 10, "loss": "cross_entropy"}}
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
@@ -490,6 +500,12 @@ def runs():
     yield "mlp-adamw8bit", (lambda: mlp(32)), "adamw8bit", 32, 0, {}
     yield "gpt2-tiny-adamw8bit", gpt2, "adamw8bit", 4, 64, {}
     yield "llama-tiny-adamw8bit", llama, "adamw8bit", 4, 64, {}
+    # hidden 1000: no weight is a whole number of 256-element blocks (784 000, 1 000 000 and
+    # 10 000 elements), and the biases (1000, 10) stay f32
+    yield "mlp1000-adamw8bit", (lambda: mlp(32, (1000, 1000))), "adamw8bit", 32, 0, {}
+    # LoRA adapters (rank 8 on 128-wide projections: 1024 and 512 elements) are all under
+    # min_8bit_size: f32 moments and the step of bitsandbytes' 32-bit kernel
+    yield "lora-llama-tiny-adamw8bit", llama_qv, "adamw8bit", 4, 64, {}
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16
