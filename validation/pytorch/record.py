@@ -20,6 +20,16 @@ and the optimizer step outside it, as PyTorch recommends); their ledgers carry a
 field with the device type and dtype. Parameters stay f32; the half-precision copies autocast
 makes of them are storages like any other.
 
+The `autocast-f16-*` runs do the same with `torch.float16` (on the CPU autocast runs the same
+ops in half precision for either dtype: their ledgers equal the bf16 runs' byte for byte).
+
+8-bit AdamW (`*-adamw8bit`): bitsandbytes' `AdamW8bit` with its CPU backend. Its step is a
+custom operator (`bitsandbytes::optimizer_update_8bit_blockwise`) whose CPU kernel is Python
+over aten ops; the ledger calls that kernel with itself re-entered, so the f32 tensors the
+step dequantizes into and frees are seen like any other. The two quantization maps the
+optimizer makes when it is constructed and shares between parameters (`name2qmap`) are
+counted as optimizer state from the start.
+
 `--explain NAME` prints, for one run, the storages live at the highest total of each phase (the
 op that made each, its dtype, shape and the phase that made it), which is how the twin's
 discrepancies are found: set the list beside the twin's tensors at the same moment.
@@ -66,7 +76,15 @@ class Ledger(TorchDispatchMode):
         self.at_highest = {}  # phase -> the live set then
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func.namespace == "bitsandbytes":
+            # bitsandbytes' CPU kernels are Python functions over aten ops (dequantize to
+            # f32, update, quantize back): their CPU kernel is called with the mode
+            # re-entered so that the storages they make and free inside the step are seen too
+            with self:
+                out = func.redispatch(
+                    torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.enter(t, str(func))
@@ -109,10 +127,8 @@ class Ledger(TorchDispatchMode):
             claim(p, "parameter")
         for p in model.parameters():
             claim(p.grad, "gradient")
-        for state in optimizer.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    claim(v, "optimizer_state")
+        for v in optimizer_tensors(optimizer):
+            claim(v, "optimizer_state")
         for t in batch:
             claim(t, "input")
         bytes_by = dict.fromkeys(CATEGORIES, 0)
@@ -132,18 +148,31 @@ class Ledger(TorchDispatchMode):
         return record
 
 
-def mlp(batch):
+def optimizer_tensors(optimizer):
+    """The optimizer's state tensors: each parameter's `state`, and the quantization maps an
+    8-bit optimizer (bitsandbytes) shares between its parameters (`name2qmap`, made when the
+    optimizer is)."""
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                yield v
+    for v in getattr(optimizer, "name2qmap", {}).values():
+        if isinstance(v, torch.Tensor):
+            yield v
+
+
+def mlp(batch, hidden=(1024, 1024)):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(784, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 10),
+        torch.nn.Linear(784, hidden[0]), torch.nn.ReLU(),
+        torch.nn.Linear(hidden[0], hidden[1]), torch.nn.ReLU(),
+        torch.nn.Linear(hidden[1], 10),
     )
     def make_batch(n):
         return (torch.randn(n, 784), torch.randint(0, 10, (n,)))
     def loss_of(model, b):
         return torch.nn.functional.cross_entropy(model(b[0]), b[1])
-    plan = {"mlp": {"input": 784, "hidden": [1024, 1024], "output": 10, "loss": "cross_entropy"}}
+    plan = {"mlp": {"input": 784, "hidden": list(hidden), "output": 10, "loss": "cross_entropy"}}
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
@@ -294,6 +323,12 @@ def optimizer_for(name, model):
         from transformers.optimization import Adafactor
         return Adafactor(params, lr=1e-3, relative_step=False, scale_parameter=False,
                          warmup_init=False)
+    if name == "adamw8bit":
+        # bitsandbytes' 8-bit AdamW: both moments as one byte per element with an f32 absmax
+        # per block of 256, for tensors of at least 4096 elements (min_8bit_size); smaller
+        # ones keep f32 moments. Its defaults but the learning rate.
+        import bitsandbytes
+        return bitsandbytes.optim.AdamW8bit(params, lr=1e-3)
     raise ValueError(name)
 
 
@@ -307,11 +342,16 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     if optimizer_name == "adafactor":
         # imported before the ledger starts: the import itself makes a 16-byte tensor
         import transformers.optimization  # noqa: F401
+    if optimizer_name == "adamw8bit":
+        # likewise: bitsandbytes is imported (and its CPU library loaded) outside the ledger
+        import bitsandbytes  # noqa: F401
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
     }
+    if optimizer_name == "adamw8bit":
+        versions["bitsandbytes"] = __import__("bitsandbytes").__version__
     if "lora" in described:
         versions["peft"] = __import__("peft").__version__
         described = dict(described)
@@ -382,10 +422,8 @@ def explain_peak(name, ledger, model, optimizer):
         model_state.add(p.untyped_storage().data_ptr())
         if p.grad is not None:
             model_state.add(p.grad.untyped_storage().data_ptr())
-    for state in optimizer.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                model_state.add(v.untyped_storage().data_ptr())
+    for v in optimizer_tensors(optimizer):
+        model_state.add(v.untyped_storage().data_ptr())
     for during, live in ledger.at_highest.items():
         rows = sorted(live.items(), key=lambda kv: -kv[1][0][0])
         print(f"{name}: {ledger.highest[during]} B live at the highest total during {during}",
@@ -458,6 +496,21 @@ def runs():
     yield "mlp-adafactor", (lambda: mlp(32)), "adafactor", 32, 0, {}
     yield "gpt2-tiny-adafactor", gpt2, "adafactor", 4, 64, {}
     yield "llama-tiny-adafactor", llama, "adafactor", 4, 64, {}
+    # bitsandbytes' 8-bit AdamW (its CPU backend)
+    yield "mlp-adamw8bit", (lambda: mlp(32)), "adamw8bit", 32, 0, {}
+    yield "gpt2-tiny-adamw8bit", gpt2, "adamw8bit", 4, 64, {}
+    yield "llama-tiny-adamw8bit", llama, "adamw8bit", 4, 64, {}
+    # hidden 1000: no weight is a whole number of 256-element blocks (784 000, 1 000 000 and
+    # 10 000 elements), and the biases (1000, 10) stay f32
+    yield "mlp1000-adamw8bit", (lambda: mlp(32, (1000, 1000))), "adamw8bit", 32, 0, {}
+    # LoRA adapters (rank 8 on 128-wide projections: 1024 and 512 elements) are all under
+    # min_8bit_size: f32 moments and the step of bitsandbytes' 32-bit kernel
+    yield "lora-llama-tiny-adamw8bit", llama_qv, "adamw8bit", 4, 64, {}
+    # torch.autocast to fp16 on the CPU
+    f16 = {"autocast": "float16"}
+    yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16
+    yield "autocast-f16-gpt2-tiny-adamw", gpt2, "adamw", 4, 64, f16
+    yield "autocast-f16-llama-tiny-adamw", llama, "adamw", 4, 64, f16
 
 
 def main():

@@ -627,8 +627,8 @@ impl<B: AutodiffBackend> AnyOptimizer<B> {
                     .with_amsgrad(plan.optimizer.amsgrad)
                     .init(),
             ),
-            OptimizerKind::Adafactor => {
-                unreachable!("Plan::validate rejects Adafactor under framework burn")
+            OptimizerKind::Adafactor | OptimizerKind::AdamW8bit => {
+                unreachable!("Plan::validate rejects Adafactor and adamw8bit under framework burn")
             }
         }
     }

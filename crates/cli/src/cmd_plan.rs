@@ -30,6 +30,10 @@ pub enum OptimizerArg {
     Adamw,
     /// Adafactor (factored second moments, as `transformers` has it).
     Adafactor,
+    /// 8-bit AdamW as bitsandbytes keeps it (`AdamW8bit`: one byte per element and moment
+    /// with an f32 maximum per 256-element block; f32 moments under 4096 elements).
+    #[value(name = "adamw8bit")]
+    Adamw8bit,
 }
 
 /// The precision of a plan written from a configuration.
@@ -118,6 +122,7 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
             OptimizerArg::Adam => OptimizerKind::Adam,
             OptimizerArg::Adamw => OptimizerKind::AdamW,
             OptimizerArg::Adafactor => OptimizerKind::Adafactor,
+            OptimizerArg::Adamw8bit => OptimizerKind::AdamW8bit,
         },
         precision: match args.precision {
             PrecisionArg::F32 => HfPrecision::F32,

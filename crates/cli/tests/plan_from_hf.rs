@@ -169,3 +169,53 @@ fn a_bad_config_fails_naming_the_field_and_writes_nothing() {
         stderr(&out)
     );
 }
+
+/// `--optimizer adamw8bit`: bitsandbytes' 8-bit AdamW in the plan. For GPT-2 small nearly every
+/// parameter is a tensor of at least 4096 elements, quantized to one byte per element and
+/// moment plus an f32 maximum per 256 elements: the state is a little over a quarter of
+/// AdamW's (the f32 biases and norms, the 1 KiB maps). Simulated on a CPU device (exact
+/// bytes), it is bitsandbytes' rule applied to transformers' own GPT-2 parameters: 253,494,680
+/// bytes (transformers 5.24.0, `GPT2LMHeadModel` of `fixtures/hf/gpt2.json` on the meta device,
+/// each parameter `8·n` bytes under 4096 elements, `2·n + 8·ceil(n / 256)` otherwise, plus
+/// 2,048).
+#[test]
+fn an_adamw8bit_plan_keeps_about_a_quarter_of_adamws_state() {
+    let dir = empty_dir("plan-from-hf-adamw8bit");
+    let mut state = Vec::new();
+    for optimizer in ["adamw", "adamw8bit"] {
+        let plan_path = dir.join(format!("gpt2-{optimizer}.toml"));
+        let out = trainmem(&[
+            "plan",
+            "from-hf",
+            s(&hf("gpt2.json")),
+            "--batch",
+            "2",
+            "--seq",
+            "128",
+            "--optimizer",
+            optimizer,
+            "--out",
+            s(&plan_path),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let mut plan = Plan::load(&plan_path).expect("the written plan loads");
+        assert_eq!(plan.optimizer.kind.name(), optimizer);
+        plan.device.kind = trainmem_sim::plan::DeviceKind::Cpu;
+        let r = trainmem_sim::simulate(&plan, Default::default()).expect("simulates");
+        let peak = r
+            .timeline
+            .samples
+            .iter()
+            .map(|s| {
+                s.device
+                    .categories
+                    .get(trainmem_core::Category::OptimizerState)
+            })
+            .max()
+            .unwrap_or(0);
+        state.push(peak);
+    }
+    assert_eq!(state[1], 253_494_680);
+    let ratio = state[1] as f64 / state[0] as f64;
+    assert!(ratio > 0.25 && ratio < 0.26, "{state:?}: {ratio}");
+}

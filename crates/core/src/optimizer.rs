@@ -20,6 +20,12 @@ pub enum OptimizerKind {
     /// moment factored into a row and a column vector per matrix parameter, a full-size one
     /// per vector parameter.
     Adafactor,
+    /// 8-bit AdamW as bitsandbytes implements it (`AdamW8bit`): both moments quantized to one
+    /// byte per element with an f32 absolute maximum per block of 256 elements, for
+    /// parameters of at least 4096 elements; smaller parameters keep f32 moments. Two
+    /// 256-entry f32 quantization maps are shared by every parameter.
+    #[serde(rename = "adamw8bit")]
+    AdamW8bit,
 }
 
 impl OptimizerKind {
@@ -31,6 +37,7 @@ impl OptimizerKind {
             OptimizerKind::Adam => "adam",
             OptimizerKind::AdamW => "adamw",
             OptimizerKind::Adafactor => "adafactor",
+            OptimizerKind::AdamW8bit => "adamw8bit",
         }
     }
 

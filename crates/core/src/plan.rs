@@ -43,6 +43,16 @@
 //! in f32, and the rest run in the widest dtype of their inputs. trainmem-sim's `autocast`
 //! module holds the rules per device.
 //!
+//! `[optimizer]` names the algorithm with `kind`: `sgd`, `momentum`, `adam`, `adamw` (PyTorch's
+//! and burn's), `adafactor` (`transformers`' Adafactor, its second moment factored per matrix)
+//! or `adamw8bit` (bitsandbytes' `AdamW8bit`: each moment one byte per element plus an f32
+//! absolute maximum per block of 256 elements for parameters of at least 4096 elements, f32
+//! moments for smaller ones, and two 1 KiB quantization maps shared by all parameters; its
+//! step runs the CPU backend's kernel on a CPU device, which dequantizes both moments to f32
+//! one parameter at a time, and the fused CUDA kernel, without scratch, on a GPU).
+//! `implementation` (`for_loop`, `foreach`, `fused`) says how PyTorch's step runs, which sets
+//! its scratch; `state` (`lazy`, `eager`) when the state is made.
+//!
 //! `[host]` has `capacity` (reported against, not enforced), `baseline` (resident bytes before
 //! training, under `other`) and `kernel_scratch` (bytes a compute library keeps for the
 //! training thread's life, under `other` from `start` to `end`; by default gemm's L2-sized
@@ -206,7 +216,7 @@ impl Default for PrecisionPlan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimizerPlan {
-    /// `sgd`, `momentum`, `adam`, `adamw`.
+    /// `sgd`, `momentum`, `adam`, `adamw`, `adafactor`, `adamw8bit`.
     pub kind: OptimizerKind,
     /// `lazy` (state created at the first step, as PyTorch and burn do) or `eager`.
     pub state: StateAllocation,
@@ -722,6 +732,31 @@ impl Plan {
                 return Err(err("optimizer.kind", why.into()));
             }
         }
+        if self.optimizer.kind == OptimizerKind::AdamW8bit {
+            // bitsandbytes' 8-bit AdamW: a PyTorch optimizer with its own state layout (one
+            // byte per element and f32 block maxima; f32 for small tensors) and two step
+            // kernels (the CPU backend's composed one, CUDA's fused one)
+            let why = if self.framework != Framework::Pytorch {
+                Some("adamw8bit (bitsandbytes) is modelled under framework = \"pytorch\" only")
+            } else if self.parallel.zero_stage > 0 {
+                Some("adamw8bit's block-quantized state is not sharded by ZeRO here")
+            } else if self.optimizer.implementation == StepImpl::Foreach {
+                Some(
+                    "adamw8bit steps one parameter at a time: implementation = \"for_loop\" (its CPU kernel) or \"fused\" (its CUDA kernel)",
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(err("optimizer.kind", why.into()));
+            }
+            if self.optimizer.state_dtype != Dtype::F32 {
+                return Err(err(
+                    "optimizer.state_dtype",
+                    "adamw8bit keeps its own state dtypes (u8 moments with f32 block maxima, f32 moments for tensors under 4096 elements): leave state_dtype = \"f32\"".into(),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -1151,6 +1186,26 @@ steps_per_epoch = 3
         let text = format!("framework = \"burn\"\n{MINI}\n[precision]\nautocast = \"bf16\"\n");
         let e = Plan::from_toml_str(&text).unwrap_err().to_string();
         assert!(e.contains("PyTorch"), "{e}");
+    }
+
+    #[test]
+    fn adamw8bit_is_a_pytorch_optimizer_with_its_own_state_dtypes() {
+        let p =
+            Plan::from_toml_str(&format!("{MINI}\n[optimizer]\nkind = \"adamw8bit\"\n")).unwrap();
+        assert_eq!(p.optimizer.kind, OptimizerKind::AdamW8bit);
+        let again = Plan::from_toml_str(&p.to_toml().unwrap()).unwrap();
+        assert_eq!(again, p);
+        for (extra, key) in [
+            ("state_dtype = \"bf16\"\n", "optimizer.state_dtype"),
+            ("implementation = \"foreach\"\n", "for_loop"),
+        ] {
+            let text = format!("{MINI}\n[optimizer]\nkind = \"adamw8bit\"\n{extra}");
+            let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
+        let text = format!("framework = \"burn\"\n{MINI}\n[optimizer]\nkind = \"adamw8bit\"\n");
+        let e = Plan::from_toml_str(&text).unwrap_err().to_string();
+        assert!(e.contains("pytorch"), "{e}");
     }
 
     #[test]

@@ -32,6 +32,8 @@
 //! | `sgd` | 0 | plain SGD keeps nothing |
 //! | `momentum` | 1 (velocity) | burn's first step aliases the gradient, later steps allocate |
 //! | `adam`, `adamw` | 2 (first and second moment) | +1 with AMSGrad (max of the second moment) |
+//! | `adafactor` | a row and a column vector per matrix, a full vector per vector | plus the RMS scalar |
+//! | `adamw8bit` | 2 of one byte per element, plus an f32 maximum per block of 256 | f32 under 4,096 elements |
 //!
 //! So with f32 state a model of Ψ parameter elements gets 0, 4Ψ, 8Ψ (12Ψ with AMSGrad) bytes of
 //! optimizer state.
@@ -117,6 +119,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod eight_bit;
+
 use serde::{Deserialize, Serialize};
 pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
 
@@ -197,6 +201,8 @@ impl OptimizerConfig {
             }
             // one second moment, factored for matrices ([`OptimizerConfig::state_elems_of`])
             OptimizerKind::Adafactor => &[StateRole::SecondMoment],
+            // both moments, quantized for large tensors ([`OptimizerConfig::state_bytes_of`])
+            OptimizerKind::AdamW8bit => &[StateRole::FirstMoment, StateRole::SecondMoment],
         }
     }
 
@@ -210,6 +216,35 @@ impl OptimizerConfig {
             (OptimizerKind::Adafactor, Some((rows, cols))) => vec![rows, cols, 1],
             (OptimizerKind::Adafactor, None) => vec![elems, 1],
             _ => vec![elems; self.state_roles().len()],
+        }
+    }
+
+    /// Bytes of each state buffer this rank keeps for one parameter of `elems` elements
+    /// shaped `matrix` (see [`OptimizerConfig::state_elems_of`]) under `sharding`: each
+    /// buffer's elements in the state dtype, except for `adamw8bit`, whose buffers follow
+    /// [`eight_bit::state_bytes`] (bitsandbytes' layout) over this rank's elements.
+    pub fn state_bytes_of(
+        &self,
+        elems: u64,
+        matrix: Option<(u64, u64)>,
+        sharding: Sharding,
+    ) -> Vec<u64> {
+        if self.kind == OptimizerKind::AdamW8bit {
+            return eight_bit::state_bytes(sharding.state_elems(elems));
+        }
+        self.state_elems_of(elems, matrix)
+            .into_iter()
+            .map(|e| sharding.state_elems(e) * self.state_dtype.size())
+            .collect()
+    }
+
+    /// Optimizer state shared by every parameter, made with the optimizer: `adamw8bit`'s
+    /// two quantization maps ([`eight_bit::QUANTIZATION_MAPS_BYTES`]); 0 for the others.
+    pub fn shared_state_bytes(&self) -> u64 {
+        if self.kind == OptimizerKind::AdamW8bit {
+            eight_bit::QUANTIZATION_MAPS_BYTES
+        } else {
+            0
         }
     }
 
@@ -244,8 +279,12 @@ impl OptimizerConfig {
         out
     }
 
-    /// Optimizer-state bytes (moments, velocity) for `elems` parameter elements.
+    /// Optimizer-state bytes (moments, velocity) for one parameter of `elems` elements
+    /// (`adamw8bit`: by its per-tensor rule, without the maps all parameters share).
     pub fn state_bytes(&self, elems: u64) -> u64 {
+        if self.kind == OptimizerKind::AdamW8bit {
+            return eight_bit::state_bytes(elems).iter().sum();
+        }
         self.state_multiplier() * elems * self.state_dtype.size()
     }
 
@@ -272,6 +311,24 @@ impl OptimizerConfig {
             // while the update is): two parameter-sized tensors at once, one parameter at a
             // time
             (OptimizerKind::Adafactor, _) => 2,
+            (OptimizerKind::AdamW8bit, _) => {
+                // bitsandbytes' CPU kernel: f32 buffers one parameter at a time, fewer for
+                // the tensors it keeps in f32 (their buffers padded with zero-sized ones)
+                let half = self.param_dtype.is_half();
+                let per = eight_bit::cpu_step_buffers(eight_bit::MIN_8BIT_SIZE, half);
+                return StepTemporaries {
+                    buffers: param_elems
+                        .iter()
+                        .flat_map(|&e| {
+                            let n = eight_bit::cpu_step_buffers(e, half);
+                            std::iter::repeat_n(e, n).chain(std::iter::repeat_n(0, per - n))
+                        })
+                        .collect(),
+                    dtype: Dtype::F32,
+                    all_at_once: false,
+                    per_param: per,
+                };
+            }
         };
         let dtype = if self.has_master_weights() {
             Dtype::F32
@@ -295,7 +352,13 @@ impl OptimizerConfig {
         if t.all_at_once {
             t.buffers.iter().sum::<u64>() * t.dtype.size()
         } else {
-            param_elems.iter().copied().max().unwrap_or(0) * t.per_param as u64 * t.dtype.size()
+            // one parameter's buffers at a time: the largest parameter's sum
+            t.buffers
+                .chunks(t.per_param.max(1))
+                .map(|c| c.iter().sum::<u64>())
+                .max()
+                .unwrap_or(0)
+                * t.dtype.size()
         }
     }
 }
@@ -412,7 +475,26 @@ impl ModelStateBytes {
     }
 }
 
-/// Per-rank model-state bytes for a list of parameter tensors.
+/// Per-rank model-state bytes of one parameter tensor of `elems` elements, without the
+/// state the optimizer shares between its parameters
+/// ([`OptimizerConfig::shared_state_bytes`]).
+pub fn tensor_state_bytes(
+    cfg: &OptimizerConfig,
+    grad_dtype: Dtype,
+    sharding: Sharding,
+    elems: u64,
+) -> ModelStateBytes {
+    let master = cfg.master_bytes(sharding.state_elems(elems));
+    ModelStateBytes {
+        parameters: sharding.param_elems(elems) * cfg.param_dtype.size() + master,
+        master_weights: master,
+        gradients: sharding.grad_elems(elems) * grad_dtype.size(),
+        optimizer_state: cfg.state_bytes(sharding.state_elems(elems)),
+    }
+}
+
+/// Per-rank model-state bytes for a list of parameter tensors (the optimizer's shared state
+/// counted once).
 pub fn model_state_bytes(
     cfg: &OptimizerConfig,
     grad_dtype: Dtype,
@@ -421,11 +503,14 @@ pub fn model_state_bytes(
 ) -> ModelStateBytes {
     let mut m = ModelStateBytes::default();
     for &e in param_elems {
-        let master = cfg.master_bytes(sharding.state_elems(e));
-        m.parameters += sharding.param_elems(e) * cfg.param_dtype.size() + master;
-        m.master_weights += master;
-        m.gradients += sharding.grad_elems(e) * grad_dtype.size();
-        m.optimizer_state += cfg.state_bytes(sharding.state_elems(e));
+        let t = tensor_state_bytes(cfg, grad_dtype, sharding, e);
+        m.parameters += t.parameters;
+        m.master_weights += t.master_weights;
+        m.gradients += t.gradients;
+        m.optimizer_state += t.optimizer_state;
+    }
+    if !param_elems.is_empty() {
+        m.optimizer_state += cfg.shared_state_bytes();
     }
     m
 }
@@ -454,7 +539,7 @@ pub fn model_state_bytes(
 /// | Adam | 552 B | 1,116 B |
 /// | AdamW | 552 B | 1,180 B |
 ///
-/// Adafactor, which burn-optim does not have, is 0.
+/// Adafactor and 8-bit AdamW, which burn-optim does not have, are 0.
 ///
 /// E.g. plain SGD over 4 tensors: 8 buckets × 193 + 16 + 4 × 964 = 5,416 bytes.
 pub fn burn_step_bookkeeping_bytes(kind: OptimizerKind, tensors: u64) -> u64 {
@@ -467,7 +552,7 @@ pub fn burn_step_bookkeeping_bytes(kind: OptimizerKind, tensors: u64) -> u64 {
         OptimizerKind::Adam => (552, 1_116),
         OptimizerKind::AdamW => (552, 1_180),
         // burn-optim has no Adafactor (a plan cannot name it under burn): nothing measured
-        OptimizerKind::Adafactor => return 0,
+        OptimizerKind::Adafactor | OptimizerKind::AdamW8bit => return 0,
     };
     hashbrown_buckets(tensors) * (entry + 1) + 16 + tensors * per_tensor
 }
@@ -551,6 +636,28 @@ mod tests {
             OptimizerConfig::new(OptimizerKind::Sgd).step_temporary_peak(&params),
             0
         );
+    }
+
+    #[test]
+    fn adamw8bit_state_and_step_follow_bitsandbytes() {
+        let c = OptimizerConfig::new(OptimizerKind::AdamW8bit);
+        // the MLP 784-1024-1024-10 of the recordings: three quantized weights (the 10 × 1024
+        // head has 10,240 elements), three f32 biases, and the two shared maps
+        let params = [1024 * 784, 1024, 1024 * 1024, 1024, 10 * 1024, 10];
+        let m = model_state_bytes(&c, Dtype::F32, Sharding::default(), &params);
+        assert_eq!(m.optimizer_state, 3_799_952);
+        assert_eq!(
+            c.state_bytes_of(10, None, Sharding::default()),
+            vec![40, 40]
+        );
+        // the CPU kernel: five f32 buffers of the largest parameter at once
+        assert_eq!(c.step_temporary_peak(&params), 5 * 4 * 1024 * 1024);
+        // only small tensors: three buffers of the largest
+        assert_eq!(c.step_temporary_peak(&[100, 4000]), 3 * 4 * 4000);
+        // the fused (CUDA) kernel: none
+        let mut fused = c;
+        fused.implementation = StepImpl::Fused;
+        assert_eq!(fused.step_temporary_peak(&params), 0);
     }
 
     #[test]

@@ -205,6 +205,8 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         "adamw" => (OptimizerKind::AdamW, StepImpl::ForLoop),
         "adamw-foreach" => (OptimizerKind::AdamW, StepImpl::Foreach),
         "adafactor" => (OptimizerKind::Adafactor, StepImpl::ForLoop),
+        // bitsandbytes' AdamW8bit (its CPU kernel)
+        "adamw8bit" => (OptimizerKind::AdamW8bit, StepImpl::ForLoop),
         other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
     };
     let mut plan = match (&rec.hf_config, &rec.plan_model) {

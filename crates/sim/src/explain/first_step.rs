@@ -55,14 +55,28 @@ pub(super) fn startup(plan: &Plan, t: &Timeline, s: &Summary, out: &mut Vec<Find
 pub(super) fn optimizer_jump(plan: &Plan, t: &Timeline, s: &Summary, out: &mut Vec<Finding>) {
     let dev = Domain::Device;
     let profile = FrameworkProfile::of(plan.framework);
+    // state made with the optimizer and shared by its parameters (adamw8bit's quantization
+    // maps) is there from the start: the jump is what the first step adds to it
+    let made_with_optimizer = t
+        .samples
+        .iter()
+        .take_while(|x| x.phase != Phase::OptimizerStep)
+        .map(|x| x.device.categories.get(Category::OptimizerState))
+        .max()
+        .unwrap_or(0)
+        .min(if plan.optimizer.kind == OptimizerKind::AdamW8bit {
+            trainmem_optim::eight_bit::QUANTIZATION_MAPS_BYTES
+        } else {
+            0
+        });
     let first_state = t
         .samples
         .iter()
-        .position(|x| x.device.categories.get(Category::OptimizerState) > 0);
+        .position(|x| x.device.categories.get(Category::OptimizerState) > made_with_optimizer);
     if let Some(i) = first_state {
         let x = &t.samples[i];
         if x.phase == Phase::OptimizerStep {
-            let b = x.device.categories.get(Category::OptimizerState);
+            let b = x.device.categories.get(Category::OptimizerState) - made_with_optimizer;
             let shard_elems = (s.model_state.parameters - s.model_state.master_weights)
                 / plan.precision.compute.size().max(1);
             let per = shard_elems * plan.optimizer.state_dtype.size();
@@ -102,6 +116,14 @@ fn state_buffers(plan: &Plan) -> u64 {
 /// The optimizer state proper appearing at the first optimizer `step` (`b` bytes, `ratio`
 /// times the parameter count in the state's dtype).
 fn state_jump_text(plan: &Plan, b: u64, step: u64, ratio: f64) -> String {
+    if plan.optimizer.kind == OptimizerKind::AdamW8bit {
+        return format!(
+            "+{} of optimizer state appears at the first optimizer step (step {}): adamw8bit keeps both Adam moments in one byte per element with an f32 maximum per block of 256 elements (f32 moments for tensors under 4,096 elements; {:.2}× the parameter count in f32, against 2× for adamw), created lazily on first use; it stays flat afterwards.",
+            human(b),
+            step,
+            ratio
+        );
+    }
     format!(
         "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per parameter in {} ({:.2}× the parameter count in that dtype), created lazily on first use; it stays flat afterwards.",
         human(b),

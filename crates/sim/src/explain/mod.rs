@@ -129,6 +129,26 @@ mod tests {
     }
 
     #[test]
+    fn adamw8bit_jump_is_the_quantized_state_beside_the_maps_made_with_the_optimizer() {
+        // two 4096 × 64 weights and their biases: 2 · 262,144 + 8 · 1,024 per weight (one byte
+        // per element and moment, an f32 maximum per 256); the 64-element bias keeps f32
+        // moments, the 4096-element one is quantized (4096 is bitsandbytes' min_8bit_size)
+        let plan = "[model.mlp]\ninput = 4096\nhidden = [64]\noutput = 4096\n\
+            [training]\nbatch_size = 8\nepochs = 1\nsteps_per_epoch = 2\n\
+            [optimizer]\nkind = \"adamw8bit\"\n[device]\nkind = \"cpu\"\n";
+        let f = jump(plan);
+        let weights = 2 * (2 * 262_144 + 8 * 1_024);
+        let biases = 8 * 64 + (2 * 4096 + 8 * 16);
+        assert_eq!(f.bytes as u64, weights + biases, "{}", f.text);
+        assert!(f.text.contains("one byte per element"), "{}", f.text);
+        assert!(
+            f.text.contains("0.51× the parameter count in f32"),
+            "{}",
+            f.text
+        );
+    }
+
+    #[test]
     fn leak_growth_advice_speaks_the_frameworks_language() {
         let growth = |text: &str| {
             let plan = Plan::from_toml_str(text).expect("plan");

@@ -30,6 +30,9 @@ pub(super) struct ModelState {
     pub(super) beside_params: Vec<TensorId>,
     /// The optimizer's state buffers.
     pub(super) optimizer_state: Vec<TensorId>,
+    /// State the optimizer makes when it is constructed and shares between parameters
+    /// (`adamw8bit`'s quantization maps).
+    shared_state: Option<TensorId>,
     /// The state buffers of their own exist (not only aliased gradients).
     state_ready: bool,
     /// DDP's gradient buckets, from the first backward on.
@@ -76,10 +79,19 @@ pub(super) fn state_config(
 ) -> (OptimizerConfig, Sharding, Dtype) {
     let compute = plan.precision.compute;
     let grad_dtype = plan.precision.grads.unwrap_or(compute);
+    // bitsandbytes' 8-bit step is its CPU backend's composed kernel on a CPU device and one
+    // fused kernel (no scratch) on a GPU
+    let implementation = if plan.optimizer.kind == OptimizerKind::AdamW8bit
+        && plan.device.kind != crate::plan::DeviceKind::Cpu
+    {
+        trainmem_optim::StepImpl::Fused
+    } else {
+        plan.optimizer.implementation
+    };
     let opt = OptimizerConfig {
         kind: plan.optimizer.kind,
         allocation: plan.optimizer.state,
-        implementation: plan.optimizer.implementation,
+        implementation,
         state_dtype: match profile.optimizer.state_dtype {
             StateDtype::Gradients => grad_dtype,
             StateDtype::Plan => plan.optimizer.state_dtype,
@@ -119,6 +131,7 @@ impl ModelState {
             params: Vec::new(),
             beside_params: Vec::new(),
             optimizer_state: Vec::new(),
+            shared_state: None,
             state_ready: false,
             ddp_buckets: Vec::new(),
             optimizer_records: None,
@@ -158,6 +171,10 @@ impl ModelState {
             let b = per_tensor * program.params.len() as u64;
             let t = store.alloc(b, Category::Parameter)?;
             self.beside_params.push(t);
+        }
+        let shared = self.opt.shared_state_bytes();
+        if shared > 0 {
+            self.shared_state = Some(store.alloc(shared, Category::OptimizerState)?);
         }
         if self.opt.allocation == StateAllocation::Eager {
             self.alloc_state(store, spec, &[])?;
@@ -203,8 +220,7 @@ impl ModelState {
                 continue;
             }
             let matrix = self.shapes.get(i).copied().flatten();
-            for e in self.opt.state_elems_of(p.elems, matrix) {
-                let b = self.sharding.state_elems(e) * self.opt.state_dtype.size();
+            for b in self.opt.state_bytes_of(p.elems, matrix, self.sharding) {
                 let t = store.alloc(b, Category::OptimizerState)?;
                 self.optimizer_state.push(t);
             }
@@ -328,6 +344,7 @@ impl ModelState {
             .iter()
             .chain(&self.beside_params)
             .chain(&self.optimizer_state)
+            .chain(&self.shared_state)
             .chain(&self.ddp_buckets)
             .map(|&t| store.size(t))
             .sum()
@@ -348,6 +365,7 @@ impl ModelState {
             .drain(..)
             .chain(self.beside_params.drain(..))
             .chain(self.optimizer_state.drain(..))
+            .chain(self.shared_state.take())
             .chain(self.ddp_buckets.drain(..))
         {
             store.release(t);

@@ -71,12 +71,13 @@ fn step_temporaries(
             store.release(t);
         }
     } else if temps.per_param > 0 {
+        let mut live = Vec::with_capacity(temps.per_param);
         for chunk in temps.buffers.chunks(temps.per_param) {
-            let mut live = [None, None, None];
-            for (k, &e) in chunk.iter().enumerate().take(3) {
-                live[k] = Some(store.alloc(e * size, Category::Temporary)?);
+            // zero-sized entries pad a parameter that needs fewer buffers than the others
+            for &e in chunk.iter().filter(|&&e| e > 0) {
+                live.push(store.alloc(e * size, Category::Temporary)?);
             }
-            for t in live.into_iter().flatten() {
+            for t in live.drain(..) {
                 store.release(t);
             }
         }

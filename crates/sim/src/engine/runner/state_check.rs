@@ -11,7 +11,7 @@
 //! that overflows 64 bits is an error naming the figures.
 
 use trainmem_autograd::{Dtype, Program, ProgramBuilder, ValueDtype};
-use trainmem_optim::{ModelStateBytes, model_state_bytes};
+use trainmem_optim::{ModelStateBytes, tensor_state_bytes};
 use trainmem_probe::Category;
 
 use super::Runner;
@@ -79,7 +79,7 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
                 "a parameter tensor of {elems} elements overflows a 64-bit byte count"
             )));
         }
-        let mut one = model_state_bytes(&opt, grad_dtype, sharding, &[elems]);
+        let mut one = tensor_state_bytes(&opt, grad_dtype, sharding, elems);
         if frozen {
             // counted as frozen here; the adapters among them come again as trainable,
             // less their parameter bytes
@@ -100,6 +100,13 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
             "optimizer-state bytes",
         )?;
     }
+    // state the optimizer makes with itself and shares between its parameters (adamw8bit's
+    // quantization maps), once
+    steady.optimizer_state = add(
+        steady.optimizer_state,
+        opt.shared_state_bytes(),
+        "optimizer-state bytes",
+    )?;
     let tensors = total_tensors(&groups)?;
     let bookkeeping = mul(
         profile.bookkeeping.per_param_tensor,
