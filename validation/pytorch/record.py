@@ -44,6 +44,11 @@ Usage (from the repository root, in a virtual environment with requirements.txt 
 
     python validation/pytorch/record.py --out fixtures/pytorch
     python validation/pytorch/record.py --out /tmp/x --only autocast-gpt2 --explain autocast-gpt2-tiny-adamw
+
+torchvision's own ResNet-18 (`tv-resnet18-*`, beside the plain-nn `resnet18-*`) is recorded
+when torchvision is importable, in the environment of requirements-torchvision.txt:
+
+    python validation/pytorch/record.py --out fixtures/pytorch --only tv-resnet18
 """
 
 import argparse
@@ -179,7 +184,7 @@ def mlp(batch, hidden=(1024, 1024)):
 def resnet18(batch, image=64, classes=10):
     """ResNet-18 (He et al.: 7×7 stem, max pool, four stages of two basic blocks with
     identity or 1×1-convolution shortcuts, global average pool, linear head) written in plain
-    torch.nn, the layout torchvision's `resnet18` has (torchvision is not installed here), on
+    torch.nn, the layout torchvision's `resnet18` has (`tv_resnet18` is torchvision's own), on
     `image`×`image` RGB inputs; with the plan's `[model.layers]` list of the same ops."""
     nn = torch.nn
     torch.manual_seed(0)
@@ -258,6 +263,25 @@ def resnet18(batch, image=64, classes=10):
 
     plan = {"layers": {"input": [3, image, image], "layers": layers, "loss": "cross_entropy"}}
     return model, make_batch, loss_of, {"plan_model": plan}
+
+
+def tv_resnet18(batch, image=64, classes=10):
+    """torchvision's own `torchvision.models.resnet18(num_classes=classes)` (random weights),
+    on the same `image`×`image` inputs and with the same plan as the plain-nn `resnet18`,
+    whose layout it is."""
+    import torchvision
+    _, make_batch, loss_of, described = resnet18(batch, image, classes)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=classes)
+    return model, make_batch, loss_of, described
+
+
+def have_torchvision():
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def hf_model(kind, config, batch, seq):
@@ -350,6 +374,8 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
     }
+    if type(model).__module__.startswith("torchvision."):
+        versions["torchvision"] = __import__("torchvision").__version__
     if optimizer_name == "adamw8bit":
         versions["bitsandbytes"] = __import__("bitsandbytes").__version__
     if "lora" in described:
@@ -492,6 +518,13 @@ def runs():
     # ResNet-18 in plain torch.nn (torchvision's layout), 64×64 images
     yield "resnet18-sgd", (lambda: resnet18(8)), "sgd", 8, 0, {}
     yield "resnet18-adamw", (lambda: resnet18(8)), "adamw", 8, 0, {}
+    # torchvision's own ResNet-18 (requirements-torchvision.txt), the same images and batch
+    if have_torchvision():
+        yield "tv-resnet18-sgd", (lambda: tv_resnet18(8)), "sgd", 8, 0, {}
+        yield "tv-resnet18-adamw", (lambda: tv_resnet18(8)), "adamw", 8, 0, {}
+    else:
+        print("torchvision is not installed: tv-resnet18-* not recorded "
+              "(validation/pytorch/requirements-torchvision.txt)", file=sys.stderr)
     # Adafactor (transformers)
     yield "mlp-adafactor", (lambda: mlp(32)), "adafactor", 32, 0, {}
     yield "gpt2-tiny-adafactor", gpt2, "adafactor", 4, 64, {}

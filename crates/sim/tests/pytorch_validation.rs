@@ -236,6 +236,49 @@ fn autocast_f16_on_the_cpu_holds_the_bytes_of_bf16() {
     }
 }
 
+/// torchvision's own `torchvision.models.resnet18` (the `tv-resnet18-*` recordings, made
+/// with torchvision 0.29.2) holds the same bytes as the plain-nn replica (`resnet18-*`) at
+/// every phase boundary, with SGD and AdamW: the same plan, the same twin figures, all within
+/// target.
+#[test]
+fn torchvisions_resnet18_holds_the_bytes_of_the_plain_nn_replica() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch");
+    for opt in ["sgd", "adamw"] {
+        let tv = load(&dir.join(format!("tv-resnet18-{opt}.json"))).expect("recorded");
+        let nn = load(&dir.join(format!("resnet18-{opt}.json"))).expect("recorded");
+        assert!(
+            tv.versions["torchvision"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("0.29.2")),
+            "{:?}",
+            tv.versions
+        );
+        assert!(nn.versions.get("torchvision").is_none(), "{opt}");
+        assert_eq!(tv.optimizer, opt);
+        assert_eq!(tv.parameters, nn.parameters, "{opt}");
+        assert_eq!(tv.plan_model, nn.plan_model, "{opt}");
+        assert_eq!(tv.samples.len(), nn.samples.len(), "{opt}");
+        for (a, b) in tv.samples.iter().zip(&nn.samples) {
+            assert_eq!(a.categories, b.categories, "{opt} {} {}", a.phase, a.step);
+            assert_eq!(a.peak_since_previous, b.peak_since_previous, "{opt}");
+        }
+        let (ct, cn) = (
+            compare(&tv).expect("simulates"),
+            compare(&nn).expect("simulates"),
+        );
+        assert_eq!(ct.rows.len(), 7, "{opt}");
+        for (rt, rn) in ct.rows.iter().zip(&cn.rows) {
+            assert_eq!(
+                (rt.measured, rt.predicted),
+                (rn.measured, rn.predicted),
+                "{opt} {}",
+                rt.what
+            );
+            assert!(rt.within(), "tv-resnet18-{opt} {}", rt.what);
+        }
+    }
+}
+
 /// Figures not yet within target, with why (none now). LLaMA under Hugging Face's
 /// checkpointing missed its activation target (−8.7%) while the twin ran LLaMA's attention
 /// eagerly and its RMS norm without the normalized tensor the weight's gradient reads (one
