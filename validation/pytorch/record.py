@@ -46,7 +46,7 @@ Usage (from the repository root, in a virtual environment with requirements.txt 
     python validation/pytorch/record.py --out /tmp/x --only autocast-gpt2 --explain autocast-gpt2-tiny-adamw
 
 torchvision's own ResNet-18 (`tv-resnet18-*`, beside the plain-nn `resnet18-*`) is recorded
-when torchvision is importable, in the environment of requirements-torchvision.txt:
+when torchvision is importable (requirements.txt pins it):
 
     python validation/pytorch/record.py --out fixtures/pytorch --only tv-resnet18
 """
@@ -518,13 +518,13 @@ def runs():
     # ResNet-18 in plain torch.nn (torchvision's layout), 64×64 images
     yield "resnet18-sgd", (lambda: resnet18(8)), "sgd", 8, 0, {}
     yield "resnet18-adamw", (lambda: resnet18(8)), "adamw", 8, 0, {}
-    # torchvision's own ResNet-18 (requirements-torchvision.txt), the same images and batch
+    # torchvision's own ResNet-18 (pinned in requirements.txt), the same images and batch
     if have_torchvision():
         yield "tv-resnet18-sgd", (lambda: tv_resnet18(8)), "sgd", 8, 0, {}
         yield "tv-resnet18-adamw", (lambda: tv_resnet18(8)), "adamw", 8, 0, {}
     else:
         print("torchvision is not installed: tv-resnet18-* not recorded "
-              "(validation/pytorch/requirements-torchvision.txt)", file=sys.stderr)
+              "(validation/pytorch/requirements.txt)", file=sys.stderr)
     # Adafactor (transformers)
     yield "mlp-adafactor", (lambda: mlp(32)), "adafactor", 32, 0, {}
     yield "gpt2-tiny-adafactor", gpt2, "adafactor", 4, 64, {}
