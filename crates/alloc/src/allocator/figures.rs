@@ -26,21 +26,50 @@ pub struct CacheFigures {
 }
 
 impl<D: DeviceMemory> CachingAllocator<D> {
-    /// The cache's fragmentation figures, read from the blocks in one pass (linear in the
-    /// number of blocks, nothing allocated). Equal to what [`snapshot`](Self::snapshot)
-    /// gives for the same figures; use this when the snapshot itself is not needed.
+    /// The cache's fragmentation figures, read from the blocks in one pass in slab order
+    /// (linear in the number of blocks, nothing allocated, no block list followed outside
+    /// expandable segments). Equal to what [`snapshot`](Self::snapshot) gives for the same
+    /// figures; use this when the snapshot itself is not needed.
+    ///
+    /// In an ordinary segment no two free blocks are neighbours (frees merge; the invariant
+    /// checker holds it), so a free block alone in its segment is a whole segment with no
+    /// active block (releasable), and a free block with a neighbour lies in a segment that
+    /// also holds an active one (non-releasable). Only expandable segments, whose mapped runs
+    /// are the snapshot's segments, are walked block by block.
     pub fn cache_figures(&self) -> CacheFigures {
         let mut f = CacheFigures::default();
-        for (head, n) in self.nodes.iter().enumerate() {
-            if n.state == NodeState::Vacant || n.prev != NONE {
-                continue;
+        let mut expandable_heads = false;
+        for n in self.nodes.iter() {
+            match n.state {
+                NodeState::Free => {
+                    f.largest_free_block = f.largest_free_block.max(n.size);
+                    if n.expandable {
+                        expandable_heads = true;
+                    } else if n.prev == NONE && n.next == NONE {
+                        f.releasable += n.size;
+                    } else {
+                        f.non_releasable += n.size;
+                    }
+                }
+                NodeState::Vacant => {}
+                _ => expandable_heads |= n.expandable,
             }
-            let listed = if n.expandable {
-                self.expandable.contains_key(&n.addr)
-            } else {
-                self.segments.contains_key(&n.addr)
-            };
-            if !listed {
+        }
+        if expandable_heads {
+            f.releasable += self.expandable_releasable();
+        }
+        f
+    }
+
+    /// Bytes of the mapped runs of expandable segments that hold no active block.
+    fn expandable_releasable(&self) -> u64 {
+        let mut releasable = 0;
+        for (head, n) in self.nodes.iter().enumerate() {
+            if !n.expandable
+                || n.state == NodeState::Vacant
+                || n.prev != NONE
+                || !self.expandable.contains_key(&n.addr)
+            {
                 continue;
             }
             let mut cur = head as u32;
@@ -49,31 +78,23 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                     cur = self.nodes[cur as usize].next;
                     continue;
                 }
-                // One segment as the snapshot reports it: a whole segment, or one run of
-                // mapped blocks of an expandable segment.
-                let (mut blocks, mut total, mut active, mut inactive) = (0u64, 0, 0, 0);
+                // One mapped run: the snapshot's segment.
+                let (mut total, mut active) = (0u64, 0);
                 while cur != NONE {
                     let b = &self.nodes[cur as usize];
                     match b.state {
                         NodeState::Unmapped => break,
                         NodeState::Allocated | NodeState::Pending => active += b.size,
-                        _ => {
-                            inactive += b.size;
-                            f.largest_free_block = f.largest_free_block.max(b.size);
-                        }
+                        _ => {}
                     }
-                    blocks += 1;
                     total += b.size;
                     cur = b.next;
                 }
                 if active == 0 {
-                    f.releasable += total;
-                }
-                if blocks > 1 && !n.expandable {
-                    f.non_releasable += inactive;
+                    releasable += total;
                 }
             }
         }
-        f
+        releasable
     }
 }
