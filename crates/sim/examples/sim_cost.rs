@@ -23,9 +23,7 @@ fn thread_cpu_seconds() -> Option<f64> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .ok_or("usage: sim_cost PLAN.toml")?;
+    let path = std::env::args().nth(1).ok_or("usage: sim_cost PLAN.toml")?;
     let plan = Plan::from_toml_str(&std::fs::read_to_string(&path)?)?;
     let (wall, cpu) = (Instant::now(), thread_cpu_seconds());
     let r = simulate(&plan, SimOptions::default())?;
