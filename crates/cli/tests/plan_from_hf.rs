@@ -204,15 +204,11 @@ fn an_adamw8bit_plan_keeps_about_a_quarter_of_adamws_state() {
         let r = trainmem_sim::simulate(&plan, Default::default()).expect("simulates");
         let peak = r
             .timeline
-            .samples
-            .iter()
-            .map(|s| {
-                s.device
-                    .categories
-                    .get(trainmem_core::Category::OptimizerState)
-            })
-            .max()
-            .unwrap_or(0);
+            .peak_of(
+                trainmem_core::timeline::Domain::Device,
+                trainmem_core::Category::OptimizerState,
+            )
+            .map_or(0, |p| p.bytes);
         state.push(peak);
     }
     assert_eq!(state[1], 253_494_680);

@@ -157,15 +157,11 @@ fn adamw8bit_state_follows_bitsandbytes_layout_to_the_byte() {
         let r = trainmem_sim::simulate(&plan, Default::default()).expect("simulates");
         let as_adamw = r
             .timeline
-            .samples
-            .iter()
-            .map(|s| {
-                s.device
-                    .categories
-                    .get(trainmem_core::Category::OptimizerState)
-            })
-            .max()
-            .unwrap_or(0);
+            .peak_of(
+                trainmem_core::timeline::Domain::Device,
+                trainmem_core::Category::OptimizerState,
+            )
+            .map_or(0, |p| p.bytes);
         assert!(as_adamw > 3 * state.measured, "{name}: {as_adamw}");
     }
 }
