@@ -4,9 +4,17 @@
 mod common;
 
 use std::path::PathBuf;
+use std::process::Output;
 
 use common::{empty_dir, s, stderr, stdout, trainmem, write};
 use trainmem_sim::Plan;
+
+/// `trainmem plan from-hf CONFIG --batch BATCH --seq SEQ` followed by `rest`.
+fn from_hf(config: &str, batch: &str, seq: &str, rest: &[&str]) -> Output {
+    let mut args = vec!["plan", "from-hf", config, "--batch", batch, "--seq", seq];
+    args.extend_from_slice(rest);
+    trainmem(&args)
+}
 
 fn hf(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -18,19 +26,12 @@ fn hf(name: &str) -> PathBuf {
 fn a_gpt2_config_becomes_a_plan_that_simulates() {
     let dir = empty_dir("plan-from-hf");
     let plan_path = dir.join("gpt2.toml");
-    let out = trainmem(&[
-        "plan",
-        "from-hf",
+    let out = from_hf(
         s(&hf("gpt2.json")),
-        "--batch",
         "2",
-        "--seq",
         "128",
-        "--optimizer",
-        "sgd",
-        "--out",
-        s(&plan_path),
-    ]);
+        &["--optimizer", "sgd", "--out", s(&plan_path)],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("124,439,808 parameters"),
@@ -68,21 +69,19 @@ fn lora_plans_count_trainable_and_frozen_parameters_as_peft_does() {
         ),
     ] {
         let plan_path = dir.join(config.replace(".json", ".toml"));
-        let out = trainmem(&[
-            "plan",
-            "from-hf",
+        let out = from_hf(
             s(&hf(config)),
-            "--batch",
             "1",
-            "--seq",
             "64",
-            "--lora-rank",
-            "8",
-            "--lora-targets",
-            targets,
-            "--out",
-            s(&plan_path),
-        ]);
+            &[
+                "--lora-rank",
+                "8",
+                "--lora-targets",
+                targets,
+                "--out",
+                s(&plan_path),
+            ],
+        );
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let err = stderr(&out);
         assert!(err.contains(&format!("{trainable} trainable")), "{err}");
@@ -95,34 +94,19 @@ fn lora_plans_count_trainable_and_frozen_parameters_as_peft_does() {
         };
         assert_eq!(t.lora.as_ref().map(|l| l.rank), Some(8));
     }
-    let bad = trainmem(&[
-        "plan",
-        "from-hf",
+    let bad = from_hf(
         s(&hf("gpt2.json")),
-        "--batch",
         "1",
-        "--seq",
         "64",
-        "--lora-rank",
-        "8",
-        "--lora-targets",
-        "q,attn",
-    ]);
+        &["--lora-rank", "8", "--lora-targets", "q,attn"],
+    );
     assert_ne!(bad.status.code(), Some(0));
     assert!(stderr(&bad).contains("`attn`"), "{}", stderr(&bad));
 }
 
 #[test]
 fn the_plan_goes_to_standard_output_without_out() {
-    let out = trainmem(&[
-        "plan",
-        "from-hf",
-        s(&hf("qwen2-0.5b.json")),
-        "--batch",
-        "1",
-        "--seq",
-        "64",
-    ]);
+    let out = from_hf(s(&hf("qwen2-0.5b.json")), "1", "64", &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
@@ -142,17 +126,7 @@ fn a_bad_config_fails_naming_the_field_and_writes_nothing() {
         r#"{"model_type": "llama", "hidden_size": 64}"#,
     );
     let plan_path = dir.join("out.toml");
-    let out = trainmem(&[
-        "plan",
-        "from-hf",
-        s(&config),
-        "--batch",
-        "1",
-        "--seq",
-        "8",
-        "--out",
-        s(&plan_path),
-    ]);
+    let out = from_hf(s(&config), "1", "8", &["--out", s(&plan_path)]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         stderr(&out).contains("field `num_hidden_layers` is missing"),
@@ -161,7 +135,7 @@ fn a_bad_config_fails_naming_the_field_and_writes_nothing() {
     );
     assert!(!plan_path.exists(), "no plan written");
     let unknown = write(&dir, "t5.json", r#"{"model_type": "t5"}"#);
-    let out = trainmem(&["plan", "from-hf", s(&unknown), "--batch", "1", "--seq", "8"]);
+    let out = from_hf(s(&unknown), "1", "8", &[]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         stderr(&out).contains("trainmem reads gpt2, bert"),
@@ -184,19 +158,12 @@ fn an_adamw8bit_plan_keeps_about_a_quarter_of_adamws_state() {
     let mut state = Vec::new();
     for optimizer in ["adamw", "adamw8bit"] {
         let plan_path = dir.join(format!("gpt2-{optimizer}.toml"));
-        let out = trainmem(&[
-            "plan",
-            "from-hf",
+        let out = from_hf(
             s(&hf("gpt2.json")),
-            "--batch",
             "2",
-            "--seq",
             "128",
-            "--optimizer",
-            optimizer,
-            "--out",
-            s(&plan_path),
-        ]);
+            &["--optimizer", optimizer, "--out", s(&plan_path)],
+        );
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let mut plan = Plan::load(&plan_path).expect("the written plan loads");
         assert_eq!(plan.optimizer.kind.name(), optimizer);
