@@ -19,6 +19,9 @@
 //! * [`start_trace`] / [`stop_trace`]: an optional, bounded, allocation-free record of
 //!   allocations and frees above a size threshold (address, size, category, thread), for
 //!   replaying a real run's allocation sizes through a caching-allocator model.
+//! * [`heap::retain_freed_heap`]: keep the memory a process frees in its heap for reuse
+//!   (glibc's trim and mmap thresholds), for binaries that build and free large structures
+//!   repeatedly.
 //! * [`rss`]: the resident-set breakdown the OS reports (`/proc/self/status`: VmRSS, RssAnon,
 //!   RssFile, RssShmem, VmHWM, VmPeak) and the VmHWM reset.
 //!
@@ -104,6 +107,7 @@
 //! ```
 
 mod counting;
+pub mod heap;
 pub mod rss;
 mod tag;
 mod trace;

@@ -59,6 +59,10 @@ fn time_run(plan: &Plan, reps: u32) -> anyhow::Result<(f64, trainmem_sim::SimRes
 
 /// Runs the benchmark.
 pub fn run(args: SimBenchArgs) -> anyhow::Result<ExitCode> {
+    // As the `trainmem` commands that simulate do: what one simulation frees stays in the
+    // heap for the next (without it, past glibc's 64 MiB trim threshold, each simulation
+    // faults its heap in again).
+    trainmem_probe::heap::retain_freed_heap();
     if args.scaling {
         return scaling(&args);
     }
