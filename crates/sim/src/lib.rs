@@ -38,6 +38,13 @@
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! A simulation's cost grows about linearly with the model's depth, the steps and the
+//! micro-batches. A deep model's simulation builds and frees a heap of tens to hundreds of
+//! megabytes; a program that simulates many times in one process (as [`fit`](mod@fit) does)
+//! and runs on glibc gives that heap back to the OS after each run and faults it in again,
+//! unless its binary calls `trainmem_probe::heap::retain_freed_heap` first (the `trainmem`
+//! commands do).
 
 #![forbid(unsafe_code)]
 
