@@ -30,27 +30,24 @@ pub const MMAP_THRESHOLD: usize = 32 << 20;
 /// (see the module docs). Returns `true` when the C library took the setting: on Linux with
 /// glibc; elsewhere it does nothing and returns `false`.
 pub fn retain_freed_heap() -> bool {
-    set_thresholds()
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_thresholds() -> bool {
-    // Both values fit a C `int` (1 GiB and 32 MiB).
-    let trim = i32::try_from(TRIM_THRESHOLD).unwrap_or(i32::MAX);
-    let mmap = i32::try_from(MMAP_THRESHOLD).unwrap_or(i32::MAX);
-    // SAFETY: `mallopt` only changes glibc's malloc parameters; it takes plain integers,
-    // touches no memory of the caller's, and is safe to call from any thread at any time
-    // (glibc takes its own arena lock). Its return value is 1 on success, 0 on failure.
-    let (t, m) = unsafe {
-        (
-            libc::mallopt(libc::M_TRIM_THRESHOLD, trim),
-            libc::mallopt(libc::M_MMAP_THRESHOLD, mmap),
-        )
-    };
-    t == 1 && m == 1
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_thresholds() -> bool {
-    false
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const _: () = assert!(TRIM_THRESHOLD <= i32::MAX as usize);
+        const _: () = assert!(MMAP_THRESHOLD <= i32::MAX as usize);
+        // SAFETY: `mallopt` only changes glibc's malloc parameters; it takes plain integers,
+        // touches no memory of the caller's, and is safe to call from any thread at any time
+        // (glibc takes its own arena lock). It returns 1 on success, 0 on failure. Both values
+        // fit a C `int` (checked above).
+        let (t, m) = unsafe {
+            (
+                libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as i32),
+                libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32),
+            )
+        };
+        t == 1 && m == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
 }

@@ -14,27 +14,15 @@ fn main() {
     );
 }
 
-/// Minor page faults of this process so far (field 10 of `/proc/self/stat`).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn minor_faults() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let after = &stat[stat.rfind(')').expect("a command name") + 2..];
-    after
-        .split(' ')
-        .nth(7)
-        .and_then(|f| f.parse().ok())
-        .expect("field 10 of /proc/self/stat")
-}
-
 /// Allocates and writes 96 blocks of 1 MiB, frees them, and returns the faults it took.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn round() -> u64 {
-    let f0 = minor_faults();
+    let faults = || trainmem_probe::rss::minor_faults().expect("/proc/self/stat");
+    let f0 = faults();
     let blocks: Vec<Vec<u8>> = (0..96).map(|i| vec![i as u8 | 1; 1 << 20]).collect();
     black_box(&blocks);
     drop(blocks);
-    minor_faults() - f0
+    faults() - f0
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

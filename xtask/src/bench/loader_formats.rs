@@ -102,21 +102,6 @@ impl Format {
 /// The padding id and the packing separator of the Arrow rows (the bound writes it too).
 const PAD_ID: i64 = 0;
 
-/// Minor page faults of this process so far (field 10 of `/proc/self/stat`), all threads.
-fn minor_faults() -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
-    // The command name (field 2) may hold spaces; fields after its closing parenthesis split.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("no ')' in /proc/self/stat")?;
-    rest.split_whitespace()
-        .nth(7)
-        .context("no minflt field in /proc/self/stat")?
-        .parse()
-        .context("minflt is not a number")
-}
-
 /// Nanoseconds the live threads of this process have spent on a CPU and waiting runnable for
 /// one (the first two fields of `/proc/self/task/*/schedstat`), summed separately over the
 /// loader's worker threads (named `trainmem-loader-*`) and over every other thread. Threads
@@ -430,19 +415,19 @@ where
         for (i, loader) in loaders.iter_mut().enumerate() {
             // The loader's next epoch, and the same batches for the bound.
             let plan = EpochPlan::new(n, loader.config(), loader.state().epoch);
-            let f0 = minor_faults()?;
+            let f0 = trainmem_probe::rss::minor_faults()?;
             let c0 = process_cpu_ns();
             let t = Instant::now();
             bound_epoch(bound, &plan, &mut dst[i]);
             let b = t.elapsed().as_secs_f64();
             let bcpu = process_cpu_ns().saturating_sub(c0);
-            let bf = minor_faults()? - f0;
+            let bf = trainmem_probe::rss::minor_faults()? - f0;
             let t = Instant::now();
             contiguous_epoch(src, chunk, &mut dst[i]);
             let c = t.elapsed().as_secs_f64();
             let mut count = 0;
             let mut first = None;
-            let f0 = minor_faults()?;
+            let f0 = trainmem_probe::rss::minor_faults()?;
             let s0 = thread_times()?;
             let c0 = process_cpu_ns();
             let t = Instant::now();
@@ -457,7 +442,7 @@ where
             let o = t.elapsed().as_secs_f64();
             let ocpu = process_cpu_ns().saturating_sub(c0);
             let s1 = thread_times()?;
-            let f = minor_faults()? - f0;
+            let f = trainmem_probe::rss::minor_faults()? - f0;
             anyhow::ensure!(count == batches, "{count} of {batches} batches");
             if let Some(first) = first {
                 // The bound does the loader's work: its first batch is the loader's, byte for
@@ -685,7 +670,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn process_cpu_time_and_faults_are_read() {
+    fn process_cpu_time_is_read() {
         let start = process_cpu_ns();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut spin = 0u64;
@@ -696,10 +681,6 @@ mod tests {
             process_cpu_ns() > start,
             "CPU time grows while this thread spins"
         );
-        let faults = minor_faults().expect("/proc/self/stat");
-        let touched = vec![1u8; 64 << 20];
-        black_box(&touched);
-        assert!(minor_faults().expect("/proc/self/stat") >= faults);
         let times = thread_times().expect("/proc/self/task");
         assert!(times.other_run > 0, "this thread has run");
     }
