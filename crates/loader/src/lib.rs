@@ -293,6 +293,7 @@ mod loader;
 mod mapped;
 mod memory;
 pub mod npy;
+mod pacing;
 mod pagecache;
 mod resume;
 mod rng;
@@ -323,7 +324,9 @@ pub use indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use mapped::MappedFile;
 pub use memory::{LoaderMemory, MemoryWatch};
-pub use pagecache::evict_page_cache;
+pub use pagecache::{
+    MappedPages, evict_page_cache, mapped_pages, mapped_pages_in, read_in_huge_pages,
+};
 pub use resume::{LoaderState, ResumeError};
 pub use rng::{Rng, mix};
 pub use safetensors_file::{dtype_of_safetensors, open_safetensors};

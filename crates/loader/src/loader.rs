@@ -11,6 +11,12 @@
 //! reorder buffer, so the caller always sees sampler order. With `workers == 0` each batch is
 //! built in the caller's thread when asked for.
 //!
+//! With fewer workers than CPUs, a caller whose batches have been arriving within 100 µs polls
+//! for the next one before it sleeps, so that its worker does not have to wake it for every
+//! batch (see the `pacing` module for when it does and does not). With as many workers as CPUs
+//! or more, a worker yields its CPU after handing a batch over, so that the caller it may have
+//! woken runs at once instead of waiting out the worker's time slice.
+//!
 //! Worker threads tag themselves [`Category::Input`], so a counting global allocator
 //! (trainmem-probe) attributes their bytes to input; in-caller building does the same in a
 //! scope.
@@ -63,6 +69,7 @@ use crate::context::WorkerContext;
 use crate::dataset::Dataset;
 use crate::error::DataError;
 use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
+use crate::pacing::{Polled, SpinWait, WorkerCpus, caller_spins, current_cpu, worker_yields};
 use crate::resume::{LoaderState, ResumeError};
 use crate::rng::mix;
 use crate::sampler::EpochPlan;
@@ -176,6 +183,12 @@ struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
     memory: Arc<MemoryCounters>,
     staging: Option<Arc<StagingPool>>,
     seed: u64,
+    /// Whether the caller polls for batches before it sleeps (see `pacing`).
+    caller_spins: bool,
+    /// Where each worker last handed a batch over (see `pacing`).
+    worker_cpus: WorkerCpus,
+    /// Whether a worker yields its CPU after handing a batch over (see `pacing`).
+    worker_yields: bool,
 }
 
 /// A finished batch whose bytes are counted as queued or reordered until it is handed out or
@@ -347,8 +360,16 @@ fn worker_main<D: Dataset, Bd: BatchBuilder<D>>(
                 &mut ctx,
             ),
         };
+        if shared.caller_spins {
+            shared.worker_cpus.note(info.id);
+        }
         // If the epoch was dropped the send fails and the batch is dropped (and uncounted).
         let _ = job.results.send((task.batch, result));
+        if shared.worker_yields {
+            // The caller may have just been woken by this batch and have no CPU of its own
+            // (see `pacing`): let it run now rather than after this worker's time slice.
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -367,6 +388,8 @@ pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
     ahead: Option<Ahead<Bd::Batch>>,
     pool: Option<WorkerPool<Bd::Batch>>,
     spawned: u64,
+    /// How long the caller's recent waits for a batch took (see `pacing`).
+    spin: SpinWait,
 }
 
 /// The next epoch's tasks handed out ahead of time (persistent workers only).
@@ -427,11 +450,11 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         let staging = (config.pin_memory || config.reuse_buffers).then(|| {
             // Enough idle blocks for every batch in flight plus the one the caller holds.
             let keep = config.max_batches_in_flight().max(1) * 4 + 4;
-            Arc::new(StagingPool::new(
-                config.pin_memory,
-                keep,
-                Arc::clone(&memory),
-            ))
+            // The batches in flight and the one the caller holds take turns in the pool.
+            Arc::new(
+                StagingPool::new(config.pin_memory, keep, Arc::clone(&memory))
+                    .with_rotation(config.max_batches_in_flight() + 1),
+            )
         });
         let seed = match config.order {
             Order::Shuffled { seed } => mix(&[config.seed, seed]),
@@ -445,6 +468,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
                 memory,
                 staging,
                 seed,
+                caller_spins: caller_spins(config.workers),
+                worker_cpus: WorkerCpus::new(config.workers),
+                worker_yields: worker_yields(config.workers),
             }),
             config,
             next_epoch: 0,
@@ -453,6 +479,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             ahead: None,
             pool: None,
             spawned: 0,
+            spin: SpinWait::default(),
         })
     }
 
@@ -846,6 +873,12 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         let timeout = self.loader.config.timeout_ms.map(Duration::from_millis);
         let started = Instant::now();
         let want = self.next;
+        let shared = &self.loader.shared;
+        let mut spins = shared.caller_spins
+            && self.loader.spin.worth_spinning()
+            && current_cpu().is_some_and(|here| !shared.worker_cpus.any_on(here));
+        // How this wait's last poll ended, if it polled.
+        let mut poll_end: Option<Polled<()>> = None;
         let item = loop {
             let State::Workers {
                 results, reorder, ..
@@ -860,7 +893,15 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 Some(t) => t.saturating_sub(started.elapsed()).min(LIVENESS_POLL),
                 None => LIVENESS_POLL,
             };
-            match results.recv_timeout(wait) {
+            // A free CPU and batches arriving quickly: poll for a while before sleeping (see
+            // `pacing`); a poll that misses or loses its CPU is not repeated in this wait.
+            let mut polled = None;
+            if spins {
+                let (found, end) = SpinWait::spin(started, || results.try_recv().ok()).split();
+                spins = found.is_some();
+                (polled, poll_end) = (found, Some(end));
+            }
+            match polled.map_or_else(|| results.recv_timeout(wait), Ok) {
                 Ok((k, r)) if k == want => break r,
                 Ok((k, mut r)) => {
                     if let Ok(b) = &mut r {
@@ -889,6 +930,11 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 }
             }
         };
+        if self.loader.shared.caller_spins {
+            self.loader
+                .spin
+                .record(started.elapsed(), poll_end.as_ref());
+        }
         // Hand the batch out (and uncount it) before issuing the replacement task, so the
         // loader never holds more than P·W batches.
         let out = item.map(|mut b| {
