@@ -71,9 +71,18 @@
 //!   epoch's first batches while the current one ends.
 //! * **Buffers**: with `reuse_buffers` (the default) or `pin_memory`, batch buffers come from
 //!   a pool of page-aligned blocks, a whole number of 4096-byte pages per column, returned to
-//!   the pool when the batch is dropped (`pin_memory` also `mlock`s them). On x86_64, batch
-//!   buffers of 1 MiB or more are written with non-temporal stores: they are not read back
-//!   before the hand-off, so the copy skips reading each destination line first.
+//!   the pool when the batch is dropped (`pin_memory` also `mlock`s them). A thread is handed
+//!   the block it last wrote on the same CPU when one fits (so the next batch is written into
+//!   lines already in that CPU's cache, not fetched from another's). On x86_64, batch buffers
+//!   of 1 MiB or more are written with non-temporal stores when the buffers in rotation (the
+//!   batches in flight and the caller's) would not fit in three quarters of the last-level
+//!   cache: they are not read back before the hand-off, so the copy skips reading each
+//!   destination line first.
+//! * **Waiting**: with fewer workers than CPUs, a caller whose batches have been arriving
+//!   within 100 µs polls for up to 100 µs before it sleeps (backing off when a poll misses or
+//!   loses its CPU), so that its worker need not wake it for every batch; with as many workers
+//!   as CPUs or more, each worker yields its CPU after handing a batch over, so that the
+//!   caller runs at once. Neither changes which batches are delivered or how many are in flight.
 //! * **Accounting**: [`LoaderMemory::total`] is `queue + reorder + building + scratch +
 //!   staging_idle + sampler`; the sampler holds 8 bytes per sample of the epoch; a batch
 //!   counts once while in flight and not at all once the caller has it. Worker threads tag
