@@ -69,7 +69,7 @@ use crate::context::WorkerContext;
 use crate::dataset::Dataset;
 use crate::error::DataError;
 use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
-use crate::pacing::{Polled, SpinWait, WorkerCpus, caller_spins, current_cpu, worker_yields};
+use crate::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
 use crate::resume::{LoaderState, ResumeError};
 use crate::rng::mix;
 use crate::sampler::EpochPlan;
@@ -183,12 +183,10 @@ struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
     memory: Arc<MemoryCounters>,
     staging: Option<Arc<StagingPool>>,
     seed: u64,
-    /// Whether the caller polls for batches before it sleeps (see `pacing`).
-    caller_spins: bool,
+    /// How the caller and the workers meet at a hand-over (see `pacing`).
+    pacing: Pacing,
     /// Where each worker last handed a batch over (see `pacing`).
     worker_cpus: WorkerCpus,
-    /// Whether a worker yields its CPU after handing a batch over (see `pacing`).
-    worker_yields: bool,
 }
 
 /// A finished batch whose bytes are counted as queued or reordered until it is handed out or
@@ -360,12 +358,12 @@ fn worker_main<D: Dataset, Bd: BatchBuilder<D>>(
                 &mut ctx,
             ),
         };
-        if shared.caller_spins {
+        if shared.pacing == Pacing::CallerPolls {
             shared.worker_cpus.note(info.id);
         }
         // If the epoch was dropped the send fails and the batch is dropped (and uncounted).
         let _ = job.results.send((task.batch, result));
-        if shared.worker_yields {
+        if shared.pacing == Pacing::WorkersYield {
             // The caller may have just been woken by this batch and have no CPU of its own
             // (see `pacing`): let it run now rather than after this worker's time slice.
             std::thread::yield_now();
@@ -468,9 +466,8 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
                 memory,
                 staging,
                 seed,
-                caller_spins: caller_spins(config.workers),
+                pacing: Pacing::for_workers(config.workers),
                 worker_cpus: WorkerCpus::new(config.workers),
-                worker_yields: worker_yields(config.workers),
             }),
             config,
             next_epoch: 0,
@@ -874,7 +871,8 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         let started = Instant::now();
         let want = self.next;
         let shared = &self.loader.shared;
-        let mut spins = shared.caller_spins
+        let polls = shared.pacing == Pacing::CallerPolls;
+        let mut spins = polls
             && self.loader.spin.worth_spinning()
             && current_cpu().is_some_and(|here| !shared.worker_cpus.any_on(here));
         // How this wait's last poll ended, if it polled.
@@ -930,7 +928,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 }
             }
         };
-        if self.loader.shared.caller_spins {
+        if polls {
             self.loader
                 .spin
                 .record(started.elapsed(), poll_end.as_ref());

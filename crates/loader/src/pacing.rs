@@ -36,7 +36,7 @@
 //! thread does between waits (the training step, or another loader's epoch) never stops it.
 //!
 //! With as many workers as CPUs or more, no CPU is free for the caller to poll on: instead
-//! each worker yields its CPU after handing a batch over ([`worker_yields`]), so that a caller
+//! each worker yields its CPU after handing a batch over ([`Pacing::WorkersYield`]), so that a caller
 //! woken by that batch runs at once. [`current_cpu`] also serves the staging pool, which hands
 //! a thread the buffer it last wrote on the same CPU.
 //!
@@ -99,35 +99,43 @@ impl WorkerCpus {
     }
 }
 
-/// Whether the caller of a loader with `workers` workers polls for batches: fewer workers than
-/// the CPUs this process may run on ([`std::thread::available_parallelism`], which counts the
-/// affinity mask and a cgroup quota).
-pub(crate) fn caller_spins(workers: usize) -> bool {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    spins_with(workers, cpus)
+/// How the caller and the workers of a loader meet at each hand-over, chosen once from the
+/// worker count and the CPUs this process may run on ([`std::thread::available_parallelism`],
+/// which counts the affinity mask and a cgroup quota).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pacing {
+    /// No workers: batches are built in the caller, nothing is handed over.
+    Inline,
+    /// Fewer workers than CPUs: the caller polls for batches before it sleeps (see the module
+    /// docs and [`SpinWait`]).
+    CallerPolls,
+    /// As many workers as CPUs or more, so no CPU is left free for the caller: a worker yields
+    /// its CPU after handing a batch over.
+    ///
+    /// The caller, asleep until its batch arrives, is woken by the worker's send; with every
+    /// CPU busy with a worker it then waits to be given one, and under Linux's EEVDF scheduler
+    /// that is often the rest of a worker's time slice (milliseconds), while the batches in
+    /// flight fill up and the workers stop for want of tasks. On trainmem's `loader-formats`
+    /// bench (2 CPUs, 2 workers, batches built in 15–30 µs) the caller spent 75–85% of each
+    /// epoch runnable but not running. A yield right after the send hands the CPU to the
+    /// caller if it is queued there and costs one system call per batch when it is not.
+    WorkersYield,
 }
 
-fn spins_with(workers: usize, cpus: usize) -> bool {
-    workers > 0 && workers < cpus
-}
+impl Pacing {
+    /// The pacing of a loader with `workers` workers on this process's CPUs.
+    pub(crate) fn for_workers(workers: usize) -> Pacing {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Pacing::with(workers, cpus)
+    }
 
-/// Whether a worker of a loader with `workers` workers yields its CPU after handing a batch
-/// over: as many workers as CPUs or more, so no CPU is left free for the caller.
-///
-/// The caller, asleep until its batch arrives, is woken by the worker's send; with every CPU
-/// busy with a worker it then waits to be given one, and under Linux's EEVDF scheduler that is
-/// often the rest of a worker's time slice (milliseconds), while the batches in flight fill up
-/// and the workers stop for want of tasks. On trainmem's `loader-formats` bench (2 CPUs, 2
-/// workers, batches built in 15–30 µs) the caller spent 75–85% of each epoch runnable but not
-/// running. A yield right after the send hands the CPU to the caller if it is queued there and
-/// costs one system call per batch when it is not.
-pub(crate) fn worker_yields(workers: usize) -> bool {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    yields_with(workers, cpus)
-}
-
-fn yields_with(workers: usize, cpus: usize) -> bool {
-    workers > 0 && workers >= cpus
+    fn with(workers: usize, cpus: usize) -> Pacing {
+        match workers {
+            0 => Pacing::Inline,
+            w if w < cpus => Pacing::CallerPolls,
+            _ => Pacing::WorkersYield,
+        }
+    }
 }
 
 /// How a poll ended (see [`SpinWait::spin`]).
@@ -223,30 +231,33 @@ mod tests {
 
     #[test]
     fn the_caller_polls_only_when_the_workers_leave_a_cpu_free() {
-        assert!(
-            !spins_with(0, 2),
+        assert_eq!(
+            Pacing::with(0, 2),
+            Pacing::Inline,
             "no workers: batches are built in the caller"
         );
-        assert!(spins_with(1, 2));
-        assert!(spins_with(3, 4));
-        assert!(!spins_with(2, 2));
-        assert!(!spins_with(4, 2));
-        assert!(!spins_with(1, 1));
+        assert_eq!(Pacing::with(1, 2), Pacing::CallerPolls);
+        assert_eq!(Pacing::with(3, 4), Pacing::CallerPolls);
+        assert_ne!(Pacing::with(2, 2), Pacing::CallerPolls);
+        assert_ne!(Pacing::with(4, 2), Pacing::CallerPolls);
+        assert_ne!(Pacing::with(1, 1), Pacing::CallerPolls);
     }
 
     #[test]
     fn workers_yield_only_when_they_fill_every_cpu() {
-        assert!(!yields_with(0, 2), "no workers: nobody to yield");
-        assert!(!yields_with(1, 2), "a CPU is free for the caller");
-        assert!(yields_with(2, 2));
-        assert!(yields_with(4, 2));
-        assert!(yields_with(1, 1));
-        for (w, c) in [(1, 2), (2, 2), (3, 4), (4, 4), (8, 4)] {
-            assert!(
-                !(spins_with(w, c) && yields_with(w, c)),
-                "the caller polls or the workers yield, never both ({w} workers, {c} CPUs)"
-            );
-        }
+        assert_ne!(
+            Pacing::with(0, 2),
+            Pacing::WorkersYield,
+            "no workers: nobody to yield"
+        );
+        assert_ne!(
+            Pacing::with(1, 2),
+            Pacing::WorkersYield,
+            "a CPU is free for the caller"
+        );
+        assert_eq!(Pacing::with(2, 2), Pacing::WorkersYield);
+        assert_eq!(Pacing::with(4, 2), Pacing::WorkersYield);
+        assert_eq!(Pacing::with(1, 1), Pacing::WorkersYield);
     }
 
     #[test]

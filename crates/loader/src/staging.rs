@@ -107,8 +107,14 @@ pub(crate) fn stream_threshold(rotation: usize, cache: Option<usize>) -> usize {
 }
 
 /// The size of the largest data or unified CPU cache, read from
-/// `/sys/devices/system/cpu/cpu0/cache` (Linux); `None` elsewhere or when it cannot be read.
+/// `/sys/devices/system/cpu/cpu0/cache` (Linux) once per process; `None` elsewhere or when it
+/// cannot be read.
 pub(crate) fn last_level_cache_bytes() -> Option<usize> {
+    static CACHE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CACHE.get_or_init(read_last_level_cache)
+}
+
+fn read_last_level_cache() -> Option<usize> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     let mut best: Option<(u32, usize)> = None;
     for entry in dir.flatten() {
