@@ -64,8 +64,7 @@ pub fn mapped_pages_in(smaps: &str, path: &Path) -> MappedPages {
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else { continue };
         if !first.ends_with(':') {
-            // A mapping's header: range, permissions, offset, device, inode, path name.
-            inside = line.split_whitespace().nth(5) == Some(&*name);
+            inside = header_path(line) == Some(&*name);
         } else if inside {
             let kib = words
                 .next()
@@ -79,6 +78,21 @@ pub fn mapped_pages_in(smaps: &str, path: &Path) -> MappedPages {
         }
     }
     pages
+}
+
+/// The path name of a mapping's header line in `smaps` (range, permissions, offset, device,
+/// inode, then the path name, which may hold spaces); `None` when the line has fewer fields,
+/// `Some("")` for a mapping without a name.
+fn header_path(line: &str) -> Option<&str> {
+    let mut rest = line;
+    for _ in 0..5 {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return None;
+        }
+        rest = &rest[rest.find(char::is_whitespace).unwrap_or(rest.len())..];
+    }
+    Some(rest.trim_start())
 }
 
 /// How `path` (made absolute) is mapped in this process right now; `None` where there is no
@@ -157,6 +171,28 @@ FilePmdMapped:      2048 kB
             }
         );
         assert!((a.huge_share() - 2048.0 / 4608.0).abs() < 1e-12);
+        let spaced = "\
+7f0000000000-7f0000200000 r--s 00000000 fe:00 44                         /data/my runs/a.bin
+Rss:                2048 kB
+FilePmdMapped:      2048 kB
+7f0000200000-7f0000300000 r--s 00000000 fe:00 45                         /data/my
+Rss:                1024 kB
+";
+        assert_eq!(
+            mapped_pages_in(spaced, Path::new("/data/my runs/a.bin")),
+            MappedPages {
+                resident_kib: 2048,
+                huge_kib: 2048
+            },
+            "a path name with a space is matched whole"
+        );
+        assert_eq!(
+            mapped_pages_in(spaced, Path::new("/data/my")).resident_kib,
+            1024,
+            "and not by its first word"
+        );
+        assert_eq!(header_path("7f00-7f01 rw-p 00000000 00:00 0 "), Some(""));
+        assert_eq!(header_path("7f00-7f01 rw-p 00000000"), None);
         let none = mapped_pages_in(smaps, Path::new("/data/b.bin"));
         assert_eq!(none, MappedPages::default());
         assert_eq!(none.huge_share(), 0.0);
