@@ -83,6 +83,11 @@
 //!   loses its CPU), so that its worker need not wake it for every batch; with as many workers
 //!   as CPUs or more, each worker yields its CPU after handing a batch over, so that the
 //!   caller runs at once. Neither changes which batches are delivered or how many are in flight.
+//! * **Build times**: every batch's build (its transforms and collate, in a worker or in the
+//!   caller) is timed into a histogram per building thread; [`Loader::build_times`] reads them
+//!   merged ([`BuildTimes`]: count, total, quantiles within 1/16). With workers, build times
+//!   above those of a 0-worker loader mean the workers' CPUs are slower or shared; the same
+//!   build times with a slower epoch mean the time goes in the hand-over.
 //! * **Accounting**: [`LoaderMemory::total`] is `queue + reorder + building + scratch +
 //!   staging_idle + sampler`; the sampler holds 8 bytes per sample of the epoch; a batch
 //!   counts once while in flight and not at all once the caller has it. Worker threads tag
@@ -289,6 +294,7 @@ mod arrow_dataset;
 mod arrow_ipc_file;
 pub mod augment;
 mod batch_writer;
+mod build_times;
 mod builder;
 pub mod config;
 mod context;
@@ -323,6 +329,7 @@ pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_o
 pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
 pub use augment::{RandomResize, ResizeColumns, ScratchResize};
 pub use batch_writer::BatchWriter;
+pub use build_times::BuildTimes;
 pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
 pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
 pub use context::WorkerContext;

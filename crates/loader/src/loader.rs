@@ -63,6 +63,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use trainmem_probe::{Category, CategoryScope, set_thread_category};
 
+use crate::build_times::{BuildClock, BuildTimes};
 use crate::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
 use crate::config::{ConfigError, LoaderConfig, Order};
 use crate::context::WorkerContext;
@@ -187,6 +188,8 @@ struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
     pacing: Pacing,
     /// Where each worker last handed a batch over (see `pacing`).
     worker_cpus: WorkerCpus,
+    /// How long each batch took to build (see [`Loader::build_times`]).
+    build_clock: BuildClock,
 }
 
 /// A finished batch whose bytes are counted as queued or reordered until it is handed out or
@@ -286,9 +289,13 @@ fn build_batch<D: Dataset, Bd: BatchBuilder<D>>(
         mix(&[shared.seed, epoch, batch as u64]),
         cancel,
     );
+    let started = Instant::now();
     let r = catch_unwind(AssertUnwindSafe(|| {
         shared.builder.build(&shared.dataset, indices, ctx)
     }));
+    shared
+        .build_clock
+        .record(ctx.worker_id(), started.elapsed());
     let sample = ctx.current_sample();
     // Release the batch's `building` (and scratch) bytes before it is counted as `queue`, so a
     // batch is never counted twice: `building + queue + reorder ≤ P·W × batch bytes` holds at
@@ -468,6 +475,7 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
                 seed,
                 pacing: Pacing::for_workers(config.workers),
                 worker_cpus: WorkerCpus::new(config.workers),
+                build_clock: BuildClock::new(config.workers),
             }),
             config,
             next_epoch: 0,
@@ -559,6 +567,14 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     /// The loader's own bytes right now (see [`LoaderMemory`]).
     pub fn memory(&self) -> LoaderMemory {
         self.shared.memory.current()
+    }
+
+    /// How long the batches built so far took to build, by the caller (no workers) and every
+    /// worker together, cumulative since the loader was created (see [`BuildTimes::since`]).
+    /// Beside the epoch's wall time it tells a loader that builds slowly from one that hands
+    /// batches over slowly.
+    pub fn build_times(&self) -> BuildTimes {
+        self.shared.build_clock.read()
     }
 
     /// The largest value each term reached since creation or [`Self::reset_memory_peak`].

@@ -710,3 +710,45 @@ fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
     // After the last epoch run, the batches built ahead are released with the loader state.
     drop(loader);
 }
+
+#[test]
+fn build_times_count_every_batch_and_see_a_slow_one() {
+    // Batch 0 (samples 0 and 1) sleeps 50 ms in its transform, the other four take
+    // microseconds: the slowest build is at least 50 ms (less the 1/16 the histogram may
+    // round), the median far below it.
+    let slow = Duration::from_millis(50);
+    for workers in [0, 2] {
+        let mut loader = Loader::with_transform(
+            numbers(10),
+            cfg(2, workers),
+            move |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+                if *x == 0 {
+                    std::thread::sleep(slow);
+                }
+                Ok(*x)
+            },
+            collect,
+        )
+        .expect("loader");
+        let before = loader.build_times();
+        assert_eq!((before.count(), before.quantile(0.5)), (0, None));
+        let n = loader.epoch().expect("epoch").count();
+        assert_eq!(n, 5);
+        let after = loader.build_times();
+        assert_eq!(after.count(), 5, "{workers} workers: every batch once");
+        let max = after.quantile(1.0).expect("batches were built");
+        assert!(
+            max >= slow - slow / 16,
+            "{workers} workers: slowest {max:?}"
+        );
+        assert!(after.total() >= max);
+        let median = after.quantile(0.5).expect("batches were built");
+        assert!(median < slow / 2, "{workers} workers: median {median:?}");
+        // A second epoch: `since` counts only its batches.
+        let n = loader.epoch().expect("epoch").count();
+        assert_eq!(n, 5);
+        let second = loader.build_times().since(&after);
+        assert_eq!(second.count(), 5);
+        assert!(second.quantile(1.0).expect("built") >= slow - slow / 16);
+    }
+}

@@ -22,8 +22,11 @@
 //! process's minor page faults during each loader epoch (`/proc/self/stat`), the time the
 //! caller's thread and the workers spent on a CPU and runnable but waiting for one
 //! (`/proc/self/task/*/schedstat`; on a shared machine the waiting is other processes' load),
-//! and the process's CPU time during the bound over that during the loader's epoch
-//! (`getrusage`).
+//! the process's CPU time during the bound over that during the loader's epoch
+//! (`getrusage`), and the 10th, 50th and 90th percentiles of the time each of the epoch's
+//! batches took to build ([`Loader::build_times`]): with workers, build times above the
+//! 0-worker row's mean the workers' CPUs were slower, equal ones with a slower epoch mean the
+//! time went in the hand-over.
 
 use super::on_threads;
 use std::hint::black_box;
@@ -399,6 +402,11 @@ struct Times {
     /// Seconds per epoch runnable but waiting for a CPU: the caller's, the workers'.
     main_runnable: Vec<f64>,
     worker_runnable: Vec<f64>,
+    /// Seconds each batch of the epoch took to build (the loader's own reading): the 10th,
+    /// 50th and 90th percentiles.
+    build_p10: Vec<f64>,
+    build_p50: Vec<f64>,
+    build_p90: Vec<f64>,
 }
 
 /// One format at every worker count: one check-and-warm-up round, then `reps` timed rounds.
@@ -453,6 +461,7 @@ where
             let mut first = None;
             let f0 = trainmem_probe::rss::minor_faults()?;
             let s0 = thread_times()?;
+            let built0 = loader.build_times();
             let c0 = process_cpu_ns();
             let t = Instant::now();
             for batch in loader.epoch()? {
@@ -466,6 +475,7 @@ where
             let o = t.elapsed().as_secs_f64();
             let ocpu = process_cpu_ns().saturating_sub(c0);
             let s1 = thread_times()?;
+            let built = loader.build_times().since(&built0);
             let f = trainmem_probe::rss::minor_faults()? - f0;
             anyhow::ensure!(count == batches, "{count} of {batches} batches");
             if let Some(first) = first {
@@ -494,6 +504,10 @@ where
                 t.worker_cpu.push(d(s1.worker_run, s0.worker_run));
                 t.main_runnable.push(d(s1.other_wait, s0.other_wait));
                 t.worker_runnable.push(d(s1.worker_wait, s0.worker_wait));
+                let q = |q: f64| built.quantile(q).map_or(f64::NAN, |d| d.as_secs_f64());
+                t.build_p10.push(q(0.1));
+                t.build_p50.push(q(0.5));
+                t.build_p90.push(q(0.9));
             }
         }
     }
@@ -521,9 +535,9 @@ fn print(
         out_bytes as f64 / f64::from(1u32 << 20),
     );
     println!(
-        "| workers | bound GB/s median (min–max) | trainmem GB/s median (min–max) | trainmem / bound: median | min | max | >= 0.80 | trainmem / contiguous source copy (median) | minor faults per epoch: trainmem (bound) | trainmem epoch ms: wall; caller on CPU / runnable; workers on CPU / runnable (medians) | CPU time: bound / trainmem (median) |"
+        "| workers | bound GB/s median (min–max) | trainmem GB/s median (min–max) | trainmem / bound: median | min | max | >= 0.80 | trainmem / contiguous source copy (median) | minor faults per epoch: trainmem (bound) | trainmem epoch ms: wall; caller on CPU / runnable; workers on CPU / runnable (medians) | CPU time: bound / trainmem (median) | batch build µs: p10 / p50 / p90 (medians) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
     let mut spreads = Vec::new();
     for (w, t) in args.workers.iter().zip(times) {
         let b = Spread::of(&t.bound).map_decreasing(gbs);
@@ -531,7 +545,7 @@ fn print(
         let r = ratios(&t.bound, &t.ours);
         let c = ratios(&t.contiguous, &t.ours);
         println!(
-            "| {w} | {:.2} ({:.2}–{:.2}) | {:.2} ({:.2}–{:.2}) | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0} ({:.0}) | {:.1}; {:.1} / {:.1}; {:.1} / {:.1} | {:.2} |",
+            "| {w} | {:.2} ({:.2}–{:.2}) | {:.2} ({:.2}–{:.2}) | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0} ({:.0}) | {:.1}; {:.1} / {:.1}; {:.1} / {:.1} | {:.2} | {:.1} / {:.1} / {:.1} |",
             b.median,
             b.min,
             b.max,
@@ -555,6 +569,9 @@ fn print(
             Spread::of(&t.worker_cpu).median * 1e3,
             Spread::of(&t.worker_runnable).median * 1e3,
             ratios(&t.bound_cpu, &t.ours_cpu).median,
+            Spread::of(&t.build_p10).median * 1e6,
+            Spread::of(&t.build_p50).median * 1e6,
+            Spread::of(&t.build_p90).median * 1e6,
         );
         spreads.push(r);
     }
