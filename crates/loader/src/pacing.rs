@@ -230,34 +230,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_caller_polls_only_when_the_workers_leave_a_cpu_free() {
-        assert_eq!(
-            Pacing::with(0, 2),
-            Pacing::Inline,
-            "no workers: batches are built in the caller"
-        );
-        assert_eq!(Pacing::with(1, 2), Pacing::CallerPolls);
-        assert_eq!(Pacing::with(3, 4), Pacing::CallerPolls);
-        assert_ne!(Pacing::with(2, 2), Pacing::CallerPolls);
-        assert_ne!(Pacing::with(4, 2), Pacing::CallerPolls);
-        assert_ne!(Pacing::with(1, 1), Pacing::CallerPolls);
-    }
-
-    #[test]
-    fn workers_yield_only_when_they_fill_every_cpu() {
-        assert_ne!(
-            Pacing::with(0, 2),
-            Pacing::WorkersYield,
-            "no workers: nobody to yield"
-        );
-        assert_ne!(
-            Pacing::with(1, 2),
-            Pacing::WorkersYield,
-            "a CPU is free for the caller"
-        );
-        assert_eq!(Pacing::with(2, 2), Pacing::WorkersYield);
-        assert_eq!(Pacing::with(4, 2), Pacing::WorkersYield);
-        assert_eq!(Pacing::with(1, 1), Pacing::WorkersYield);
+    fn the_caller_polls_with_a_cpu_free_and_workers_yield_when_they_fill_every_cpu() {
+        use Pacing::{CallerPolls, Inline, WorkersYield};
+        for (workers, cpus, want, why) in [
+            (
+                0,
+                2,
+                Inline,
+                "no workers: batches are built in the caller, nobody yields",
+            ),
+            (1, 2, CallerPolls, "a CPU is free for the caller"),
+            (3, 4, CallerPolls, "a CPU is free for the caller"),
+            (2, 2, WorkersYield, "the workers fill every CPU"),
+            (4, 2, WorkersYield, "more workers than CPUs"),
+            (1, 1, WorkersYield, "one worker on the only CPU"),
+        ] {
+            assert_eq!(
+                Pacing::with(workers, cpus),
+                want,
+                "{workers} workers on {cpus} CPUs: {why}"
+            );
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ use trainmem_loader::{
 };
 
 use super::loader::timing::Spread;
-use super::loader::{BOUND_TARGET, report_bound_target};
+use super::loader::{meets_bound_target, report_bound_target};
 
 /// Arguments of `bench loader-formats`.
 #[derive(Debug, clap::Args)]
@@ -555,7 +555,7 @@ fn print(
             r.median,
             r.min,
             r.max,
-            if r.median >= BOUND_TARGET {
+            if meets_bound_target(r.median) {
                 "yes"
             } else {
                 "no"
