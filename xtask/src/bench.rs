@@ -5,6 +5,7 @@ use std::process::ExitCode;
 mod alloc;
 mod loader;
 mod loader_formats;
+mod pinning;
 mod replay;
 mod sim;
 

@@ -14,6 +14,14 @@
 //! contiguously in file order, in batch-sized chunks (long sequential runs, no shuffling, no
 //! padding): the bound this bench used before, kept for comparison.
 //!
+//! With workers, worker `j` and the bound's thread `j` are pinned to the same CPU (the `j`-th
+//! this process may use, counted from the one after the caller's; `--no-pin` leaves them to
+//! the scheduler): on a virtual machine one vCPU can copy up to 1.75× faster than another at
+//! the same moment, and a 1-worker row whose bound ran on the caller's CPU while the worker
+//! built on the other one measured that difference, in either direction (see `pinning`). The
+//! caller itself is never pinned; the 0-worker row runs the bound and the loader on the
+//! caller's thread.
+//!
 //! Every configuration is timed in rounds (the bound, the reference and the loader back to
 //! back, on the same epoch's batches, with an untimed copy of the source before the bound so
 //! that the bound and the loader each start right after the same streaming copy), one warm-up
@@ -29,6 +37,7 @@
 //! time went in the hand-over.
 
 use super::on_threads;
+use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +54,7 @@ use trainmem_loader::{
 
 use super::loader::timing::Spread;
 use super::loader::{meets_bound_target, report_bound_target};
+use super::pinning::{self, Pinned};
 
 /// Arguments of `bench loader-formats`.
 #[derive(Debug, clap::Args)]
@@ -89,6 +99,12 @@ pub struct LoaderFormatsBenchArgs {
     /// (a file the bench has just written is usually cached in 4 KiB pages).
     #[arg(long, value_enum, default_value_t = Pages::Huge)]
     pub pages: Pages,
+    /// Leave the workers and the bound's threads where the scheduler puts them. By default,
+    /// with workers, worker `j` and the bound's thread `j` are both pinned to the `j`-th CPU
+    /// this process may use, so that each row's bound runs on the CPUs its workers build on
+    /// (see the `pinning` module).
+    #[arg(long)]
+    pub no_pin: bool,
 }
 
 /// How the bench's data files are cached (see `--pages`).
@@ -310,11 +326,75 @@ fn process_cpu_ns() -> u64 {
     ns(u.ru_utime) + ns(u.ru_stime)
 }
 
+/// Where the threads of one row run: thread `j` (worker `j`, and the bound's and the
+/// reference's thread `j`) on the `j`-th CPU of the list, round robin; nowhere in particular
+/// when the list is empty (no workers, `--no-pin`, or a platform that cannot pin).
+struct Cpus(Vec<usize>);
+
+impl Cpus {
+    /// The allowed CPUs, starting after the one this thread (the loader's caller) is on, so
+    /// that the first worker is pinned away from the caller.
+    fn after_this_thread(mut allowed: Vec<usize>) -> Cpus {
+        if let Some(here) = current_cpu().and_then(|c| allowed.iter().position(|&a| a == c)) {
+            allowed.rotate_left(here + 1);
+        }
+        Cpus(allowed)
+    }
+
+    fn of(&self, j: usize) -> Option<usize> {
+        (!self.0.is_empty()).then(|| self.0[j % self.0.len()])
+    }
+
+    /// `copy(t, dst[t])` for every thread `t`: unpinned as [`on_threads`] runs it, or, when
+    /// pinned, each on a scoped thread of its own pinned to `self.of(t)`, the caller's thread
+    /// included when there is one, so that the caller is never moved (starting the thread,
+    /// tens of microseconds, counts in the bound's time: well under 1% of an epoch).
+    fn run<T: Send>(&self, dst: &mut [T], copy: impl Fn(usize, &mut T) + Sync) {
+        if self.0.is_empty() {
+            return on_threads(dst, copy);
+        }
+        let copy = &copy;
+        std::thread::scope(|scope| {
+            for (t, mine) in dst.iter_mut().enumerate() {
+                scope.spawn(move || {
+                    let _pin = Pinned::to(self.of(t));
+                    copy(t, mine)
+                });
+            }
+        });
+    }
+}
+
+/// The CPU the calling thread runs on (Linux), a hint: it may move right after.
+fn current_cpu() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU.
+        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// Pins the worker threads `loader` started (the `trainmem-loader` threads not in `before`),
+/// the `j`-th started on `cpus.of(j)`; how many were pinned.
+fn pin_workers(before: &BTreeSet<i32>, cpus: &Cpus) -> usize {
+    let started: Vec<i32> = pinning::threads_named("trainmem-loader")
+        .difference(before)
+        .copied()
+        .collect();
+    started
+        .iter()
+        .enumerate()
+        .filter(|&(j, &tid)| cpus.of(j).is_some_and(|c| pinning::pin(tid, c)))
+        .count()
+}
+
 /// The bound of one epoch: every batch of `plan` written by `bound`, the batches split in
 /// contiguous shares between `dst.len()` threads, each reusing its one destination.
-fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>]) {
+fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>], cpus: &Cpus) {
     let share = plan.len().div_ceil(dst.len().max(1));
-    on_threads(dst, |t, mine| {
+    cpus.run(dst, |t, mine| {
         for k in (t * share..(t + 1) * share).take_while(|&k| k < plan.len()) {
             bound.write(plan.batch(k), mine);
             black_box(&mut *mine);
@@ -324,10 +404,10 @@ fn bound_epoch(bound: &dyn BoundBatch, plan: &EpochPlan, dst: &mut [Vec<u8>]) {
 
 /// The reference: the source regions copied in file order, in chunks of `chunk` bytes, the
 /// chunks split in contiguous shares between `dst.len()` threads.
-fn contiguous_epoch(src: &[&[u8]], chunk: usize, dst: &mut [Vec<u8>]) {
+fn contiguous_epoch(src: &[&[u8]], chunk: usize, dst: &mut [Vec<u8>], cpus: &Cpus) {
     let pieces: Vec<&[u8]> = src.iter().flat_map(|s| s.chunks(chunk.max(1))).collect();
     let share = pieces.len().div_ceil(dst.len().max(1));
-    on_threads(dst, |t, mine| {
+    cpus.run(dst, |t, mine| {
         for p in pieces.iter().skip(t * share).take(share) {
             mine[..p.len()].copy_from_slice(p);
             black_box(&mut *mine);
@@ -438,24 +518,37 @@ where
         dst.push((0..w.max(1)).map(|_| vec![0u8; size]).collect::<Vec<_>>());
     }
     let mut out: Vec<Times> = args.workers.iter().map(|_| Times::default()).collect();
+    // With workers (and unless `--no-pin`), each row's threads pinned one per CPU; with none
+    // the bound and the loader both run on this thread, unpinned.
+    let allowed = if args.no_pin {
+        Vec::new()
+    } else {
+        pinning::allowed_cpus()
+    };
+    let cpus: Vec<Cpus> = args
+        .workers
+        .iter()
+        .map(|&w| Cpus::after_this_thread(if w == 0 { Vec::new() } else { allowed.clone() }))
+        .collect();
     for round in 0..=args.reps.max(1) {
         for (i, loader) in loaders.iter_mut().enumerate() {
+            let cpus = &cpus[i];
             // The loader's next epoch, and the same batches for the bound.
             let plan = EpochPlan::new(n, loader.config(), loader.state().epoch);
             // The bound and the loader each start right after the same streaming copy of the
             // source (untimed here, timed below as the reference), so both find the caches in
             // the same state: with the bound run straight after the previous loader epoch
             // instead, the bound ran 3–4% faster than after the copy (RESULTS.md).
-            contiguous_epoch(src, chunk, &mut dst[i]);
+            contiguous_epoch(src, chunk, &mut dst[i], cpus);
             let f0 = trainmem_probe::rss::minor_faults()?;
             let c0 = process_cpu_ns();
             let t = Instant::now();
-            bound_epoch(bound, &plan, &mut dst[i]);
+            bound_epoch(bound, &plan, &mut dst[i], cpus);
             let b = t.elapsed().as_secs_f64();
             let bcpu = process_cpu_ns().saturating_sub(c0);
             let bf = trainmem_probe::rss::minor_faults()? - f0;
             let t = Instant::now();
-            contiguous_epoch(src, chunk, &mut dst[i]);
+            contiguous_epoch(src, chunk, &mut dst[i], cpus);
             let c = t.elapsed().as_secs_f64();
             let mut count = 0;
             let mut first = None;
@@ -463,6 +556,12 @@ where
             let s0 = thread_times()?;
             let built0 = loader.build_times();
             let c0 = process_cpu_ns();
+            // The workers start in the warm-up round's epoch (they persist): pinned after it.
+            let before = if round == 0 {
+                pinning::threads_named("trainmem-loader")
+            } else {
+                BTreeSet::new()
+            };
             let t = Instant::now();
             for batch in loader.epoch()? {
                 let batch = batch?;
@@ -487,6 +586,14 @@ where
                     mine[..len] == first[..],
                     "the bound's first batch differs from the loader's ({len} against {} bytes)",
                     first.len()
+                );
+            }
+            if round == 0 && !cpus.0.is_empty() {
+                let w = loader.config().workers;
+                let pinned = pin_workers(&before, cpus);
+                anyhow::ensure!(
+                    pinned == w,
+                    "pinned {pinned} of {w} worker threads (run with --no-pin to leave them)"
                 );
             }
             settle(loader);
@@ -632,13 +739,18 @@ fn prepared(args: &LoaderFormatsBenchArgs, path: PathBuf) -> anyhow::Result<Path
 pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.dir)?;
     println!(
-        "loader-formats bench: batch {}, prefetch {}, {}, persistent workers, page cache warm ({}), {} timed rounds after a warm-up (median, min, max), {} CPUs",
+        "loader-formats bench: batch {}, prefetch {}, {}, persistent workers{}, page cache warm ({}), {} timed rounds after a warm-up (median, min, max), {} CPUs",
         args.batch,
         args.prefetch,
         if args.sequential {
             "in order"
         } else {
             "shuffled"
+        },
+        if args.no_pin {
+            " (not pinned)"
+        } else {
+            ", worker j and the bound's thread j pinned to the same CPU"
         },
         match args.pages {
             Pages::Huge => "files read back in 2 MiB pages where the kernel can",
