@@ -376,8 +376,8 @@ fn current_cpu() -> Option<usize> {
     None
 }
 
-/// Pins the worker threads `loader` started (the `trainmem-loader` threads not in `before`),
-/// the `j`-th started on `cpus.of(j)`; how many were pinned.
+/// Pins the worker threads a loader has just started (the `trainmem-loader` threads not in
+/// `before`), the `j`-th on `cpus.of(j)`; how many were pinned.
 fn pin_workers(before: &BTreeSet<i32>, cpus: &Cpus) -> usize {
     let started: Vec<i32> = pinning::threads_named("trainmem-loader")
         .difference(before)
