@@ -879,4 +879,56 @@ mod tests {
         let times = thread_times().expect("/proc/self/task");
         assert!(times.other_run > 0, "this thread has run");
     }
+
+    #[test]
+    fn row_threads_take_the_cpus_in_turn_from_the_one_after_the_callers() {
+        let cpus = Cpus(vec![3, 5, 7]);
+        let got: Vec<Option<usize>> = (0..5).map(|j| cpus.of(j)).collect();
+        assert_eq!(got, [Some(3), Some(5), Some(7), Some(3), Some(5)]);
+        assert_eq!(Cpus(Vec::new()).of(0), None, "no list: nothing pinned");
+        assert!(Cpus::after_this_thread(Vec::new()).0.is_empty());
+        #[cfg(target_os = "linux")]
+        {
+            // Pinned to its CPU, this thread is the caller: its CPU comes last, the next first.
+            let allowed = pinning::allowed_cpus();
+            let last = *allowed.last().expect("one CPU at least");
+            std::thread::spawn(move || {
+                let _pin = Pinned::to(Some(last));
+                let order = Cpus::after_this_thread(allowed.clone()).0;
+                assert_eq!(order.last(), Some(&last));
+                assert_eq!(order.first(), allowed.first());
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, allowed, "every allowed CPU once");
+            })
+            .join()
+            .expect("the pinned thread");
+        }
+    }
+
+    #[test]
+    fn pinned_copies_run_on_their_cpus_and_leave_the_caller_alone() {
+        let allowed = pinning::allowed_cpus();
+        if allowed.is_empty() {
+            return; // not Linux: nothing is pinned
+        }
+        let before = pinning::allowed_cpus();
+        let cpus = Cpus(allowed.clone());
+        let mut seen = vec![usize::MAX; 3];
+        cpus.run(&mut seen, |t, cpu| {
+            *cpu = current_cpu().expect("Linux says where a thread runs");
+            assert_eq!(pinning::allowed_cpus(), vec![allowed[t % allowed.len()]]);
+        });
+        let want: Vec<usize> = (0..3).map(|t| allowed[t % allowed.len()]).collect();
+        assert_eq!(seen, want);
+        assert_eq!(
+            pinning::allowed_cpus(),
+            before,
+            "the calling thread is not pinned"
+        );
+        // Unpinned, one destination runs on the calling thread itself.
+        let mut one = [0usize];
+        let me = std::thread::current().id();
+        Cpus(Vec::new()).run(&mut one, |_, _| assert_eq!(std::thread::current().id(), me));
+    }
 }
