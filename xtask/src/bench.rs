@@ -44,6 +44,12 @@ fn on_threads<T: Send>(dst: &mut [T], copy: impl Fn(usize, &mut T) + Sync) {
         }
         return;
     }
+    spawn_each(dst, copy);
+}
+
+/// Runs `copy(t, destination)` for each thread's destination `t`, each on a scoped thread of
+/// its own (even a single one).
+fn spawn_each<T: Send>(dst: &mut [T], copy: impl Fn(usize, &mut T) + Sync) {
     let copy = &copy;
     std::thread::scope(|scope| {
         for (t, mine) in dst.iter_mut().enumerate() {

@@ -36,7 +36,7 @@
 //! 0-worker row's mean the workers' CPUs were slower, equal ones with a slower epoch mean the
 //! time went in the hand-over.
 
-use super::on_threads;
+use super::{on_threads, spawn_each};
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -54,7 +54,7 @@ use trainmem_loader::{
 
 use super::loader::timing::Spread;
 use super::loader::{meets_bound_target, report_bound_target};
-use super::pinning::{self, Pinned};
+use super::pinning::{self, Pinned, current_cpu};
 
 /// Arguments of `bench loader-formats`.
 #[derive(Debug, clap::Args)]
@@ -353,27 +353,11 @@ impl Cpus {
         if self.0.is_empty() {
             return on_threads(dst, copy);
         }
-        let copy = &copy;
-        std::thread::scope(|scope| {
-            for (t, mine) in dst.iter_mut().enumerate() {
-                scope.spawn(move || {
-                    let _pin = Pinned::to(self.of(t));
-                    copy(t, mine)
-                });
-            }
+        spawn_each(dst, |t, mine| {
+            let _pin = Pinned::to(self.of(t));
+            copy(t, mine)
         });
     }
-}
-
-/// The CPU the calling thread runs on (Linux), a hint: it may move right after.
-fn current_cpu() -> Option<usize> {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU.
-        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
 }
 
 /// Pins the worker threads a loader has just started (the `trainmem-loader` threads not in

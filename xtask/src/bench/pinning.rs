@@ -9,18 +9,25 @@
 
 use std::collections::BTreeSet;
 
-/// The CPUs this process may run on, in order (empty where that cannot be read).
+/// The CPU the calling thread runs on (Linux), a hint: it may move right after.
+pub fn current_cpu() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU.
+        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// The CPUs the calling thread may run on (a thread starts with its creator's, so the main
+/// thread's are the process's), in order; empty where that cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
-        let mut set = empty_set();
-        // SAFETY: `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into the
-        // live `set`; pid 0 is the calling thread.
-        let rc =
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        if rc != 0 {
+        let Some(set) = current_set() else {
             return Vec::new();
-        }
+        };
         (0..libc::CPU_SETSIZE as usize)
             // SAFETY: `c < CPU_SETSIZE`, inside the set.
             .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
@@ -34,6 +41,17 @@ pub fn allowed_cpus() -> Vec<usize> {
 fn empty_set() -> libc::cpu_set_t {
     // SAFETY: `cpu_set_t` is a plain bit array, for which all zeroes is the empty set.
     unsafe { std::mem::zeroed() }
+}
+
+/// The calling thread's CPU set, or `None` if it cannot be read.
+#[cfg(target_os = "linux")]
+fn current_set() -> Option<libc::cpu_set_t> {
+    let mut set = empty_set();
+    // SAFETY: `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into the live
+    // `set`; pid 0 is the calling thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    (rc == 0).then_some(set)
 }
 
 #[cfg(target_os = "linux")]
@@ -77,13 +95,8 @@ impl Pinned {
             let Some(cpu) = cpu else {
                 return Pinned { before: None };
             };
-            let mut before = empty_set();
-            // SAFETY: as in `allowed_cpus`.
-            let rc = unsafe {
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before)
-            };
             Pinned {
-                before: (rc == 0 && pin(0, cpu)).then_some(before),
+                before: current_set().filter(|_| pin(0, cpu)),
             }
         }
         #[cfg(not(target_os = "linux"))]
@@ -129,38 +142,18 @@ mod tests {
         assert!(!cpus.is_empty());
         let last = *cpus.last().expect("one CPU at least");
         std::thread::spawn(move || {
+            let mine = allowed_cpus();
             {
                 let _pin = Pinned::to(Some(last));
                 assert_eq!(allowed_cpus(), vec![last]);
-                // SAFETY: `sched_getcpu` only reads the calling thread's CPU.
-                assert_eq!(unsafe { libc::sched_getcpu() }, last as i32);
+                assert_eq!(current_cpu(), Some(last));
             }
-            assert_eq!(allowed_cpus(), allowed_cpus_of_process());
+            assert_eq!(allowed_cpus(), mine);
             let _none = Pinned::to(None);
-            assert_eq!(allowed_cpus(), allowed_cpus_of_process());
+            assert_eq!(allowed_cpus(), mine);
         })
         .join()
         .expect("the pinned thread");
-    }
-
-    #[cfg(target_os = "linux")]
-    fn allowed_cpus_of_process() -> Vec<usize> {
-        // The main test thread is never pinned by these tests.
-        let stat = std::fs::read_to_string("/proc/self/status").expect("status");
-        let list = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .expect("Cpus_allowed_list")
-            .trim()
-            .to_string();
-        list.split(',')
-            .flat_map(|part| match part.split_once('-') {
-                Some((a, b)) => {
-                    (a.parse::<usize>().expect("cpu")..=b.parse::<usize>().expect("cpu")).collect()
-                }
-                None => vec![part.parse::<usize>().expect("cpu")],
-            })
-            .collect()
     }
 
     #[test]
