@@ -56,6 +56,7 @@ impl BatchWriter {
     }
 
     /// Appends `part`, cut to what is left; returns the bytes written.
+    #[inline(always)]
     pub fn copy(&mut self, part: &[u8]) -> usize {
         let n = part.len().min(self.remaining());
         // SAFETY: `off + n <= len`: the range lies within the buffer's block, which the writer
@@ -66,6 +67,7 @@ impl BatchWriter {
     }
 
     /// Appends `n` bytes of value `byte`, cut to what is left.
+    #[inline(always)]
     pub fn fill(&mut self, byte: u8, n: usize) {
         let n = n.min(self.remaining());
         // SAFETY: as in `copy`, `off + n <= len`.
@@ -75,26 +77,35 @@ impl BatchWriter {
 
     /// Appends `count` copies of `pattern` (one element, such as a padding id), cut to what is
     /// left.
+    #[inline(always)]
     pub fn repeat(&mut self, pattern: &[u8], count: usize) {
         let n = pattern.len().saturating_mul(count).min(self.remaining());
         match pattern.first() {
             None => {}
-            Some(&b) if pattern.iter().all(|&x| x == b) => self.fill(b, n),
-            Some(_) => {
-                let start = self.off;
-                self.copy(&pattern[..pattern.len().min(n)]);
-                // Doubling: the bytes written so far are whole periods of the pattern, so
-                // copying them after themselves keeps it periodic.
-                while self.off < start + n {
-                    let done = self.off - start;
-                    let k = done.min(start + n - self.off);
-                    // SAFETY: `[start, start + k)` is written (k <= done), `[off, off + k)`
-                    // lies within the buffer (off + k <= start + n <= len), and the two do not
-                    // overlap (start + k <= start + done = off).
-                    unsafe { self.buf.copy_within_at(start, self.off, k) };
-                    self.off += k;
-                }
+            // One copy (a separator after a row): a short store, written like a row.
+            _ if n == pattern.len() => {
+                self.copy(pattern);
             }
+            Some(&b) if pattern.iter().all(|&x| x == b) => self.fill(b, n),
+            Some(_) => self.repeat_doubling(pattern, n),
+        }
+    }
+
+    /// Appends `n` bytes of `pattern` repeated (`n` not above what is left), by doubling.
+    #[inline(never)]
+    fn repeat_doubling(&mut self, pattern: &[u8], n: usize) {
+        let start = self.off;
+        self.copy(&pattern[..pattern.len().min(n)]);
+        // Doubling: the bytes written so far are whole periods of the pattern, so copying
+        // them after themselves keeps it periodic.
+        while self.off < start + n {
+            let done = self.off - start;
+            let k = done.min(start + n - self.off);
+            // SAFETY: `[start, start + k)` is written (k <= done), `[off, off + k)` lies within
+            // the buffer (off + k <= start + n <= len), and the two do not overlap
+            // (start + k <= start + done = off).
+            unsafe { self.buf.copy_within_at(start, self.off, k) };
+            self.off += k;
         }
     }
 
@@ -139,6 +150,28 @@ mod tests {
                     1, 2, 3, 7, 7, 0xA, 0xB, 0xC, 0xA, 0xB, 0xC, 0xA, 0xB, 0xC, 5, 5, 5, 5, 0, 0,
                     0, 0, 0, 0
                 ]
+            );
+        }
+    }
+
+    #[test]
+    fn a_single_element_is_copied_whatever_its_bytes() {
+        for pool in pools() {
+            let mut w = BatchWriter::new(pool.as_ref(), 16);
+            w.copy(&[9, 9, 9]);
+            // One copy each: a non-uniform element, a uniform one, a one-byte one, none, a
+            // five-byte one, and a two-byte one cut to the last byte left.
+            w.repeat(&[1, 2, 3, 4], 1);
+            w.repeat(&[7, 7], 1);
+            w.repeat(&[5], 1);
+            w.repeat(&[0xA, 0xB], 0);
+            w.repeat(&[6, 0xC, 0xD, 0xE, 0xF], 1);
+            assert_eq!(w.remaining(), 1);
+            w.repeat(&[8, 3], 1);
+            assert_eq!(w.remaining(), 0);
+            assert_eq!(
+                w.finish().as_bytes(),
+                &[9, 9, 9, 1, 2, 3, 4, 7, 7, 5, 6, 0xC, 0xD, 0xE, 0xF, 8]
             );
         }
     }

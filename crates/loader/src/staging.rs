@@ -83,6 +83,50 @@ unsafe fn fill_bytes(dst: *mut u8, byte: u8, n: usize) {
     }
 }
 
+/// Copies `n` bytes from `src` to `dst`: up to 16 bytes (a separator, a short row) as one or
+/// two overlapping loads and stores, longer runs with `copy_nonoverlapping` (`memcpy`), whose
+/// call costs more than such a short run.
+///
+/// # Safety
+///
+/// `src..src + n` must be valid for reads, `dst..dst + n` for writes, and the two must not
+/// overlap.
+#[inline]
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
+    // SAFETY (every arm): the caller makes both ranges valid and disjoint; each load and store
+    // covers bytes inside them (the second of a pair ends exactly at `n`); unaligned accesses
+    // are allowed by `read_unaligned` and `write_unaligned`. Both loads of a pair happen before
+    // either store, though with disjoint ranges the order does not matter.
+    unsafe {
+        if n > 16 {
+            // Rows: the common case, tested first.
+            return std::ptr::copy_nonoverlapping(src, dst, n);
+        }
+        match n {
+            0 => {}
+            1..=3 => {
+                let (a, b, c) = (src.read(), src.add(n / 2).read(), src.add(n - 1).read());
+                dst.write(a);
+                dst.add(n / 2).write(b);
+                dst.add(n - 1).write(c);
+            }
+            4..=7 => {
+                let a = src.cast::<u32>().read_unaligned();
+                let b = src.add(n - 4).cast::<u32>().read_unaligned();
+                dst.cast::<u32>().write_unaligned(a);
+                dst.add(n - 4).cast::<u32>().write_unaligned(b);
+            }
+            // 8..=16.
+            _ => {
+                let a = src.cast::<u64>().read_unaligned();
+                let b = src.add(n - 8).cast::<u64>().read_unaligned();
+                dst.cast::<u64>().write_unaligned(a);
+                dst.add(n - 8).cast::<u64>().write_unaligned(b);
+            }
+        }
+    }
+}
+
 /// Batch buffers smaller than this are never filled with non-temporal (cache-bypassing)
 /// stores; a buffer from a pool whose rotation is known streams only when the buffers in
 /// rotation would not fit in the last-level cache ([`stream_threshold`]), and a buffer with no
@@ -484,6 +528,7 @@ impl BatchBuffer {
     /// # Safety
     ///
     /// `off + part.len() <= self.len()`, and `part` must not lie inside this buffer.
+    #[inline(always)]
     pub(crate) unsafe fn write_at(&mut self, off: usize, part: &[u8], stream: bool) {
         let Some(b) = &self.block else { return };
         let n = part.len();
@@ -498,7 +543,7 @@ impl BatchBuffer {
                 return;
             }
             let _ = stream;
-            std::ptr::copy_nonoverlapping(part.as_ptr(), dst, n);
+            copy_bytes(part.as_ptr(), dst, n);
         }
     }
 
@@ -507,6 +552,7 @@ impl BatchBuffer {
     /// # Safety
     ///
     /// `off + n <= self.len()`.
+    #[inline(always)]
     pub(crate) unsafe fn fill_at(&mut self, off: usize, byte: u8, n: usize) {
         let Some(b) = &self.block else { return };
         debug_assert!(off + n <= self.len);
@@ -757,6 +803,29 @@ mod tests {
                         0xEE
                     };
                     assert_eq!(x, want, "n {n}, at {at}, byte {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_and_long_copies_write_exactly_their_bytes() {
+        let src: Vec<u8> = (1..=64).collect();
+        for n in 0..=40 {
+            for from in 0..8 {
+                for at in 0..8 {
+                    let mut buf = [0xEEu8; 64];
+                    // SAFETY: `from + n <= 48 <= 64` inside `src`, `at + n <= 48 < 64` inside
+                    // `buf`; two different arrays do not overlap.
+                    unsafe { copy_bytes(src.as_ptr().add(from), buf.as_mut_ptr().add(at), n) };
+                    for (i, &x) in buf.iter().enumerate() {
+                        let want = if (at..at + n).contains(&i) {
+                            src[from + i - at]
+                        } else {
+                            0xEE
+                        };
+                        assert_eq!(x, want, "n {n}, from {from}, at {at}, byte {i}");
+                    }
                 }
             }
         }
