@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod alloc;
+mod handover;
 mod loader;
 mod loader_formats;
 mod pinning;

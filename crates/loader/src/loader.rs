@@ -15,7 +15,8 @@
 //! for the next one before it sleeps, so that its worker does not have to wake it for every
 //! batch (see the `pacing` module for when it does and does not). With as many workers as CPUs
 //! or more, a worker yields its CPU after handing a batch over, so that the caller it may have
-//! woken runs at once instead of waiting out the worker's time slice.
+//! woken runs at once instead of waiting out the worker's time slice, and the caller looks for
+//! its batch between yields of its own CPU rather than spinning on a CPU a worker needs.
 //!
 //! Worker threads tag themselves [`Category::Input`], so a counting global allocator
 //! (trainmem-probe) attributes their bytes to input; in-caller building does the same in a
@@ -887,10 +888,13 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         let started = Instant::now();
         let want = self.next;
         let shared = &self.loader.shared;
-        let polls = shared.pacing == Pacing::CallerPolls;
+        // With a CPU free the caller polls it busily, unless a worker last handed over there;
+        // with the workers on every CPU it polls between yields of its CPU (see `pacing`).
+        let polls = matches!(shared.pacing, Pacing::CallerPolls | Pacing::WorkersYield);
         let mut spins = polls
             && self.loader.spin.worth_spinning()
-            && current_cpu().is_some_and(|here| !shared.worker_cpus.any_on(here));
+            && (shared.pacing == Pacing::WorkersYield
+                || current_cpu().is_some_and(|here| !shared.worker_cpus.any_on(here)));
         // How this wait's last poll ended, if it polled.
         let mut poll_end: Option<Polled<()>> = None;
         let item = loop {
@@ -911,7 +915,12 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
             // `pacing`); a poll that misses or loses its CPU is not repeated in this wait.
             let mut polled = None;
             if spins {
-                let (found, end) = SpinWait::spin(started, || results.try_recv().ok()).split();
+                let look = || results.try_recv().ok();
+                let (found, end) = match shared.pacing {
+                    Pacing::WorkersYield => SpinWait::yield_between(started, look),
+                    _ => SpinWait::spin(started, look),
+                }
+                .split();
                 spins = found.is_some();
                 (polled, poll_end) = (found, Some(end));
             }

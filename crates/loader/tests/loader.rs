@@ -752,3 +752,44 @@ fn build_times_count_every_batch_and_see_a_slow_one() {
         assert!(second.quantile(1.0).expect("built") >= slow - slow / 16);
     }
 }
+
+#[test]
+fn with_more_workers_than_cpus_every_batch_arrives_in_order() {
+    // More workers than CPUs on any machine: the caller looks for its batches between yields
+    // of its CPU (the `pacing` module). Some batches build at once and some take longer than
+    // the caller's polling budget (100 µs), so waits end both in a poll and in a sleep.
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let n = 600u64;
+    let config = LoaderConfig {
+        order: Order::Shuffled { seed: 3 },
+        persistent_workers: true,
+        ..cfg(4, cpus + 1)
+    };
+    let mut loader = Loader::with_transform(
+        numbers(n),
+        config,
+        |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+            if x.is_multiple_of(37) {
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            Ok(*x)
+        },
+        collect,
+    )
+    .expect("loader");
+    for e in 0..3 {
+        let mut epoch = loader.epoch().expect("epoch");
+        let plan: Vec<Vec<u64>> = (0..epoch.plan().len())
+            .map(|k| epoch.plan().batch(k).iter().map(|&i| i as u64).collect())
+            .collect();
+        let got: Vec<Vec<u64>> = epoch.by_ref().map(|b| b.expect("batch")).collect();
+        assert_eq!(got, plan, "epoch {e}: the plan's batches, in its order");
+        let mut all: Vec<u64> = got.concat();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..n).collect::<Vec<_>>(),
+            "epoch {e}: every sample once"
+        );
+    }
+}

@@ -52,6 +52,7 @@ use trainmem_loader::{
     TokenWindows, WindowSpec, mapped_pages, prefetch_pages, read_in_huge_pages,
 };
 
+use super::handover;
 use super::loader::timing::Spread;
 use super::loader::{meets_bound_target, report_bound_target};
 use super::pinning::{self, Pinned, current_cpu};
@@ -610,14 +611,23 @@ fn ratios(bound: &[f64], ours: &[f64]) -> Spread {
     Spread::of(&r)
 }
 
-/// One format's table; returns its ratio spread per worker count.
+/// What the summary needs of one format's row at one worker count.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    /// trainmem / bound.
+    ratio: Spread,
+    /// The median over rounds of the batches' median build time, in seconds.
+    build_p50: f64,
+}
+
+/// One format's table; returns its cell per worker count.
 fn print(
     args: &LoaderFormatsBenchArgs,
     title: &str,
     src_bytes: usize,
     out_bytes: usize,
     times: &[Times],
-) -> Vec<Spread> {
+) -> Vec<Cell> {
     let gbs = |s: f64| src_bytes as f64 / s / 1e9;
     println!();
     println!(
@@ -664,7 +674,10 @@ fn print(
             Spread::of(&t.build_p50).median * 1e6,
             Spread::of(&t.build_p90).median * 1e6,
         );
-        spreads.push(r);
+        spreads.push(Cell {
+            ratio: r,
+            build_p50: Spread::of(&t.build_p50).median,
+        });
     }
     spreads
 }
@@ -686,6 +699,49 @@ fn arrow_file(args: &LoaderFormatsBenchArgs) -> anyhow::Result<PathBuf> {
         write_arrow_lists(&p, args.rows, (lo, hi), 1000, 1, false)?;
     }
     Ok(p)
+}
+
+/// Round trips per timed round of the hand-over measurement, and its rounds.
+const HANDOVER_TRIPS: usize = 20_000;
+const HANDOVER_ROUNDS: usize = 5;
+
+/// With as many workers as CPUs or more, the cost of one hand-over between two threads sharing
+/// a CPU (see `handover`), and what share it is of each such row's median build: the time every
+/// batch of those rows pays outside its build, which the bound does not.
+fn print_handover(args: &LoaderFormatsBenchArgs, summary: &[(Format, Vec<Cell>)]) {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let full: Vec<usize> = (0..args.workers.len())
+        .filter(|&k| args.workers[k] > 0 && args.workers[k] >= cpus)
+        .collect();
+    if full.is_empty() || summary.is_empty() {
+        return;
+    }
+    let cpu = pinning::allowed_cpus().first().copied();
+    let trips: Vec<f64> = (0..HANDOVER_ROUNDS)
+        .map(|_| handover::round_trip(cpu, HANDOVER_TRIPS).as_secs_f64())
+        .collect();
+    let t = Spread::of(&trips);
+    println!();
+    println!(
+        "hand-over round trip between two threads sharing {} (crossbeam channels, the caller looking between yields of its CPU and the worker yielding after each send: how they meet when the workers fill every CPU): {:.2} µs median ({:.2}–{:.2}) over {HANDOVER_ROUNDS} rounds of {HANDOVER_TRIPS}; each batch of these rows pays about one, the bound none. As a share of each row's median build:",
+        cpu.map_or("a CPU (not pinned)".to_string(), |c| format!("CPU {c}")),
+        t.median * 1e6,
+        t.min * 1e6,
+        t.max * 1e6,
+    );
+    let head: Vec<&str> = summary.iter().map(|(f, _)| f.title()).collect();
+    println!("| workers | {} |", head.join(" | "));
+    println!("|---:|{}", "---:|".repeat(head.len()));
+    for k in full {
+        let cells: Vec<String> = summary
+            .iter()
+            .map(|(_, c)| {
+                let b = c[k].build_p50;
+                format!("{:.0}% of {:.1} µs", 100.0 * t.median / b, b * 1e6)
+            })
+            .collect();
+        println!("| {} | {} |", args.workers[k], cells.join(" | "));
+    }
 }
 
 /// Output bytes of one epoch of `bound` (every batch of `plan`).
@@ -745,7 +801,7 @@ pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
     );
     // The batches of a first epoch, for the bytes the batches hold per epoch.
     let plan_of = |len: usize| EpochPlan::new(len, &config(&args, 0), 0);
-    let mut summary: Vec<(Format, Vec<Spread>)> = Vec::new();
+    let mut summary: Vec<(Format, Vec<Cell>)> = Vec::new();
     for &format in &args.formats {
         let spreads = match format {
             Format::Tokens => {
@@ -827,13 +883,17 @@ pub fn run(args: LoaderFormatsBenchArgs) -> anyhow::Result<ExitCode> {
     for (k, w) in args.workers.iter().enumerate() {
         let cells: Vec<String> = summary
             .iter()
-            .map(|(_, s)| format!("{:.2} ({:.2}–{:.2})", s[k].median, s[k].min, s[k].max))
+            .map(|(_, s)| {
+                let r = s[k].ratio;
+                format!("{:.2} ({:.2}–{:.2})", r.median, r.min, r.max)
+            })
             .collect();
         println!("| {w} | {} |", cells.join(" | "));
     }
+    print_handover(&args, &summary);
     let mut met = true;
-    for (format, spreads) in &summary {
-        let medians: Vec<f64> = spreads.iter().map(|s| s.median).collect();
+    for (format, cells) in &summary {
+        let medians: Vec<f64> = cells.iter().map(|c| c.ratio.median).collect();
         met &= report_bound_target(format.title(), &args.workers, &medians);
     }
     // A missed target fails the command, so a script that runs the bench sees it.
