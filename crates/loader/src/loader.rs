@@ -888,8 +888,8 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         let started = Instant::now();
         let want = self.next;
         let shared = &self.loader.shared;
-        // With a CPU free the caller polls it busily, unless a worker last handed over there;
-        // with the workers on every CPU it polls between yields of its CPU (see `pacing`).
+        // With a CPU free the caller polls busily, unless a worker last handed over on its
+        // CPU; with the workers on every CPU it polls between yields of its CPU (see `pacing`).
         let polls = matches!(shared.pacing, Pacing::CallerPolls | Pacing::WorkersYield);
         let mut spins = polls
             && self.loader.spin.worth_spinning()
@@ -911,8 +911,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 Some(t) => t.saturating_sub(started.elapsed()).min(LIVENESS_POLL),
                 None => LIVENESS_POLL,
             };
-            // A free CPU and batches arriving quickly: poll for a while before sleeping (see
-            // `pacing`); a poll that misses or loses its CPU is not repeated in this wait.
+            // Batches arriving quickly: poll for a while before sleeping (see `pacing`); a
+            // poll that misses (or, polling busily, loses its CPU) is not repeated in this
+            // wait.
             let mut polled = None;
             if spins {
                 let look = || results.try_recv().ok();
