@@ -44,8 +44,8 @@
 //! yields or sleeps, and on a CPU shared with a worker every microsecond of it is the worker's.
 //! Two threads pinned to one CPU of trainmem's 2-vCPU benchmark machine, meeting as the caller
 //! and a worker do (`xtask bench loader-formats` prints this round trip), took 4.9–5.1 µs a
-//! round trip with blocking receives on both sides and 1.3–1.4 µs with the caller looking
-//! between yields; a caller that sleeps at once (a mutex and condition variable, in a temporary
+//! round trip with blocking receives on both sides and 1.3–2.4 µs (over the runs of
+//! 2026-11-26) with the caller looking between yields; a caller that sleeps at once (a mutex and condition variable, in a temporary
 //! program) took 2.9–3.3 µs. On the bench's packed Arrow row with 2 and 4 workers the caller's
 //! CPU time fell from about 3.2 to 2.0 ms an epoch of 1,024 batches. A caller that
 //! yields and finds no one else wanting its CPU gets it straight back and looks again, so with
