@@ -888,11 +888,10 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         let started = Instant::now();
         let want = self.next;
         let shared = &self.loader.shared;
-        // With a CPU free the caller polls busily, unless a worker last handed over on its
-        // CPU; with the workers on every CPU it polls between yields of its CPU (see `pacing`).
-        let polls = matches!(shared.pacing, Pacing::CallerPolls | Pacing::WorkersYield);
-        let mut spins = polls
-            && self.loader.spin.worth_spinning()
+        // Every wait is recorded and may poll (the pacing is never `Inline` with workers): with
+        // a CPU free the caller polls busily, unless a worker last handed over on its CPU; with
+        // the workers on every CPU it polls between yields of its CPU (see `pacing`).
+        let mut spins = self.loader.spin.worth_spinning()
             && (shared.pacing == Pacing::WorkersYield
                 || current_cpu().is_some_and(|here| !shared.worker_cpus.any_on(here)));
         // How this wait's last poll ended, if it polled.
@@ -954,11 +953,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 }
             }
         };
-        if polls {
-            self.loader
-                .spin
-                .record(started.elapsed(), poll_end.as_ref());
-        }
+        self.loader
+            .spin
+            .record(started.elapsed(), poll_end.as_ref());
         // Hand the batch out (and uncount it) before issuing the replacement task, so the
         // loader never holds more than P·W batches.
         let out = item.map(|mut b| {

@@ -641,6 +641,7 @@ fn print(
     println!("|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
     let mut spreads = Vec::new();
     for (w, t) in args.workers.iter().zip(times) {
+        let build_p50 = Spread::of(&t.build_p50).median;
         let b = Spread::of(&t.bound).map_decreasing(gbs);
         let o = Spread::of(&t.ours).map_decreasing(gbs);
         let r = ratios(&t.bound, &t.ours);
@@ -671,12 +672,12 @@ fn print(
             Spread::of(&t.worker_runnable).median * 1e3,
             ratios(&t.bound_cpu, &t.ours_cpu).median,
             Spread::of(&t.build_p10).median * 1e6,
-            Spread::of(&t.build_p50).median * 1e6,
+            build_p50 * 1e6,
             Spread::of(&t.build_p90).median * 1e6,
         );
         spreads.push(Cell {
             ratio: r,
-            build_p50: Spread::of(&t.build_p50).median,
+            build_p50,
         });
     }
     spreads
