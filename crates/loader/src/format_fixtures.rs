@@ -49,7 +49,7 @@ pub fn list_value(i: usize, j: usize) -> i32 {
 }
 
 /// Writes an Arrow IPC stream (or, with `file`, an IPC file) of `rows` rows with an
-/// `input_ids` list<int32> column (row `i`: [`list_len`] ids, [`list_value`]) and a `label`
+/// `input_ids` `list<int32>` column (row `i`: [`list_len`] ids, [`list_value`]) and a `label`
 /// int64 column (`i mod 10`), in record batches of `batch_rows`: the layout of a tokenized
 /// Hugging Face `datasets` cache.
 pub fn write_arrow_lists(

@@ -340,6 +340,7 @@ pub use indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_
 pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use mapped::MappedFile;
 pub use memory::{LoaderMemory, MemoryWatch};
+pub use pacing::current_cpu;
 pub use pagecache::{
     MappedPages, evict_page_cache, mapped_pages, mapped_pages_in, read_in_huge_pages,
 };

@@ -45,14 +45,14 @@
 //! Two threads pinned to one CPU of trainmem's 2-vCPU benchmark machine, meeting as the caller
 //! and a worker do (`xtask bench loader-formats` prints this round trip), took 4.9–5.1 µs a
 //! round trip with blocking receives on both sides and 1.3–2.4 µs (over the runs of
-//! 2026-11-26) with the caller looking between yields; a caller that sleeps at once (a mutex and condition variable, in a temporary
-//! program) took 2.9–3.3 µs. On the bench's packed Arrow row with 2 and 4 workers the caller's
-//! CPU time fell from about 3.2 to 2.0 ms an epoch of 1,024 batches. A caller that
-//! yields and finds no one else wanting its CPU gets it straight back and looks again, so with
-//! the CPUs idle (workers waiting on the disk) it spins for up to [`SPIN_MAX`], as a polling
-//! caller with a free CPU does, and a miss makes the next waits sleep at once. [`current_cpu`]
-//! also serves the staging pool, which hands a thread the buffer it last wrote on the same
-//! CPU.
+//! 2026-11-26) with the caller looking between yields; a caller that sleeps at once (a mutex
+//! and condition variable, in a temporary program) took 2.9–3.3 µs. On the bench's packed
+//! Arrow row with 2 and 4 workers the caller's CPU time fell from about 3.2 to 2.0 ms an epoch
+//! of 1,024 batches. A caller that yields and finds no one else wanting its CPU gets it
+//! straight back and looks again, so with the CPUs idle (workers waiting on the disk) it spins
+//! for up to [`SPIN_MAX`], as a polling caller with a free CPU does, and a miss makes the next
+//! waits sleep at once. [`current_cpu`] also serves the staging pool, which hands a thread the
+//! buffer it last wrote on the same CPU, and the loader benches, which pin threads by it.
 //!
 //! The polling changes when the caller notices a batch, never which batch it delivers, in
 //! which order, or how many are in flight.
@@ -77,8 +77,8 @@ pub(crate) const BACK_OFF_MOST: u32 = 1024;
 pub(crate) const CLEAN_POLLS: u32 = 256;
 
 /// The CPU the calling thread is running on, where the platform says (Linux); the thread may
-/// move right after, so it is a hint.
-pub(crate) fn current_cpu() -> Option<usize> {
+/// move right after, so it is a hint. `None` elsewhere, or when the platform cannot tell.
+pub fn current_cpu() -> Option<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU

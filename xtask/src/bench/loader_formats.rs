@@ -49,13 +49,13 @@ use trainmem_loader::format_fixtures::{write_arrow_lists, write_tokens};
 use trainmem_loader::{
     ArrowDataset, BatchBuilder, Dataset, Dtype, EpochPlan, Loader, LoaderConfig, Order,
     PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, StackWindows, TokenBatch, TokenFile,
-    TokenWindows, WindowSpec, mapped_pages, prefetch_pages, read_in_huge_pages,
+    TokenWindows, WindowSpec, current_cpu, mapped_pages, prefetch_pages, read_in_huge_pages,
 };
 
 use super::handover;
 use super::loader::timing::Spread;
 use super::loader::{meets_bound_target, report_bound_target};
-use super::pinning::{self, Pinned, current_cpu};
+use super::pinning::{self, Pinned};
 
 /// Arguments of `bench loader-formats`.
 #[derive(Debug, clap::Args)]

@@ -9,17 +9,6 @@
 
 use std::collections::BTreeSet;
 
-/// The CPU the calling thread runs on (Linux), a hint: it may move right after.
-pub fn current_cpu() -> Option<usize> {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `sched_getcpu` takes no arguments and only reads the calling thread's CPU.
-        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
-}
-
 /// The CPUs the calling thread may run on (a thread starts with its creator's, so the main
 /// thread's are the process's), in order; empty where that cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {
@@ -146,7 +135,7 @@ mod tests {
             {
                 let _pin = Pinned::to(Some(last));
                 assert_eq!(allowed_cpus(), vec![last]);
-                assert_eq!(current_cpu(), Some(last));
+                assert_eq!(trainmem_loader::current_cpu(), Some(last));
             }
             assert_eq!(allowed_cpus(), mine);
             let _none = Pinned::to(None);
