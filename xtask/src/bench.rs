@@ -9,6 +9,7 @@ mod loader_formats;
 mod pinning;
 mod replay;
 mod sim;
+mod tracker;
 
 /// Benchmarks.
 #[derive(Debug, clap::Subcommand)]
@@ -23,6 +24,8 @@ pub enum BenchCommand {
     Sim(sim::SimBenchArgs),
     /// `trainmem replay`'s speed on the largest shared PyTorch snapshot, in events per second.
     Replay(replay::ReplayBenchArgs),
+    /// What trainmem-track's `Tracked<B>` layer costs a measured run (tracked / bare).
+    Tracker(tracker::TrackerBenchArgs),
 }
 
 /// Runs a benchmark.
@@ -33,6 +36,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::LoaderFormats(args) => loader_formats::run(args),
         BenchCommand::Sim(args) => sim::run(args),
         BenchCommand::Replay(args) => replay::run(args),
+        BenchCommand::Tracker(args) => tracker::run(args),
     }
 }
 

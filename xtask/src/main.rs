@@ -4,6 +4,7 @@
 //!   same command as `trainmem scenario`, with files under `target/scenarios/`).
 //! * `cargo xtask bench alloc|loader|sim|replay`: side-by-side benchmarks that print ratios.
 //! * `cargo xtask gen-data`: write deterministic fixture data sets.
+//! * `cargo xtask gpu-check`: every GPU check in one command, one JSON file per device.
 
 use std::process::ExitCode;
 
@@ -11,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod gen_data;
+mod gpu_check;
 mod meta;
 mod validate;
 
@@ -37,6 +39,9 @@ enum Command {
     /// One training step of a LLaMA-style decoder of any size on trainmem-meta, with its bytes
     /// per category.
     Meta(meta::MetaArgs),
+    /// Everything a lent GPU should show, written to one JSON file per device
+    /// (`--backend flex` runs it end to end on the CPU).
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Compare the twin with recorded real runs (`validate pytorch`).
     #[command(subcommand)]
     Validate(validate::ValidateCommand),
@@ -66,6 +71,7 @@ fn main() -> ExitCode {
         Command::GenData(args) => gen_data::run(args),
         Command::Validate(cmd) => validate::run(cmd),
         Command::Meta(args) => meta::run(args),
+        Command::GpuCheck(args) => gpu_check::run(args),
     };
     match result {
         Ok(code) => code,

@@ -68,8 +68,7 @@
 
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
+pub mod agreement;
 pub mod data;
 mod error;
 pub mod model;
@@ -78,10 +77,11 @@ pub mod run;
 pub mod timeline;
 mod train;
 
+pub use agreement::{TrackerAgreement, tracker_vs_host};
 pub use data::{BatchSource, HostBatch, SyntheticSource};
 pub use error::BurnRunError;
 pub use model::{Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape};
-pub use probe::{DeviceMemory, MemoryBackend, Probe, ProbeSample, host_counting_available};
+pub use probe::{Probe, ProbeSample, host_counting_available};
 pub use run::{
     BackendChoice, MeasuredRun, Progress, RunOptions, run_measured, run_measured_detailed,
     run_on_backend,

@@ -10,7 +10,7 @@
 //!   (`None`) rather than as zeros.
 //! * **host, as the OS sees it**: the `/proc/self/status` breakdown (VmRSS, RssAnon, RssFile,
 //!   RssShmem, VmHWM), `None` where `/proc` is absent.
-//! * **device**: whatever the backend can report through [`MemoryBackend`]. On CUDA (feature
+//! * **device**: whatever the backend can report through [`MemoryBackend`] (trainmem-track). On CUDA (feature
 //!   `cuda`) that is cubecl's `memory_usage()` (bytes in use ≈ PyTorch's `memory_allocated`,
 //!   bytes reserved ≈ `memory_reserved`) and the driver's free and total. CPU backends (Flex)
 //!   keep tensors in ordinary heap memory, so they report `None` here and everything shows up
@@ -21,74 +21,12 @@
 
 use std::time::Instant;
 
-use burn::prelude::Backend;
 use serde::{Deserialize, Serialize};
 use trainmem_core::timeline::Phase;
 use trainmem_probe::{Category, ProcStatus};
+use trainmem_track::{CategoryArray, DeviceFigures, MemoryBackend, TrackedBytes};
 
 use crate::BurnRunError;
-
-/// Device memory as the backend reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceMemory {
-    /// Live allocations (slices, not pages).
-    pub number_allocs: u64,
-    /// Bytes used by live allocations, padding excluded (≈ PyTorch's `memory_allocated`).
-    pub bytes_in_use: u64,
-    /// Padding bytes of live allocations.
-    pub bytes_padding: u64,
-    /// Bytes reserved from the device: in use plus pages kept for reuse (≈ PyTorch's
-    /// `memory_reserved`).
-    pub bytes_reserved: u64,
-    /// Free device memory according to the driver, when it could be read.
-    pub driver_free: Option<u64>,
-    /// Total device memory according to the driver, when it could be read.
-    pub driver_total: Option<u64>,
-    /// Bytes in use per category, for backends that attribute their own tensors
-    /// (trainmem-meta); `None` where the split is not observable (CUDA).
-    #[serde(default)]
-    pub categories: Option<CategoryArray>,
-}
-
-/// A backend whose memory a [`Probe`] can read beyond the host allocator.
-///
-/// CPU backends keep the default (`None`): their tensors are host heap memory and are counted
-/// by the counting allocator. Autodiff forwards to the backend it wraps.
-pub trait MemoryBackend: Backend {
-    /// Device memory figures for `device`, or `None` when the backend has no device pools.
-    fn device_memory(_device: &Self::Device) -> Option<DeviceMemory> {
-        None
-    }
-
-    /// Releases cached, unused device memory (`empty_cache`): `Backend::memory_cleanup`.
-    fn empty_cache(device: &Self::Device) {
-        Self::memory_cleanup(device);
-    }
-}
-
-impl MemoryBackend for burn::backend::Flex {}
-
-impl<B: MemoryBackend, C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy>
-    MemoryBackend for burn::backend::Autodiff<B, C>
-{
-    fn device_memory(device: &Self::Device) -> Option<DeviceMemory> {
-        B::device_memory(device)
-    }
-
-    fn empty_cache(device: &Self::Device) {
-        B::empty_cache(device);
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl MemoryBackend for burn::backend::Cuda {
-    fn device_memory(device: &Self::Device) -> Option<DeviceMemory> {
-        crate::cuda::device_memory(device)
-    }
-}
-
-/// Host bytes per category, indexed by [`Category::index`].
-pub type CategoryArray = [u64; 8];
 
 /// One measurement, taken when `phase` has just completed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,7 +51,14 @@ pub struct ProbeSample {
     /// The OS view of this process's memory; `None` where `/proc` is unavailable.
     pub rss: Option<ProcStatus>,
     /// Device figures; `None` on CPU backends.
-    pub device: Option<DeviceMemory>,
+    pub device: Option<DeviceFigures>,
+    /// The buffers the run's tensors hold per category, as trainmem-track's [`Tracked`] layer
+    /// counts them (live at the sample, and peaks since the previous sample); `None` when the
+    /// run was not tracked.
+    ///
+    /// [`Tracked`]: trainmem_track::Tracked
+    #[serde(default)]
+    pub tracked: Option<TrackedBytes>,
     /// With an allocation trace running ([`crate::RunOptions::trace_allocations`]): how many
     /// trace events precede this sample, so the trace can be cut at phase boundaries.
     pub trace_events: Option<usize>,
@@ -172,6 +117,9 @@ impl<B: MemoryBackend> Probe<B> {
         if counting {
             trainmem_probe::reset_peaks();
         }
+        if B::tracked_bytes().is_some() {
+            trainmem_track::reset_peaks();
+        }
         Probe {
             device: device.clone(),
             start: Instant::now(),
@@ -224,6 +172,10 @@ impl<B: MemoryBackend> Probe<B> {
         } else {
             (None, None, None)
         };
+        let tracked = B::tracked_bytes();
+        if tracked.is_some() {
+            trainmem_track::reset_peaks();
+        }
         let sample = ProbeSample {
             phase,
             step,
@@ -235,6 +187,7 @@ impl<B: MemoryBackend> Probe<B> {
             host_total_peak,
             rss: trainmem_probe::rss::read().ok(),
             device: B::device_memory(&self.device),
+            tracked,
             trace_events: trainmem_probe::trace_enabled().then(trainmem_probe::trace_position),
         };
         self.samples.push(sample);

@@ -66,7 +66,8 @@ use trainmem_probe::TraceEvent;
 
 use crate::BurnRunError;
 use crate::data::BatchSource;
-use crate::probe::{MemoryBackend, ProbeSample};
+use crate::probe::ProbeSample;
+use trainmem_track::{MemoryBackend, TrackableBackend, Tracked};
 
 /// Which burn backend a run trains on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -120,6 +121,12 @@ pub struct RunOptions<'a> {
     /// ([`MeasuredRun::allocation_trace`]); `None` (default) records nothing. Needs the
     /// counting allocator installed (otherwise the trace is empty).
     pub trace_allocations: Option<u64>,
+    /// Train under trainmem-track's [`Tracked`] layer (default `true`): every buffer the
+    /// backend holds is counted under the category of the phase that created it, sampled into
+    /// [`ProbeSample::tracked`] at every boundary; on a device backend (CUDA) these are the
+    /// device bytes per category. `false` trains on the bare backend (the overhead bench's
+    /// baseline).
+    pub track_tensors: bool,
 }
 
 impl Default for RunOptions<'_> {
@@ -132,6 +139,7 @@ impl Default for RunOptions<'_> {
             source: None,
             lazy_parameters: false,
             trace_allocations: None,
+            track_tensors: true,
         }
     }
 }
@@ -146,6 +154,7 @@ impl std::fmt::Debug for RunOptions<'_> {
             .field("source", &self.source.is_some())
             .field("lazy_parameters", &self.lazy_parameters)
             .field("trace_allocations", &self.trace_allocations)
+            .field("track_tensors", &self.track_tensors)
             .finish()
     }
 }
@@ -254,7 +263,7 @@ fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, Bu
 /// Trains `plan` on a backend the caller chooses (one outside [`BackendChoice`], such as
 /// trainmem-meta's), under autodiff, with the same loop and probes as every measured run;
 /// `producer` names the backend in the timeline. Runs on the calling thread.
-pub fn run_on_backend<B: MemoryBackend>(
+pub fn run_on_backend<B: MemoryBackend + TrackableBackend>(
     plan: &Plan,
     opts: RunOptions<'_>,
     device: B::Device,
@@ -267,9 +276,24 @@ pub fn run_on_backend<B: MemoryBackend>(
     train_on::<B>(plan, opts, device, producer)
 }
 
+/// Trains on base backend `B` (under trainmem-track's [`Tracked`] layer unless
+/// [`RunOptions::track_tensors`] is off) under autodiff.
+fn train_on<B: MemoryBackend + TrackableBackend>(
+    plan: &Plan,
+    opts: RunOptions<'_>,
+    device: B::Device,
+    producer: &str,
+) -> Result<MeasuredRun, BurnRunError> {
+    if opts.track_tensors {
+        train_autodiff::<Tracked<B>>(plan, opts, device, producer)
+    } else {
+        train_autodiff::<B>(plan, opts, device, producer)
+    }
+}
+
 /// Trains on base backend `B` under autodiff, with burn's balanced checkpointing when the plan
 /// asks for any checkpointing policy.
-fn train_on<B: MemoryBackend>(
+fn train_autodiff<B: MemoryBackend>(
     plan: &Plan,
     opts: RunOptions<'_>,
     device: B::Device,

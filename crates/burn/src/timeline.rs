@@ -6,7 +6,7 @@
 //! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
 //!   `cache = reserved - allocated`; the per-category split of device bytes is not observable
 //!   there and stays zero (a backend that attributes its own tensors, trainmem-meta, fills
-//!   it through [`crate::DeviceMemory::categories`]). On a CPU backend tensors are host memory, so `device` is all zero
+//!   it through [`trainmem_track::DeviceFigures::categories`]). On a CPU backend tensors are host memory, so `device` is all zero
 //!   and every tensor byte is in the host categories.
 
 use trainmem_core::plan::Plan;
@@ -121,9 +121,9 @@ pub fn to_timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::DeviceMemory;
     use trainmem_core::timeline::Phase;
     use trainmem_probe::ProcStatus;
+    use trainmem_track::DeviceFigures;
 
     #[test]
     fn samples_carry_host_categories_rss_and_device_cache() {
@@ -146,7 +146,7 @@ mod tests {
                 vm_hwm: 80,
                 vm_peak: 90,
             }),
-            device: Some(DeviceMemory {
+            device: Some(DeviceFigures {
                 number_allocs: 2,
                 bytes_in_use: 300,
                 bytes_padding: 4,
@@ -156,6 +156,7 @@ mod tests {
                 categories: None,
             }),
             trace_events: None,
+            tracked: None,
         };
         let t = to_sample(&s);
         assert_eq!(t.host.categories.get(Category::Parameter), 100);

@@ -34,9 +34,10 @@ use crate::model::{
     Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape, lazy_parameter_bytes,
     materialize, parameter_bytes,
 };
-use crate::probe::{MemoryBackend, Probe};
+use crate::probe::Probe;
 use crate::run::{MeasuredRun, Progress, RunOptions, work_dir};
 use crate::timeline::to_timeline;
+use trainmem_track::MemoryBackend;
 
 /// What a run trains with, made in the order the run's bytes are counted.
 struct Setup<'a, B: AutodiffBackend + MemoryBackend> {

@@ -1,23 +1,26 @@
 //! trainmem-burn's own training loop on Meta: the loop measured runs use, with only the backend
 //! type changed.
 //!
-//! [`Meta`] implements trainmem-burn's `MemoryBackend`: at every phase boundary the probe reads
+//! [`Meta`] implements trainmem-track's `MemoryBackend` and `TrackableBackend` (a Meta tensor
+//! names its counted buffer, so `Tracked<Meta>` counts exactly what Meta's own ledger counts): at every phase boundary the probe reads
 //! the device's live tensor bytes per category (and, with a [`crate::CachingModel`], the
 //! allocator's allocated and reserved bytes) as device memory. Host figures (the loader's
 //! batches, the counting allocator, RSS) are read as in any measured run.
 
-use trainmem_burn::{BurnRunError, DeviceMemory, MeasuredRun, MemoryBackend, RunOptions};
+use trainmem_burn::{BurnRunError, MeasuredRun, RunOptions};
 use trainmem_core::plan::Plan;
 use trainmem_core::timeline::Source;
+use trainmem_track::{BufferInfo, DeviceFigures, MemoryBackend, TrackableBackend};
 
 use crate::backend::Meta;
 use crate::device::MetaDevice;
+use crate::tensor::{MetaQTensor, MetaTensor};
 
 impl MemoryBackend for Meta {
-    fn device_memory(device: &MetaDevice) -> Option<DeviceMemory> {
+    fn device_memory(device: &MetaDevice) -> Option<DeviceFigures> {
         let stats = device.stats();
         let totals = device.ledger().device_totals();
-        Some(DeviceMemory {
+        Some(DeviceFigures {
             number_allocs: stats.live_buffers(),
             bytes_in_use: totals.map_or(stats.total_live, |t| t.allocated),
             bytes_padding: 0,
@@ -29,6 +32,33 @@ impl MemoryBackend for Meta {
     }
 }
 
+fn meta_buffer(tensor: &MetaTensor) -> Option<BufferInfo> {
+    Some(BufferInfo {
+        key: tensor.buffer_key(),
+        bytes: tensor.buffer_bytes(),
+        handle_bytes: 0,
+        handle_key: 0,
+    })
+}
+
+impl TrackableBackend for Meta {
+    fn float_buffer(tensor: &MetaTensor) -> Option<BufferInfo> {
+        meta_buffer(tensor)
+    }
+
+    fn int_buffer(tensor: &MetaTensor) -> Option<BufferInfo> {
+        meta_buffer(tensor)
+    }
+
+    fn bool_buffer(tensor: &MetaTensor) -> Option<BufferInfo> {
+        meta_buffer(tensor)
+    }
+
+    fn quantized_buffer(tensor: &MetaQTensor) -> Option<BufferInfo> {
+        meta_buffer(tensor.values())
+    }
+}
+
 /// Trains `plan` with trainmem-burn's loop on `device` (a fresh [`MetaDevice`] per run keeps
 /// runs apart). The timeline's source is [`Source::Simulated`] (a prediction); tensor bytes are
 /// in its device domain.
@@ -37,6 +67,11 @@ pub fn run_plan(
     opts: RunOptions<'_>,
     device: MetaDevice,
 ) -> Result<MeasuredRun, BurnRunError> {
+    // Meta attributes its own tensors: no tracking layer on top.
+    let opts = RunOptions {
+        track_tensors: false,
+        ..opts
+    };
     let mut run = trainmem_burn::run_on_backend::<Meta>(plan, opts, device, "trainmem-meta")?;
     run.timeline.source = Source::Simulated;
     Ok(run)

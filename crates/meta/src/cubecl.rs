@@ -41,6 +41,16 @@ use crate::memory::{AllocationHook, DeviceTotals};
 /// The memory alignment cubecl-cuda 0.10 sets for device memory.
 pub const CUDA_ALIGNMENT: u64 = 512;
 
+/// Total memory of the H100 80GB HBM3 lent on 2026-11-24, as the driver reported it
+/// (`cuMemGetInfo`'s total, which is what cubecl-cuda's `cuDeviceTotalMem` reads).
+pub const H100_80GB_BYTES: u64 = 85_017_493_504;
+
+/// Total memory of the H200 lent on 2026-11-26: the driver reported 139.80 GiB (to the
+/// hundredth printed); the exact byte count was not recorded, so this is 139.80 GiB. Across the
+/// printed rounding (± 5 MiB) cubecl's predicted reserved bytes move by under 0.02 MiB
+/// (`tests/cubecl_devices.rs`).
+pub const H200_BYTES: u64 = 150_108_633_088;
+
 /// How a cubecl memory manager is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CubeclConfig {

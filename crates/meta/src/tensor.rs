@@ -73,6 +73,12 @@ impl MetaTensor {
         self.buffer.category()
     }
 
+    /// Names the tensor's buffer while it is alive (its address): equal for two tensors exactly
+    /// when they share the buffer.
+    pub fn buffer_key(&self) -> u64 {
+        Arc::as_ptr(&self.buffer) as usize as u64
+    }
+
     /// Whether the two tensors use the same buffer.
     pub fn shares_buffer_with(&self, other: &MetaTensor) -> bool {
         Arc::ptr_eq(&self.buffer, &other.buffer)

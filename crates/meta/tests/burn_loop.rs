@@ -1,6 +1,10 @@
 //! trainmem-burn's training loop on Meta against the same loop measured on Flex, for every
 //! scenario plan that runs on the CPU: tensor bytes per category at every phase boundary agree
-//! within 1% + 16 KiB. (Each plan is cut to at most 2 epochs of 3 steps to keep the test short.)
+//! within 1% + 16 KiB. The same Flex runs are tracked (trainmem-track's `Tracked<Flex>`, as
+//! every measured run is): the tracker's bytes per tensor category (buffers and the tensors'
+//! own records) agree with the counting allocator's within 1% + 16 KiB at every boundary too,
+//! but where burn's other bookkeeping is larger than that ([`KNOWN_GAPS`], held to 2%). (Each plan is cut to at most 2 epochs
+//! of 3 steps to keep the test short.)
 
 use trainmem_burn::{RunOptions, run_measured_detailed};
 use trainmem_core::Category;
@@ -38,6 +42,34 @@ fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
     let compared = if plan.loader.workers == 0 { 5 } else { 4 };
     let mut worst = [(0u64, 0u64, 0u64); 5];
     let mut failures = Vec::new();
+    let rows = trainmem_burn::tracker_vs_host(&flex).expect("measured runs are tracked by default");
+    for row in &rows {
+        eprintln!(
+            "{name:>22} {:>16} tracker vs counting allocator: largest |diff| {} ({} vs {}), {} of {} boundaries outside",
+            row.category.name(),
+            row.max_diff,
+            row.host_at_max,
+            row.tracked_at_max,
+            row.outside,
+            row.boundaries
+        );
+        let gap = KNOWN_GAPS
+            .iter()
+            .find(|(plan, c, _)| *plan == name && *c == row.category);
+        match gap {
+            // Bounded: a known gap must not grow.
+            Some((_, _, percent)) => assert!(
+                row.max_diff <= row.host_at_max * percent / 100 + 16 * 1024,
+                "{name} {:?}: the known gap grew: {row:?}",
+                row.category
+            ),
+            None if !row.within() => failures.push(format!(
+                "{name} {:?}: tracker outside 1% + 16 KiB of the counting allocator at {} of {} boundaries (largest: {} vs {})",
+                row.category, row.outside, row.boundaries, row.host_at_max, row.tracked_at_max
+            )),
+            None => {}
+        }
+    }
     for (f, m) in flex.timeline.samples.iter().zip(&meta.timeline.samples) {
         assert_eq!((f.phase, f.step), (m.phase, m.step), "{name}");
         for (i, c) in COMPARED.iter().enumerate().take(compared) {
@@ -67,72 +99,83 @@ fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
     (lines, failures)
 }
 
+/// Where burn's bookkeeping beside its tensors (not yet named by trainmem) exceeds 1% + 16 KiB
+/// of a category: `(plan, category, percent)` — the tracker is held within `percent`% + 16 KiB
+/// there instead. The transformer plans' modules keep about 1.9 KiB of `Param` records per
+/// parameter tensor under `parameter` (51 KB for 27 tensors of 2.6 MB).
+const KNOWN_GAPS: [(&str, Category, u64); 2] = [
+    ("activation-retention", Category::Parameter, 2),
+    ("grad-accumulation", Category::Parameter, 2),
+];
+
+/// Every scenario plan that trains on the CPU.
+const PLANS: [(&str, &str); 14] = [
+    (
+        "activation-retention",
+        include_str!("../../scenarios/plans/activation-retention.toml"),
+    ),
+    (
+        "checkpoint-save",
+        include_str!("../../scenarios/plans/checkpoint-save.toml"),
+    ),
+    (
+        "empty-cache",
+        include_str!("../../scenarios/plans/empty-cache.toml"),
+    ),
+    (
+        "epoch-spike",
+        include_str!("../../scenarios/plans/epoch-spike.toml"),
+    ),
+    (
+        "grad-accumulation",
+        include_str!("../../scenarios/plans/grad-accumulation.toml"),
+    ),
+    (
+        "grad-checkpointing",
+        include_str!("../../scenarios/plans/grad-checkpointing.toml"),
+    ),
+    (
+        "logging-growth",
+        include_str!("../../scenarios/plans/logging-growth.toml"),
+    ),
+    (
+        "memmap-vs-preload",
+        include_str!("../../scenarios/plans/memmap-vs-preload.toml"),
+    ),
+    (
+        "mixed-precision",
+        include_str!("../../scenarios/plans/mixed-precision.toml"),
+    ),
+    (
+        "optimizer-jump",
+        include_str!("../../scenarios/plans/optimizer-jump.toml"),
+    ),
+    (
+        "per-batch-plateau",
+        include_str!("../../scenarios/plans/per-batch-plateau.toml"),
+    ),
+    (
+        "pinned-staging",
+        include_str!("../../scenarios/plans/pinned-staging.toml"),
+    ),
+    (
+        "retained-leak",
+        include_str!("../../scenarios/plans/retained-leak.toml"),
+    ),
+    (
+        "startup",
+        include_str!("../../scenarios/plans/startup.toml"),
+    ),
+];
+
 #[test]
 fn the_measured_loop_on_meta_matches_flex_per_category_on_every_cpu_scenario() {
-    let plans = [
-        (
-            "activation-retention",
-            include_str!("../../scenarios/plans/activation-retention.toml"),
-        ),
-        (
-            "checkpoint-save",
-            include_str!("../../scenarios/plans/checkpoint-save.toml"),
-        ),
-        (
-            "empty-cache",
-            include_str!("../../scenarios/plans/empty-cache.toml"),
-        ),
-        (
-            "epoch-spike",
-            include_str!("../../scenarios/plans/epoch-spike.toml"),
-        ),
-        (
-            "grad-accumulation",
-            include_str!("../../scenarios/plans/grad-accumulation.toml"),
-        ),
-        (
-            "grad-checkpointing",
-            include_str!("../../scenarios/plans/grad-checkpointing.toml"),
-        ),
-        (
-            "logging-growth",
-            include_str!("../../scenarios/plans/logging-growth.toml"),
-        ),
-        (
-            "memmap-vs-preload",
-            include_str!("../../scenarios/plans/memmap-vs-preload.toml"),
-        ),
-        (
-            "mixed-precision",
-            include_str!("../../scenarios/plans/mixed-precision.toml"),
-        ),
-        (
-            "optimizer-jump",
-            include_str!("../../scenarios/plans/optimizer-jump.toml"),
-        ),
-        (
-            "per-batch-plateau",
-            include_str!("../../scenarios/plans/per-batch-plateau.toml"),
-        ),
-        (
-            "pinned-staging",
-            include_str!("../../scenarios/plans/pinned-staging.toml"),
-        ),
-        (
-            "retained-leak",
-            include_str!("../../scenarios/plans/retained-leak.toml"),
-        ),
-        (
-            "startup",
-            include_str!("../../scenarios/plans/startup.toml"),
-        ),
-    ];
     let mut failures = Vec::new();
     eprintln!(
         "{:>22} {:>16} {:>12} {:>12} {:>8}",
         "scenario", "category", "flex", "meta", "max |err|"
     );
-    for (name, text) in plans {
+    for (name, text) in PLANS {
         let (lines, fails) = compare(name, text);
         for line in lines {
             eprintln!("{line}");
@@ -140,4 +183,42 @@ fn the_measured_loop_on_meta_matches_flex_per_category_on_every_cpu_scenario() {
         failures.extend(fails);
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `Tracked<Meta>`: the tracker, wrapped around Meta, counts Meta's own ledger to the byte at
+/// every phase boundary of every CPU scenario plan (Meta names each tensor's buffer, so views,
+/// in-place results and shared buffers are counted once, as Meta counts them).
+#[test]
+fn the_tracker_around_meta_counts_metas_own_ledger_to_the_byte() {
+    for (name, text) in PLANS {
+        let mut plan = Plan::from_toml_str(text).expect("plan");
+        plan.training.epochs = plan.training.epochs.min(2);
+        plan.training.steps_per_epoch = Some(plan.training.steps_per_epoch.unwrap_or(3).min(3));
+        let opts = RunOptions {
+            track_tensors: true,
+            ..RunOptions::default()
+        };
+        let run = trainmem_burn::run_on_backend::<trainmem_meta::Meta>(
+            &plan,
+            opts,
+            MetaDevice::new(),
+            "tracked meta",
+        )
+        .expect("tracked meta run");
+        assert!(!run.samples.is_empty(), "{name}");
+        for s in &run.samples {
+            let meta = s
+                .device
+                .and_then(|d| d.categories)
+                .expect("Meta reports its ledger");
+            let tracked = s.tracked.expect("the run is tracked");
+            assert_eq!(
+                tracked.live.0,
+                meta,
+                "{name} {} step {}: tracker vs Meta's ledger",
+                s.phase.name(),
+                s.step
+            );
+        }
+    }
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
+use trainmem_sim::plan::DeviceKind;
 use trainmem_sim::timeline::{Domain, Source, Timeline};
 use trainmem_sim::{Machine, Plan, SimOptions, SimResult, simulate};
 
@@ -292,6 +293,17 @@ impl Ctx {
             progress: Some(&mut on_step),
             max_steps: None,
         };
+        // With measured runs on CUDA the twin predicts the same plan on a GPU (tensors in
+        // device memory), so the two are compared in the same domain.
+        let on_gpu;
+        let plan = if self.backend == Backend::Cuda && plan.device.kind == DeviceKind::Cpu {
+            let mut gpu = plan.clone();
+            gpu.device.kind = DeviceKind::Cuda;
+            on_gpu = gpu;
+            &on_gpu
+        } else {
+            plan
+        };
         let result = simulate(plan, opts).map_err(|source| ScenarioError::Simulation {
             label: label.to_string(),
             source,
@@ -389,10 +401,19 @@ impl Ctx {
         measured: Option<MeasuredRun>,
         simulated: Option<SimResult>,
     ) -> usize {
-        // burn's CUDA backend reports cubecl's pool totals, not bytes per category.
-        let no_targets = (self.backend == Backend::Cuda && measured.is_some()).then(|| {
-            "measured on CUDA: cubecl reports bytes in use and reserved, not bytes per \
-             category, so the per-category comparison has nothing measured to hold the twin to"
+        // On CUDA the device bytes per category come from trainmem-track's tracker; a run
+        // without them (made with `track_tensors` off) has only cubecl's pool totals.
+        let untracked_device = |m: &MeasuredRun| {
+            m.samples
+                .iter()
+                .any(|s| s.device.is_some_and(|d| d.categories.is_none()))
+        };
+        let no_targets = (self.backend == Backend::Cuda
+            && measured.as_ref().is_some_and(untracked_device))
+        .then(|| {
+            "measured on CUDA without the tracker: cubecl reports bytes in use and reserved, \
+             not bytes per category, so the per-category comparison has nothing measured to \
+             hold the twin to"
                 .to_string()
         });
         self.runs.push(RunRecord {

@@ -326,12 +326,19 @@ fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// Runs the scenario.
-pub fn run(ctx: &mut Ctx) -> Result<()> {
-    let plan = ctx.plan("empty-cache")?;
+/// The scenario's plan on a GPU, with `empty_cache` at every epoch end: what it measures with
+/// `--backend cuda`.
+pub fn gpu_plan(plan: &Plan) -> Plan {
     let mut gpu = plan.clone();
     gpu.device.kind = DeviceKind::Cuda;
     gpu.training.empty_cache = EmptyCachePolicy::EveryEpoch;
+    gpu
+}
+
+/// Runs the scenario.
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    let plan = ctx.plan("empty-cache")?;
+    let gpu = gpu_plan(&plan);
 
     if ctx.backend == Backend::Cuda {
         return run_on_cuda(ctx, &gpu);

@@ -103,8 +103,15 @@ pub struct MeasuredRequest {
     pub lazy_parameters: bool,
     /// [`RunOptions::trace_allocations`].
     pub trace_allocations: Option<u64>,
+    /// [`RunOptions::track_tensors`].
+    #[serde(default = "tracked_by_default")]
+    pub track_tensors: bool,
     /// Where the child writes its [`MeasuredResponse`].
     pub response: PathBuf,
+}
+
+fn tracked_by_default() -> bool {
+    true
 }
 
 /// What a child sends back.
@@ -156,6 +163,7 @@ fn serve(request: &Path) -> std::result::Result<(), String> {
         source: None,
         lazy_parameters: req.lazy_parameters,
         trace_allocations: req.trace_allocations,
+        track_tensors: req.track_tensors,
     };
     let response = match run_measured_detailed(&req.plan, opts) {
         Ok(run) => MeasuredResponse::Done(Box::new(run)),
@@ -205,6 +213,7 @@ pub(crate) fn request_from(
         learning_rate: opts.learning_rate,
         lazy_parameters: opts.lazy_parameters,
         trace_allocations: opts.trace_allocations,
+        track_tensors: opts.track_tensors,
         response: PathBuf::new(),
     })
 }

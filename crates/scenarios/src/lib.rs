@@ -113,11 +113,14 @@ macro_rules! scenario {
     };
 }
 
-/// The scenarios whose measured rules read only device totals (bytes in use and reserved), so
-/// they can be measured on CUDA. burn's CUDA backend reports cubecl's pool figures, not bytes
-/// per category; the other scenarios judge categories (parameters, gradients, activations,
-/// ...), which only the host run on Flex measures.
-pub const MEASURED_ON_CUDA: &[&str] = &["empty-cache"];
+/// empty-cache's plan as it runs on a GPU (`--backend cuda`): the plan trainmem-meta's cubecl
+/// model is held to on the lent devices.
+pub fn empty_cache_gpu_plan() -> Result<Plan> {
+    let plan = plans::load("empty-cache").map_err(error::plan_error(
+        "loading the plan `empty-cache`".to_string(),
+    ))?;
+    Ok(empty_cache::gpu_plan(&plan))
+}
 
 /// The catalogue (DESIGN.md), in its order.
 pub const SCENARIOS: &[Scenario] = &[
@@ -331,10 +334,6 @@ pub fn run(args: ScenarioArgs, default_out: &Path) -> Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_USAGE));
     };
     args.backend.choice()?;
-    let selected = match on_backend(&args, selected) {
-        Some(s) => s,
-        None => return Ok(ExitCode::from(EXIT_USAGE)),
-    };
     if let Some(why) = meta_refused(args.meta, args.mode, args.backend) {
         eprintln!("error: {why}");
         return Ok(ExitCode::from(EXIT_USAGE));
@@ -389,33 +388,6 @@ fn select(name: &str) -> Option<Vec<&'static Scenario>> {
         );
     }
     found.map(|s| vec![s])
-}
-
-/// The selected scenarios that can run on the chosen backend: all of them on Flex or when
-/// nothing is measured; on CUDA, those judged on device totals ([`MEASURED_ON_CUDA`]), saying
-/// on stderr which were left out. `None` (after an error message) when none can.
-fn on_backend(
-    args: &ScenarioArgs,
-    selected: Vec<&'static Scenario>,
-) -> Option<Vec<&'static Scenario>> {
-    if args.backend != Backend::Cuda || !args.mode.measured() {
-        return Some(selected);
-    }
-    let (kept, left): (Vec<&Scenario>, Vec<&Scenario>) = selected
-        .into_iter()
-        .partition(|s| MEASURED_ON_CUDA.contains(&s.name));
-    if !left.is_empty() {
-        let names: Vec<&str> = left.iter().map(|s| s.name).collect();
-        eprintln!(
-            "{}: {} judged on bytes per category, which burn's CUDA backend does not report \
-             (cubecl gives bytes in use and reserved); measured on CUDA: {}; run the others \
-             with --backend flex, or --mode simulated",
-            if kept.is_empty() { "error" } else { "note" },
-            names.join(", "),
-            MEASURED_ON_CUDA.join(", ")
-        );
-    }
-    (!kept.is_empty()).then_some(kept)
 }
 
 /// Runs each selected scenario, writes its files and (unless `--json`) prints its report.

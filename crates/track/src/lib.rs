@@ -1,0 +1,76 @@
+//! Bytes per category on any burn backend.
+//!
+//! Two things live here, both facing burn backends:
+//!
+//! * **What a backend reports** ([`memory`]): the [`MemoryBackend`] trait a measured run's
+//!   probe reads at every phase boundary, and the [`DeviceFigures`] it returns (cubecl's bytes in
+//!   use and reserved on CUDA, the driver's free and total, and the bytes per category when
+//!   they are known).
+//! * **[`Tracked<B>`]**, a backend decorator: every op runs on the inner backend `B` unchanged,
+//!   and every buffer the inner backend holds is counted, from the op that creates it until the
+//!   last tensor sharing it is dropped, under the category the creating thread carries
+//!   (trainmem-probe's tag, as measured runs set it). The counts are process-wide
+//!   ([`snapshot`], [`reset_peaks`]).
+//!
+//! # Buffers, not tensors
+//!
+//! Views, in-place results and clones share their input's buffer; counting tensors would count
+//! those bytes twice and release them early. [`Tracked<B>`] asks the inner backend which buffer
+//! each output holds ([`TrackableBackend`]): Flex names its storage, Meta its buffer, cubecl its
+//! memory handle (feature `cuda`). An output whose buffer is already counted shares that
+//! buffer's token; a new buffer gets a token of its own; the bytes leave the count when the last
+//! token holder (a tensor of any op, view or clone) is dropped. A backend that cannot name its
+//! buffers (`impl TrackableBackend for MyBackend {}`) is counted by a rule instead: an output of
+//! a view op (reshape, permute, swap_dims, flip, expand, slice, unfold, detach) shares its
+//! input's token, every other output is a new buffer of `elements × dtype size`. That rule is
+//! wrong where such a backend writes in place (the result is counted as new bytes, under the
+//! category of the op that wrote it, while the input's token goes when its tensor is consumed:
+//! totals stay right, the category can move) and where it copies on a view op.
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use burn::tensor::Tensor;
+//! use trainmem_core::Category;
+//! use trainmem_probe::CategoryScope;
+//! use trainmem_track::Tracked;
+//!
+//! type B = Autodiff<Tracked<Flex>>;
+//! let device = Default::default();
+//! let before = trainmem_track::snapshot().live.total();
+//! let x = {
+//!     let _tag = CategoryScope::enter(Category::Activation);
+//!     Tensor::<B, 2>::ones([256, 256], &device)
+//! };
+//! let view = x.clone().reshape([65536]); // shares x's buffer
+//! let after = trainmem_track::snapshot();
+//! // One buffer: the data and Flex's storage header, counted once for x and its view.
+//! let buffer = 256 * 256 * 4 + trainmem_track::buffer::FLEX_STORAGE_HEADER;
+//! assert_eq!(after.live.total() - before, buffer);
+//! assert!(after.live.get(Category::Activation) >= buffer);
+//! drop((x, view));
+//! assert_eq!(trainmem_track::snapshot().live.total(), before);
+//! ```
+//!
+//! The op traits are implemented by code generated from burn-backend's trait definitions
+//! (`codegen/gen_ops.py`): every method, defaulted ones included, calls the inner backend's
+//! method of the same name, so no computed value changes. A method that a later burn adds
+//! without a default stops `Tracked<B>` compiling until the code is generated again; one added
+//! with a default runs burn's default body over tracked ops, so its buffers are still counted.
+
+mod backend;
+pub mod buffer;
+pub mod cubecl_id;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+mod hash;
+pub mod ledger;
+pub mod memory;
+#[allow(missing_docs)]
+mod ops;
+pub mod tensor;
+
+pub use backend::Tracked;
+pub use buffer::{BufferInfo, TrackableBackend};
+pub use ledger::{TrackedBytes, reset_peaks, snapshot};
+pub use memory::{CategoryArray, DeviceFigures, MemoryBackend};
+pub use tensor::TrackedTensor;
