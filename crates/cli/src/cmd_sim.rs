@@ -75,8 +75,23 @@ pub enum FitWhat {
 /// Arguments of `trainmem explain`.
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
-    /// The plan file (TOML).
+    /// The plan file (TOML), or a PyTorch memory snapshot pickle
+    /// (`torch.cuda.memory._dump_snapshot()`), recognised by its content.
     pub plan: PathBuf,
+    /// Snapshots: write report.txt, report.json and the snapshot annotated with categories
+    /// (snapshot.annotated.pickle, for pytorch.org/memory_viz) to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Snapshots: the device capacity the remedies are judged on, e.g. `24GiB` (default: the
+    /// capacity the run ran out of memory on, if it did).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// Snapshots: which device's trace to explain (default: the first with a trace).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Snapshots: allocation sites listed per moment.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
     /// Simulate at most this many optimizer steps.
     #[arg(long)]
     pub steps: Option<u64>,
@@ -266,8 +281,19 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Runs `trainmem explain`.
+/// Runs `trainmem explain`: a snapshot pickle (first byte 0x80) is explained as a recorded
+/// run, anything else is read as a plan.
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let bytes =
+        std::fs::read(&args.plan).with_context(|| format!("reading {}", args.plan.display()))?;
+    if bytes.first() == Some(&trainmem_alloc::pytorch::pickle::PICKLE_MAGIC) {
+        return crate::explain_snapshot::run(&args, &args.plan, &bytes);
+    }
+    anyhow::ensure!(
+        args.out.is_none() && args.capacity.is_none() && args.device.is_none(),
+        "--out, --capacity and --device apply to snapshot pickles; {} is a plan",
+        args.plan.display()
+    );
     keep_freed_heap();
     let plan = load(&args.plan)?;
     let flags = ProgressFlags {
