@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod alloc;
+mod explain;
 mod handover;
 mod loader;
 mod loader_formats;
@@ -21,6 +22,9 @@ pub enum BenchCommand {
     LoaderFormats(loader_formats::LoaderFormatsBenchArgs),
     /// The simulator's speed on a large plan.
     Sim(sim::SimBenchArgs),
+    /// `trainmem explain SNAPSHOT.pickle`'s speed on synthetic snapshots of 1 M and 4 M trace
+    /// events, and the ratio of the two.
+    Explain(explain::ExplainBenchArgs),
     /// `trainmem replay`'s speed on the largest shared PyTorch snapshot, in events per second.
     Replay(replay::ReplayBenchArgs),
 }
@@ -33,6 +37,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::LoaderFormats(args) => loader_formats::run(args),
         BenchCommand::Sim(args) => sim::run(args),
         BenchCommand::Replay(args) => replay::run(args),
+        BenchCommand::Explain(args) => explain::run(args),
     }
 }
 

@@ -18,6 +18,8 @@ pub mod lifetimes;
 pub mod remedies;
 pub mod render;
 mod steps;
+pub mod synthetic;
+pub mod timeline;
 
 use std::collections::HashMap;
 
@@ -26,6 +28,7 @@ use trainmem_alloc::pytorch::Action;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_alloc::pytorch::replay::prepare;
 use trainmem_core::Category;
+use trainmem_core::timeline::{Timeline, TimelineMeta};
 
 pub use annotate::annotate;
 pub use categorize::ModelStateEvidence;
@@ -176,6 +179,11 @@ pub struct SnapshotExplanation {
     /// Per trace entry, the index in `allocations` of the block it allocates or frees.
     #[serde(skip)]
     pub entry_allocation: Vec<Option<u32>>,
+    /// Bytes per category at the end of each phase window, with the replayed allocator's
+    /// totals: what `--out` exports as `simulate` exports its timeline (not serialized with
+    /// the report).
+    #[serde(skip)]
+    pub timeline: Timeline,
 }
 
 /// Bytes live after each entry (tensor bytes).
@@ -257,13 +265,30 @@ fn moment(
     }
 }
 
-/// The allocator at entry `at` of a replay from the rebuilt start state, and the recording's
-/// peak reserved bytes.
-fn allocator_share(f: &FramedSnapshot, device: usize, at: usize) -> Result<AllocatorShare, String> {
+/// The allocator at entry `at` of a replay from the rebuilt start state (with the
+/// recording's peak reserved bytes), and after each entry of `ends` (ascending).
+fn allocator_share(
+    f: &FramedSnapshot,
+    device: usize,
+    at: usize,
+    ends: &[usize],
+) -> Result<(AllocatorShare, Vec<timeline::ReplayedAt>), String> {
     let mut r = prepare(&f.snapshot, device, u64::MAX / 4, None).map_err(|e| e.to_string())?;
     let ops = std::mem::take(&mut r.ops);
     let rep = &mut r.replayer;
     let mut share = None;
+    let mut samples = Vec::with_capacity(ends.len());
+    let mut peak = timeline::ReplayedAt::default();
+    let sample = |a: &trainmem_alloc::CachingAllocator<_>, peak: &mut timeline::ReplayedAt| {
+        let now = timeline::ReplayedAt {
+            allocated: a.memory_allocated(),
+            reserved: a.memory_reserved(),
+            peak_allocated: peak.peak_allocated.max(a.memory_allocated()),
+            peak_reserved: peak.peak_reserved.max(a.memory_reserved()),
+        };
+        *peak = timeline::ReplayedAt::default();
+        now
+    };
     for (origin, op) in ops {
         let index = match origin {
             trainmem_alloc::pytorch::replay::Origin::Entry { index, .. } => index,
@@ -272,11 +297,20 @@ fn allocator_share(f: &FramedSnapshot, device: usize, at: usize) -> Result<Alloc
         if share.is_none() && index > at {
             share = Some(snapshot_share(rep.allocator()));
         }
+        while samples.len() < ends.len() && index > ends[samples.len()] {
+            samples.push(sample(rep.allocator(), &mut peak));
+        }
         rep.apply(origin, op).map_err(|e| e.to_string())?;
+        let a = rep.allocator();
+        peak.peak_allocated = peak.peak_allocated.max(a.memory_allocated());
+        peak.peak_reserved = peak.peak_reserved.max(a.memory_reserved());
+    }
+    while samples.len() < ends.len() {
+        samples.push(sample(rep.allocator(), &mut peak));
     }
     let mut s = share.unwrap_or_else(|| snapshot_share(rep.allocator()));
     s.peak_reserved = r.recorded.peak_reserved;
-    Ok(s)
+    Ok((s, samples))
 }
 
 fn snapshot_share<D: trainmem_alloc::DeviceMemory>(
@@ -400,19 +434,34 @@ pub fn explain_snapshot(
         peak_share_by_lifetime: share(total - by_frames),
     };
     let (steps, growth) = steps::steps(f, &lt, &curve, &mut names);
-    let allocator = match allocator_share(f, device, peak_at) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            notes.push(format!(
-                "the trace could not be replayed for the allocator's share: {e}"
-            ));
-            None
-        }
-    };
     let recorded_capacity = trainmem_alloc::pytorch::replay::recorded(&f.snapshot, device)
         .ok()
         .and_then(|r| r.oom_capacity);
     let capacity = opts.capacity.or(recorded_capacity);
+    let ends = timeline::sample_ends(&lt);
+    let (allocator, replayed) = match allocator_share(f, device, peak_at, &ends) {
+        Ok((s, r)) => (Some(s), Some(r)),
+        Err(e) => {
+            notes.push(format!(
+                "the trace could not be replayed for the allocator's share: {e}"
+            ));
+            (None, None)
+        }
+    };
+    let timeline = timeline::timeline(
+        &lt,
+        &curve,
+        &ends,
+        replayed.as_deref(),
+        |k| trace.get(k).and_then(|e| e.time_us),
+        TimelineMeta {
+            name: format!("PyTorch memory snapshot, device {device}"),
+            producer: format!("trainmem-sim {} explain", env!("CARGO_PKG_VERSION")),
+            device: format!("cuda:{device} (recorded)"),
+            device_capacity: opts.capacity.or(recorded_capacity),
+            ..TimelineMeta::default()
+        },
+    );
     let mut entry_allocation = vec![None; trace.len()];
     for (i, a) in lt.allocations.iter().enumerate() {
         for k in [a.alloc_at, a.free_at].into_iter().flatten() {
@@ -450,6 +499,7 @@ pub fn explain_snapshot(
         notes,
         allocations: lt.allocations,
         entry_allocation,
+        timeline,
     };
     ex.remedies = remedies::remedies(f, &ex, opts.replay_remedies);
     Ok(ex)

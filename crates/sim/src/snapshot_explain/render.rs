@@ -84,13 +84,16 @@ pub fn render_text(name: &str, ex: &SnapshotExplanation) -> String {
         }
     }
     if let Some(g) = &ex.growth {
+        let kept = match &g.site {
+            Some(site) => format!("most kept by {site} ({})", human(g.site_bytes)),
+            None => "no one site keeps allocations of several steps".to_string(),
+        };
         let _ = writeln!(
             out,
-            "growth: {} more live at the end of each of the last {} steps: a leak; most kept by {} ({})",
+            "growth: {} more live after each of the last {} steps than after the one before: \
+             a leak; {kept}",
             human(g.bytes_per_step),
             g.steps_growing,
-            g.site.as_deref().unwrap_or("?"),
-            human(g.site_bytes)
         );
     }
     if let Some(a) = &ex.allocator {

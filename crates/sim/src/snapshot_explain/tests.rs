@@ -3,13 +3,15 @@
 //! the device) and no category anywhere; and bad input.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use proptest::prelude::*;
-use trainmem_alloc::pytorch::framed::FramedSnapshot;
+use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
 use trainmem_alloc::pytorch::pickle::{PyValue, write_tree};
 use trainmem_core::Category;
 
+use super::synthetic::{SyntheticLoop, SyntheticSnapshot};
 use super::*;
 
 fn list(v: Vec<PyValue>) -> PyValue {
@@ -32,77 +34,7 @@ fn frame(file: &str, line: i64, name: &str) -> PyValue {
     ])
 }
 
-/// The stacks of each phase (shared, as PyTorch shares them).
-struct Stacks {
-    setup: PyValue,
-    data: PyValue,
-    forward: Vec<PyValue>,
-    backward: PyValue,
-    optimizer: PyValue,
-    zero_grad: PyValue,
-    none: PyValue,
-}
-
-fn stacks(layers: usize, with_frames: bool) -> Stacks {
-    let lib = "/env/lib/python3.12/site-packages/torch";
-    let train = frame("/home/me/train.py", 40, "<module>");
-    let module = frame(&format!("{lib}/nn/modules/module.py"), 1750, "_call_impl");
-    let s = |v: Vec<PyValue>| if with_frames { list(v) } else { list(vec![]) };
-    Stacks {
-        setup: s(vec![
-            frame(&format!("{lib}/nn/modules/module.py"), 1158, "convert"),
-            frame(&format!("{lib}/nn/modules/module.py"), 833, "_apply"),
-            train.clone(),
-        ]),
-        data: s(vec![
-            frame(
-                "python_variable_methods.cpp",
-                0,
-                "torch::autograd::THPVariable_to(_object*)",
-            ),
-            train.clone(),
-        ]),
-        forward: (0..layers)
-            .map(|i| {
-                s(vec![
-                    frame("/home/me/model.py", 20 + i as i64, "forward"),
-                    module.clone(),
-                    train.clone(),
-                ])
-            })
-            .collect(),
-        backward: s(vec![
-            frame(
-                "??",
-                0,
-                "torch::autograd::generated::MmBackward0::apply(std::vector)",
-            ),
-            frame(
-                "??",
-                0,
-                "torch::autograd::Engine::thread_main(std::shared_ptr)",
-            ),
-        ]),
-        optimizer: s(vec![
-            frame(
-                &format!("{lib}/optim/adamw.py"),
-                377,
-                "_single_tensor_adamw",
-            ),
-            train.clone(),
-        ]),
-        zero_grad: s(vec![
-            frame(&format!("{lib}/optim/optimizer.py"), 990, "zero_grad"),
-            train.clone(),
-        ]),
-        none: list(vec![]),
-    }
-}
-
-/// A training loop: model moved to the device, then `steps` steps of zero_grad
-/// (set_to_none), a batch moved, forward (one saved activation and one scratch tensor per
-/// layer), backward (a gradient per parameter, activations freed), AdamW (two moments per
-/// parameter made at the first step, scratch per parameter).
+/// A loop as the tests before the bench wrote it: short stacks, frees without frames.
 struct Loop {
     params: Vec<u64>,
     act: Vec<u64>,
@@ -110,88 +42,18 @@ struct Loop {
     steps: usize,
 }
 
-struct Built {
-    bytes: Vec<u8>,
-    /// Category of each allocation, by address.
-    truth: Vec<(u64, u64, Category)>,
-}
-
-fn build(l: &Loop, with_frames: bool) -> Built {
-    let st = stacks(l.act.len(), with_frames);
-    let mut events = Vec::new();
-    let mut truth = Vec::new();
-    let mut next_addr: u64 = 0x7f00_0000_0000;
-    let mut alloc = |events: &mut Vec<PyValue>, size: u64, stack: &PyValue, cat: Category| {
-        let addr = next_addr;
-        next_addr += size.div_ceil(512) * 512 + 512;
-        events.push(dict(vec![
-            ("action", PyValue::str("alloc")),
-            ("addr", PyValue::Int(i128::from(addr))),
-            ("size", PyValue::Int(i128::from(size))),
-            ("stream", PyValue::Int(0)),
-            ("frames", stack.clone()),
-        ]));
-        truth.push((addr, size, cat));
-        addr
-    };
-    let free = |events: &mut Vec<PyValue>, addr: u64, size: u64, stack: &PyValue| {
-        for action in ["free_requested", "free_completed"] {
-            events.push(dict(vec![
-                ("action", PyValue::str(action)),
-                ("addr", PyValue::Int(i128::from(addr))),
-                ("size", PyValue::Int(i128::from(size))),
-                ("stream", PyValue::Int(0)),
-                ("frames", stack.clone()),
-            ]));
-        }
-    };
-    for &p in &l.params {
-        alloc(&mut events, p, &st.setup, Category::Parameter);
+fn build(l: &Loop, with_frames: bool) -> SyntheticSnapshot {
+    SyntheticLoop {
+        params: l.params.clone(),
+        activations: l.act.clone(),
+        batch: l.batch,
+        steps: l.steps,
+        with_frames,
+        native_frames: 0,
+        free_frames: false,
+        leak: None,
     }
-    let mut grads: Vec<(u64, u64)> = Vec::new();
-    for step in 0..l.steps {
-        for (a, s) in grads.drain(..) {
-            free(&mut events, a, s, &st.zero_grad);
-        }
-        let x = alloc(&mut events, l.batch, &st.data, Category::Input);
-        let mut saved = Vec::new();
-        for (i, &s) in l.act.iter().enumerate() {
-            saved.push((
-                alloc(&mut events, s, &st.forward[i], Category::Activation),
-                s,
-            ));
-            let t = alloc(&mut events, s / 2 + 1, &st.forward[i], Category::Temporary);
-            free(&mut events, t, s / 2 + 1, &st.none);
-        }
-        for (i, &p) in l.params.iter().enumerate().rev() {
-            let t = alloc(&mut events, p, &st.backward, Category::Temporary);
-            free(&mut events, t, p, &st.none);
-            grads.push((alloc(&mut events, p, &st.backward, Category::Gradient), p));
-            if let Some((a, s)) = saved.get(i).copied() {
-                free(&mut events, a, s, &st.none);
-            }
-        }
-        for &(a, s) in saved.iter().skip(l.params.len()) {
-            free(&mut events, a, s, &st.none);
-        }
-        free(&mut events, x, l.batch, &st.none);
-        for &p in &l.params {
-            if step == 0 {
-                alloc(&mut events, p, &st.optimizer, Category::OptimizerState);
-                alloc(&mut events, p, &st.optimizer, Category::OptimizerState);
-            }
-            let t = alloc(&mut events, p, &st.optimizer, Category::Temporary);
-            free(&mut events, t, p, &st.none);
-        }
-    }
-    let top = dict(vec![
-        ("segments", list(vec![])),
-        ("device_traces", list(vec![list(events)])),
-    ]);
-    Built {
-        bytes: write_tree(&top).expect("write"),
-        truth,
-    }
+    .build()
 }
 
 fn explain(bytes: &[u8]) -> SnapshotExplanation {
@@ -204,17 +66,17 @@ fn explain(bytes: &[u8]) -> SnapshotExplanation {
 }
 
 /// Share of bytes whose category was recovered.
-fn recovered(b: &Built, ex: &SnapshotExplanation) -> f64 {
+fn recovered(b: &SyntheticSnapshot, ex: &SnapshotExplanation) -> f64 {
+    let by_entry: HashMap<usize, Category> = ex
+        .allocations
+        .iter()
+        .filter_map(|a| a.alloc_at.map(|k| (k, a.category)))
+        .collect();
     let mut right = 0u64;
     let mut total = 0u64;
-    for (addr, size, cat) in &b.truth {
+    for (entry, size, cat) in &b.truth {
         total += size;
-        // addresses are never reused in these loops: one allocation per address
-        if ex
-            .allocations
-            .iter()
-            .any(|a| a.addr == *addr && a.category == *cat)
-        {
+        if by_entry.get(entry) == Some(cat) {
             right += size;
         }
     }
@@ -279,19 +141,79 @@ fn without_frames_the_report_says_lifetime_decided() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
-    /// Any such loop: at least 99% of bytes get their category back from the frames.
+    /// Any such loop, with short or deep stacks and with or without frames on frees: at
+    /// least 99% of bytes get their category back from the frames.
     #[test]
     fn loops_are_recovered(
         params in prop::collection::vec(1u64..(4 << 20), 1..6),
         act in prop::collection::vec(512u64..(8 << 20), 1..6),
         batch in 8u64..(1 << 20),
         steps in 1usize..4,
+        native_frames in 0usize..20,
+        free_frames: bool,
     ) {
-        let l = Loop { params, act, batch, steps };
-        let b = build(&l, true);
+        let b = SyntheticLoop {
+            params,
+            activations: act,
+            batch,
+            steps,
+            with_frames: true,
+            native_frames,
+            free_frames,
+            leak: None,
+        }
+        .build();
         let ex = explain(&b.bytes);
         prop_assert!(recovered(&b, &ex) >= 0.99, "{}", recovered(&b, &ex));
     }
+}
+
+#[test]
+fn the_synthetic_writer_counts_its_entries_and_keeps_its_stacks() {
+    let mut l = SyntheticLoop::with_events(6, 5_000);
+    l.leak = Some(4096);
+    let b = l.build();
+    let f = FramedSnapshot::read(&b.bytes).unwrap();
+    let trace = &f.snapshot.device_traces[0];
+    assert_eq!(trace.len(), b.events);
+    let tensor = |e: &trainmem_alloc::pytorch::TraceEvent| !e.action.is_segment_event();
+    let entries = |b: &SyntheticSnapshot| {
+        FramedSnapshot::read(&b.bytes)
+            .unwrap()
+            .snapshot
+            .device_traces[0]
+            .iter()
+            .filter(|e| tensor(e))
+            .count()
+    };
+    let n = entries(&b);
+    assert!(n >= 5_000 && n < 5_000 + l.events_per_step(), "{n}");
+    let two = entries(
+        &SyntheticLoop {
+            steps: 2,
+            ..l.clone()
+        }
+        .build(),
+    );
+    let three = entries(
+        &SyntheticLoop {
+            steps: 3,
+            ..l.clone()
+        }
+        .build(),
+    );
+    assert_eq!(three - two, l.events_per_step());
+    // the allocator's segments, and every tensor entry with its stack: allocs their own,
+    // frees the stack they ran in
+    assert!(trace.len() > n && !f.snapshot.segments.is_empty());
+    assert!(
+        trace
+            .iter()
+            .zip(&f.event_stacks[0])
+            .all(|(e, &s)| !tensor(e) || s != NO_STACK)
+    );
+    let deepest = f.stacks.iter().map(Vec::len).max().unwrap();
+    assert!(deepest >= 28, "{deepest}");
 }
 
 #[test]
@@ -413,5 +335,74 @@ fn the_annotated_pickle_carries_every_category_and_unknown() {
     assert_eq!(
         back.frames.len(),
         FramedSnapshot::read(&b.bytes).unwrap().frames.len()
+    );
+}
+
+#[test]
+fn a_leak_is_named_with_its_site_and_its_growth_per_step() {
+    let leak = 3 << 20;
+    let mut l = SyntheticLoop::with_events(4, 0);
+    l.steps = 6;
+    l.leak = Some(leak);
+    let ex = explain(&l.build().bytes);
+    assert_eq!(ex.steps.len(), 6);
+    let g = ex.growth.as_ref().expect("the leak is found");
+    assert_eq!(g.bytes_per_step, leak);
+    assert_eq!(g.steps_growing, 5);
+    assert_eq!(g.site.as_deref(), Some("me/model.py:47 forward"));
+    // kept by the five steps after the first
+    assert_eq!(g.site_bytes, 5 * leak);
+    let text = render::render_text("leak.pickle", &ex);
+    assert!(
+        text.contains("growth: 3.00 MiB more live after each of the last 5 steps")
+            && text.contains("kept by me/model.py:47 forward (15.00 MiB)"),
+        "{text}"
+    );
+    // the same loop without the leak grows by nothing
+    l.leak = None;
+    assert!(explain(&l.build().bytes).growth.is_none());
+}
+
+#[test]
+fn the_timeline_samples_each_phase_with_the_bytes_per_category() {
+    use trainmem_core::timeline::Phase;
+    let l = a_loop();
+    let b = build(&l, true);
+    let f = FramedSnapshot::read(&b.bytes).unwrap();
+    let ex = explain_snapshot(&f, &ExplainOptions::default()).unwrap();
+    let t = &ex.timeline;
+    // model setup, then per step: zero_grad (not before the first), data, forward,
+    // backward, optimizer step
+    let phases: Vec<Phase> = t.samples.iter().map(|s| s.phase).collect();
+    // (the allocator's first segment_alloc, recorded without a stack, comes before all)
+    assert_eq!(phases.len(), 2 + 3 * 4 + 2, "{phases:?}");
+    assert_eq!(&phases[..2], [Phase::Start, Phase::ModelInit]);
+    assert_eq!(
+        &phases[2..6],
+        [
+            Phase::BatchLoaded,
+            Phase::Forward,
+            Phase::Backward,
+            Phase::OptimizerStep
+        ]
+    );
+    let last = t.samples.last().unwrap();
+    for (c, bytes) in &ex.end.by_category {
+        assert_eq!(last.device.categories.get(*c), *bytes, "{c:?}");
+    }
+    let a = ex.allocator.unwrap_or_else(|| panic!("{:?}", ex.notes));
+    assert!(last.device.allocated >= ex.end.live_bytes);
+    assert_eq!(
+        last.device.categories.get(Category::Cache),
+        last.device.reserved - last.device.allocated
+    );
+    let peak = t.samples.iter().map(|s| s.device.peak_reserved).max();
+    assert_eq!(peak, Some(a.peak_reserved));
+    // the exports simulate writes take it
+    assert!(crate::export::svg::render_svg(t).contains("<svg"));
+    assert!(
+        crate::export::chrome::chrome_trace(t)
+            .unwrap()
+            .contains("optimizer_step")
     );
 }
