@@ -11,6 +11,7 @@
 //! everything else as recorded (frames, `external_annotations`, `compile_context`, ...).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use serde_pickle::{HashableValue, Value};
@@ -51,14 +52,39 @@ pub struct FramedSnapshot {
     tree: PyValue,
 }
 
+/// A hasher for the addresses of shared nodes (a multiply-xorshift mix of the one word).
+#[derive(Default)]
+struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = n as u64;
+    }
+}
+
+/// Node address → what was found there.
+type ByNode<V> = HashMap<usize, V, BuildHasherDefault<PtrHasher>>;
+
 #[derive(Default)]
 struct Interner {
     frames: Vec<Frame>,
     frame_ids: HashMap<(String, i64, String), u32>,
-    by_node: HashMap<usize, Option<u32>>,
+    by_node: ByNode<Option<u32>>,
     stacks: Vec<Vec<u32>>,
     stack_ids: HashMap<Vec<u32>, u32>,
-    by_list: HashMap<usize, u32>,
+    by_list: ByNode<u32>,
     unreadable: u64,
 }
 
@@ -256,7 +282,12 @@ impl FramedSnapshot {
             let mut events = Vec::with_capacity(entries.len());
             let mut stacks = Vec::with_capacity(entries.len());
             for (k, e) in entries.iter().enumerate() {
-                events.push(event(e, &format!("{at}[{k}]"))?);
+                // the entry's place is spelled out only for a message
+                let ev = match event(e, "") {
+                    Ok(ev) => ev,
+                    Err(_) => event(e, &format!("{at}[{k}]"))?,
+                };
+                events.push(ev);
                 stacks.push(interner.stack(e));
             }
             device_traces.push(events);

@@ -78,7 +78,7 @@ pub enum TreeError {
         /// What is wrong.
         message: String,
     },
-    /// Writing: containers nested deeper than the writer follows.
+    /// Containers nested deeper than the reader or the writer follows.
     #[error("the value is nested more than {limit} containers deep")]
     TooDeep {
         /// The limit.
@@ -180,10 +180,18 @@ fn refused_name(op: u8) -> Option<&'static str> {
     })
 }
 
-/// One item of the machine's stack: a value or a MARK.
+/// Containers nested deeper than this are refused when reading (the code that walks or
+/// drops a tree recurses; [`write_tree`](super::write_tree) follows deeper ones).
+pub const MAX_NESTING: u32 = 1_000;
+
+/// No memo key.
+const NO_KEY: u32 = u32::MAX;
+
+/// One item of the machine's stack: a MARK, or a value with its height (containers nested
+/// in it, itself included) and the memo key it was stored under while on the stack.
 enum Slot {
     Mark,
-    Value(PyValue),
+    Value(PyValue, u32, u32),
 }
 
 struct Machine<'a> {
@@ -192,7 +200,25 @@ struct Machine<'a> {
     /// Offset of the opcode being run, for messages.
     at: usize,
     stack: Vec<Slot>,
-    memo: Vec<Option<PyValue>>,
+    /// Stored values with their heights.
+    memo: Vec<Option<(PyValue, u32)>>,
+}
+
+/// The height of a value made of nothing: 1 for a container, 0 for a scalar.
+fn own_height(v: &PyValue) -> u32 {
+    u32::from(matches!(
+        v,
+        PyValue::List(_) | PyValue::Dict(_) | PyValue::Tuple(_)
+    ))
+}
+
+/// The address of a list's or dict's shared node.
+fn node(v: &PyValue) -> Option<(usize, usize)> {
+    match v {
+        PyValue::List(l) => Some((Rc::as_ptr(l) as *const u8 as usize, Rc::strong_count(l))),
+        PyValue::Dict(d) => Some((Rc::as_ptr(d) as *const u8 as usize, Rc::strong_count(d))),
+        _ => None,
+    }
 }
 
 /// Memo keys above this are refused (a pickle names its memo keys densely from 0).
@@ -251,83 +277,160 @@ impl<'a> Machine<'a> {
         Ok(PyValue::Bytes(Rc::from(self.take(n)?)))
     }
 
+    /// Pushes a scalar or a container made of nothing.
     fn push(&mut self, v: PyValue) {
-        self.stack.push(Slot::Value(v));
+        let h = own_height(&v);
+        self.stack.push(Slot::Value(v, h, NO_KEY));
     }
 
-    fn pop(&mut self) -> Result<PyValue, TreeError> {
+    /// Pushes a container of `inner` height nested in it, if that is not too deep.
+    fn push_container(&mut self, v: PyValue, inner: u32) -> Result<(), TreeError> {
+        let h = self.nest(inner)?;
+        self.stack.push(Slot::Value(v, h, NO_KEY));
+        Ok(())
+    }
+
+    /// The height of a container holding values `inner` high.
+    fn nest(&self, inner: u32) -> Result<u32, TreeError> {
+        if inner >= MAX_NESTING {
+            return Err(TreeError::TooDeep {
+                limit: MAX_NESTING as usize,
+            });
+        }
+        Ok(inner + 1)
+    }
+
+    fn pop_h(&mut self) -> Result<(PyValue, u32), TreeError> {
         match self.stack.pop() {
-            Some(Slot::Value(v)) => Ok(v),
+            Some(Slot::Value(v, h, _)) => Ok((v, h)),
             Some(Slot::Mark) => Err(self.malformed("a MARK where a value was expected")),
             None => Err(self.malformed("the stack is empty")),
         }
     }
 
+    fn pop(&mut self) -> Result<PyValue, TreeError> {
+        Ok(self.pop_h()?.0)
+    }
+
     fn top(&self) -> Result<&PyValue, TreeError> {
         match self.stack.last() {
-            Some(Slot::Value(v)) => Ok(v),
+            Some(Slot::Value(v, _, _)) => Ok(v),
             _ => Err(self.malformed("no value on the stack")),
         }
     }
 
-    /// The values above the topmost MARK, which is removed.
-    fn pop_mark(&mut self) -> Result<Vec<PyValue>, TreeError> {
+    /// The values above the topmost MARK, which is removed, and the greatest of their
+    /// heights.
+    fn pop_mark(&mut self) -> Result<(Vec<PyValue>, u32), TreeError> {
         let mark = self
             .stack
             .iter()
             .rposition(|s| matches!(s, Slot::Mark))
             .ok_or_else(|| self.malformed("no MARK on the stack"))?;
+        let mut inner = 0;
         let items = self
             .stack
             .drain(mark + 1..)
             .map(|s| match s {
-                Slot::Value(v) => v,
+                Slot::Value(v, h, _) => {
+                    inner = inner.max(h);
+                    v
+                }
                 Slot::Mark => PyValue::None,
             })
             .collect();
         self.stack.pop();
-        Ok(items)
+        Ok((items, inner))
     }
 
     fn put(&mut self, key: u64) -> Result<(), TreeError> {
         if key > MEMO_LIMIT {
             return Err(self.malformed(format!("memo key {key} is too large")));
         }
-        let v = self.top()?.clone();
         let k = key as usize;
+        let (v, h) = match self.stack.last_mut() {
+            Some(Slot::Value(v, h, slot_key)) => {
+                *slot_key = key as u32;
+                (v.clone(), *h)
+            }
+            _ => return Err(self.malformed("no value on the stack")),
+        };
         if self.memo.len() <= k {
             self.memo.resize(k + 1, None);
         }
-        self.memo[k] = Some(v);
+        self.memo[k] = Some((v, h));
         Ok(())
     }
 
     fn get(&mut self, key: u64) -> Result<(), TreeError> {
-        let v = usize::try_from(key)
+        let (v, h) = usize::try_from(key)
             .ok()
             .and_then(|k| self.memo.get(k).cloned().flatten())
             .ok_or_else(|| self.malformed(format!("memo key {key} was never stored")))?;
-        self.push(v);
+        self.stack.push(Slot::Value(v, h, key as u32));
         Ok(())
     }
 
-    fn append(&mut self, items: Vec<PyValue>) -> Result<(), TreeError> {
+    /// Before items `inner` high go into the list or dict on top of the stack: checks that
+    /// nothing else holds it (only the stack and the memo key it was stored under: no
+    /// container, so no height recorded elsewhere goes stale and no container holds
+    /// itself) and records its new height, also in the memo.
+    fn grow_top(&mut self, inner: u32) -> Result<(), TreeError> {
+        let height = self.nest(inner)?;
+        let Some(Slot::Value(v, h, key)) = self.stack.last() else {
+            return Err(self.malformed("no value on the stack"));
+        };
+        let (h, key) = (*h, *key);
+        let Some((ptr, count)) = node(v) else {
+            return Ok(());
+        };
+        let in_memo = self
+            .memo
+            .get(key as usize)
+            .and_then(Option::as_ref)
+            .and_then(|(m, _)| node(m))
+            .is_some_and(|(p, _)| p == ptr);
+        if count != 1 + usize::from(in_memo) {
+            return Err(self.malformed(
+                "a list or dict is filled after it was put in another value (a cyclic \
+                 pickle, which no memory snapshot is)",
+            ));
+        }
+        let h = h.max(height);
+        if let Some(Slot::Value(_, slot_h, _)) = self.stack.last_mut() {
+            *slot_h = h;
+        }
+        if in_memo && let Some(Some((_, mh))) = self.memo.get_mut(key as usize) {
+            *mh = h;
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, items: Vec<PyValue>, inner: u32) -> Result<(), TreeError> {
+        self.grow_top(inner)?;
         match self.top()? {
             PyValue::List(l) => {
-                l.borrow_mut().extend(items);
+                let mut l = l.borrow_mut();
+                if l.is_empty() {
+                    *l = items;
+                } else {
+                    l.extend(items);
+                }
                 Ok(())
             }
             other => Err(self.malformed(format!("APPEND to {}", other.kind()))),
         }
     }
 
-    fn set_items(&mut self, items: Vec<PyValue>) -> Result<(), TreeError> {
+    fn set_items(&mut self, items: Vec<PyValue>, inner: u32) -> Result<(), TreeError> {
         if !items.len().is_multiple_of(2) {
             return Err(self.malformed("SETITEMS with an odd number of values"));
         }
+        self.grow_top(inner)?;
         match self.top()? {
             PyValue::Dict(d) => {
                 let mut d = d.borrow_mut();
+                d.reserve(items.len() / 2);
                 let mut it = items.into_iter();
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
                     d.push((k, v));
@@ -388,8 +491,11 @@ impl<'a> Machine<'a> {
                     self.pop_mark()?;
                 }
                 b'2' => {
-                    let v = self.top()?.clone();
-                    self.push(v);
+                    let (v, h) = match self.stack.last() {
+                        Some(Slot::Value(v, h, _)) => (v.clone(), *h),
+                        _ => return Err(self.malformed("no value on the stack")),
+                    };
+                    self.stack.push(Slot::Value(v, h, NO_KEY));
                 }
                 b'N' => self.push(PyValue::None),
                 0x88 => self.push(PyValue::Bool(true)),
@@ -486,17 +592,17 @@ impl<'a> Machine<'a> {
                 b']' | 0x8f => self.push(PyValue::List(Rc::default())),
                 b')' => self.push(PyValue::Tuple(Rc::from(Vec::new()))),
                 b'd' => {
-                    let items = self.pop_mark()?;
+                    let (items, inner) = self.pop_mark()?;
                     self.push(PyValue::Dict(Rc::default()));
-                    self.set_items(items)?;
+                    self.set_items(items, inner)?;
                 }
                 b'l' | 0x91 => {
-                    let items = self.pop_mark()?;
-                    self.push(PyValue::List(Rc::new(RefCell::new(items))));
+                    let (items, inner) = self.pop_mark()?;
+                    self.push_container(PyValue::List(Rc::new(RefCell::new(items))), inner)?;
                 }
                 b't' => {
-                    let items = self.pop_mark()?;
-                    self.push(PyValue::Tuple(Rc::from(items)));
+                    let (items, inner) = self.pop_mark()?;
+                    self.push_container(PyValue::Tuple(Rc::from(items)), inner)?;
                 }
                 0x85..=0x87 => {
                     let n = usize::from(op - 0x84);
@@ -504,28 +610,31 @@ impl<'a> Machine<'a> {
                         return Err(self.malformed("TUPLE of too few values"));
                     }
                     let mut items = Vec::with_capacity(n);
+                    let mut inner = 0;
                     for _ in 0..n {
-                        items.push(self.pop()?);
+                        let (v, h) = self.pop_h()?;
+                        inner = inner.max(h);
+                        items.push(v);
                     }
                     items.reverse();
-                    self.push(PyValue::Tuple(Rc::from(items)));
+                    self.push_container(PyValue::Tuple(Rc::from(items)), inner)?;
                 }
                 b'a' => {
-                    let v = self.pop()?;
-                    self.append(vec![v])?;
+                    let (v, h) = self.pop_h()?;
+                    self.append(vec![v], h)?;
                 }
                 b'e' | 0x90 => {
-                    let items = self.pop_mark()?;
-                    self.append(items)?;
+                    let (items, inner) = self.pop_mark()?;
+                    self.append(items, inner)?;
                 }
                 b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    self.set_items(vec![k, v])?;
+                    let (v, hv) = self.pop_h()?;
+                    let (k, hk) = self.pop_h()?;
+                    self.set_items(vec![k, v], hk.max(hv))?;
                 }
                 b'u' => {
-                    let items = self.pop_mark()?;
-                    self.set_items(items)?;
+                    let (items, inner) = self.pop_mark()?;
+                    self.set_items(items, inner)?;
                 }
                 0x94 => {
                     let k = self.memo.len() as u64;
@@ -662,5 +771,64 @@ mod tests {
         let v = read_tree(&[0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 0x80, b'.']).unwrap();
         assert_eq!(v.as_int(), Some(i128::from(i64::MIN)));
         assert!(read_tree(&[0x8a, 17]).is_err());
+    }
+
+    /// `depth` lists, each in the one before.
+    fn nested(depth: usize) -> Vec<u8> {
+        let mut b = vec![0x80, 0x04];
+        b.extend(std::iter::repeat_n(b']', depth));
+        b.extend(std::iter::repeat_n(b'a', depth - 1));
+        b.push(b'.');
+        b
+    }
+
+    #[test]
+    fn nesting_is_capped_and_cycles_are_refused() {
+        // as deep as allowed reads; one deeper, or a million deeper, is a clear error (never
+        // a stack overflow, in reading or in dropping what was read)
+        assert!(read_tree(&nested(MAX_NESTING as usize)).is_ok());
+        for depth in [MAX_NESTING as usize + 1, 1_000_000] {
+            let e = read_tree(&nested(depth)).unwrap_err();
+            assert_eq!(
+                e,
+                TreeError::TooDeep {
+                    limit: MAX_NESTING as usize
+                }
+            );
+            assert!(e.to_string().contains("nested more than 1000"), "{e}");
+        }
+        // the same through tuples, lists and dicts built at once: level k wraps the value
+        // in a TUPLE1, a MARK ... LIST or a MARK None ... DICT
+        let (mut open, mut close) = (Vec::new(), Vec::new());
+        for k in 0..2_000 {
+            match k % 3 {
+                0 => close.push(0x85),
+                1 => {
+                    open.push(vec![b'(']);
+                    close.push(b'l');
+                }
+                _ => {
+                    open.push(vec![b'(', b'N']);
+                    close.push(b'd');
+                }
+            }
+        }
+        let mut b = vec![0x80, 0x04];
+        b.extend(open.into_iter().rev().flatten());
+        b.extend_from_slice(&[b'K', 1]);
+        b.extend(close);
+        b.push(b'.');
+        assert!(matches!(read_tree(&b), Err(TreeError::TooDeep { .. })));
+        // a list deepened after it was nested, through the memo: still counted
+        // l0 = [] (memo 0); l1 = [l0]; l0.append([[[]]]) -> refused, l0 is inside l1
+        let sneaky = [
+            0x80, 0x04, b']', b'q', 0, b']', b'h', 0, b'a', b'h', 0, b']', b']', b'a', b'a', b'.',
+        ];
+        let e = read_tree(&sneaky).unwrap_err();
+        assert!(e.to_string().contains("cyclic"), "{e}");
+        // a list that holds itself
+        let cycle = [0x80, 0x04, b']', b'q', 0, b'h', 0, b'a', b'.'];
+        let e = read_tree(&cycle).unwrap_err();
+        assert!(e.to_string().contains("cyclic"), "{e}");
     }
 }
