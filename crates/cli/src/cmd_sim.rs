@@ -78,7 +78,8 @@ pub struct ExplainArgs {
     /// The plan file (TOML), or a PyTorch memory snapshot pickle
     /// (`torch.cuda.memory._dump_snapshot()`), recognised by its content.
     pub plan: PathBuf,
-    /// Snapshots: write report.txt, report.json and the snapshot annotated with categories
+    /// Snapshots: write report.txt, report.json, the timeline exports `simulate --out` writes
+    /// (timeline.json, trace.json, timeline.svg) and the snapshot annotated with categories
     /// (snapshot.annotated.pickle, for pytorch.org/memory_viz) to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -154,6 +155,17 @@ fn keep_freed_heap() {
     trainmem_probe::heap::retain_freed_heap();
 }
 
+/// Writes a timeline's exports through `write(name, bytes)`: the timeline JSON, the Chrome
+/// trace and the SVG chart (`simulate --out`, and `explain SNAPSHOT.pickle --out`).
+pub(crate) fn write_timeline_exports(
+    write: &impl Fn(&str, &[u8]) -> anyhow::Result<()>,
+    t: &trainmem_sim::timeline::Timeline,
+) -> anyhow::Result<()> {
+    write(files::TIMELINE_JSON, json::timeline_json(t)?.as_bytes())?;
+    write(files::TRACE_JSON, chrome::chrome_trace(t)?.as_bytes())?;
+    write(files::TIMELINE_SVG, svg::render_svg(t).as_bytes())
+}
+
 /// Runs `trainmem simulate`.
 pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     keep_freed_heap();
@@ -172,20 +184,12 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             let p = dir.join(name);
             std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
         };
-        write(
-            files::TIMELINE_JSON,
-            json::timeline_json(&r.timeline)?.as_bytes(),
-        )?;
+        write_timeline_exports(&write, &r.timeline)?;
         write(files::REPORT_JSON, json::report_json(&rep)?.as_bytes())?;
         write(
             files::REPORT_TXT,
             trainmem_sim::render_text(&plan, &rep).as_bytes(),
         )?;
-        write(
-            files::TRACE_JSON,
-            chrome::chrome_trace(&r.timeline)?.as_bytes(),
-        )?;
-        write(files::TIMELINE_SVG, svg::render_svg(&r.timeline).as_bytes())?;
         if let Some(snap) = &r.snapshot {
             write(files::MEMORY_VIZ_PICKLE, &pickle::snapshot_pickle(snap)?)?;
         }

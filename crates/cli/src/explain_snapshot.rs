@@ -1,8 +1,9 @@
 //! `trainmem explain SNAPSHOT.pickle`: what filled the GPU in a PyTorch memory snapshot, by
 //! category and by source line, and what would have saved it (trainmem-sim's
-//! `snapshot_explain`). `--out DIR` writes `report.txt`, `report.json` and the snapshot back
-//! with every trace event's category set (`snapshot.annotated.pickle`), which PyTorch's
-//! viewer colours by category.
+//! `snapshot_explain`). `--out DIR` writes `report.txt`, `report.json`, the timeline of bytes
+//! per category at each phase with the exports `simulate --out` writes (`timeline.json`,
+//! `trace.json`, `timeline.svg`), and the snapshot back with every trace event's category
+//! set (`snapshot.annotated.pickle`), which PyTorch's viewer colours by category.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -11,7 +12,9 @@ use anyhow::Context;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_sim::snapshot_explain::{ExplainOptions, annotate, explain_snapshot, render};
 
-use crate::cmd_sim::ExplainArgs;
+use trainmem_sim::export::files;
+
+use crate::cmd_sim::{ExplainArgs, write_timeline_exports};
 
 /// The annotated snapshot's file name under `--out`.
 pub const ANNOTATED_PICKLE: &str = "snapshot.annotated.pickle";
@@ -35,12 +38,15 @@ pub fn run(args: &ExplainArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<Exit
             let to = dir.join(name);
             std::fs::write(&to, data).with_context(|| format!("writing {}", to.display()))
         };
-        write("report.txt", text.as_bytes())?;
-        write("report.json", json.as_bytes())?;
-        write(ANNOTATED_PICKLE, &annotate(f, &ex)?)?;
+        write(files::REPORT_TXT, text.as_bytes())?;
+        write(files::REPORT_JSON, json.as_bytes())?;
+        write_timeline_exports(&write, &ex.timeline)?;
+        let annotated = annotate(f, &ex)?;
+        write(ANNOTATED_PICKLE, &annotated)?;
         if !args.json {
             eprintln!(
-                "wrote {}/{{report.txt, report.json, {ANNOTATED_PICKLE}}}",
+                "wrote {}/{{report.txt, report.json, timeline.json, trace.json, timeline.svg, \
+                 {ANNOTATED_PICKLE}}}",
                 dir.display()
             );
         }
