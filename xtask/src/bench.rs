@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod alloc;
+mod explain;
 mod handover;
 mod loader;
 mod loader_formats;
@@ -22,6 +23,9 @@ pub enum BenchCommand {
     LoaderFormats(loader_formats::LoaderFormatsBenchArgs),
     /// The simulator's speed on a large plan.
     Sim(sim::SimBenchArgs),
+    /// `trainmem explain SNAPSHOT.pickle`'s speed on synthetic snapshots of 1 M and 4 M trace
+    /// events, and the ratio of the two.
+    Explain(explain::ExplainBenchArgs),
     /// `trainmem replay`'s speed on the largest shared PyTorch snapshot, in events per second.
     Replay(replay::ReplayBenchArgs),
     /// What trainmem-track's `Tracked<B>` layer costs a measured run (tracked / bare).
@@ -37,6 +41,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Sim(args) => sim::run(args),
         BenchCommand::Replay(args) => replay::run(args),
         BenchCommand::Tracker(args) => tracker::run(args),
+        BenchCommand::Explain(args) => explain::run(args),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! * `cargo xtask scenario NAME|all|--list`: run a memory scenario (trainmem-scenarios; the
 //!   same command as `trainmem scenario`, with files under `target/scenarios/`).
-//! * `cargo xtask bench alloc|loader|sim|replay`: side-by-side benchmarks that print ratios.
+//! * `cargo xtask bench alloc|loader|sim|replay|explain`: side-by-side benchmarks that print ratios.
 //! * `cargo xtask gen-data`: write deterministic fixture data sets.
 //! * `cargo xtask gpu-check`: every GPU check in one command, one JSON file per device.
 

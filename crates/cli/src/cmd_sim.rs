@@ -75,8 +75,24 @@ pub enum FitWhat {
 /// Arguments of `trainmem explain`.
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
-    /// The plan file (TOML).
+    /// The plan file (TOML), or a PyTorch memory snapshot pickle
+    /// (`torch.cuda.memory._dump_snapshot()`), recognised by its content.
     pub plan: PathBuf,
+    /// Snapshots: write report.txt, report.json, the timeline exports `simulate --out` writes
+    /// (timeline.json, trace.json, timeline.svg) and the snapshot annotated with categories
+    /// (snapshot.annotated.pickle, for pytorch.org/memory_viz) to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Snapshots: the device capacity the remedies are judged on, e.g. `24GiB` (default: the
+    /// capacity the run ran out of memory on, if it did).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// Snapshots: which device's trace to explain (default: the first with a trace).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+    /// Snapshots: allocation sites listed per moment.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
     /// Simulate at most this many optimizer steps.
     #[arg(long)]
     pub steps: Option<u64>,
@@ -139,6 +155,17 @@ fn keep_freed_heap() {
     trainmem_probe::heap::retain_freed_heap();
 }
 
+/// Writes a timeline's exports through `write(name, bytes)`: the timeline JSON, the Chrome
+/// trace and the SVG chart (`simulate --out`, and `explain SNAPSHOT.pickle --out`).
+pub(crate) fn write_timeline_exports(
+    write: &impl Fn(&str, &[u8]) -> anyhow::Result<()>,
+    t: &trainmem_sim::timeline::Timeline,
+) -> anyhow::Result<()> {
+    write(files::TIMELINE_JSON, json::timeline_json(t)?.as_bytes())?;
+    write(files::TRACE_JSON, chrome::chrome_trace(t)?.as_bytes())?;
+    write(files::TIMELINE_SVG, svg::render_svg(t).as_bytes())
+}
+
 /// Runs `trainmem simulate`.
 pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     keep_freed_heap();
@@ -157,20 +184,12 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             let p = dir.join(name);
             std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
         };
-        write(
-            files::TIMELINE_JSON,
-            json::timeline_json(&r.timeline)?.as_bytes(),
-        )?;
+        write_timeline_exports(&write, &r.timeline)?;
         write(files::REPORT_JSON, json::report_json(&rep)?.as_bytes())?;
         write(
             files::REPORT_TXT,
             trainmem_sim::render_text(&plan, &rep).as_bytes(),
         )?;
-        write(
-            files::TRACE_JSON,
-            chrome::chrome_trace(&r.timeline)?.as_bytes(),
-        )?;
-        write(files::TIMELINE_SVG, svg::render_svg(&r.timeline).as_bytes())?;
         if let Some(snap) = &r.snapshot {
             write(files::MEMORY_VIZ_PICKLE, &pickle::snapshot_pickle(snap)?)?;
         }
@@ -266,8 +285,19 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Runs `trainmem explain`.
+/// Runs `trainmem explain`: a snapshot pickle (first byte 0x80) is explained as a recorded
+/// run, anything else is read as a plan.
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let bytes =
+        std::fs::read(&args.plan).with_context(|| format!("reading {}", args.plan.display()))?;
+    if bytes.first() == Some(&trainmem_alloc::pytorch::pickle::PICKLE_MAGIC) {
+        return crate::explain_snapshot::run(&args, &args.plan, &bytes);
+    }
+    anyhow::ensure!(
+        args.out.is_none() && args.capacity.is_none() && args.device.is_none(),
+        "--out, --capacity and --device apply to snapshot pickles; {} is a plan",
+        args.plan.display()
+    );
     keep_freed_heap();
     let plan = load(&args.plan)?;
     let flags = ProgressFlags {

@@ -17,6 +17,7 @@ mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
 mod data_describe;
+mod explain_snapshot;
 mod progress;
 mod replay_snapshot;
 mod replay_what_if;
@@ -43,7 +44,8 @@ enum Command {
     Simulate(cmd_sim::SimulateArgs),
     /// Find the largest batch (or micro-batch) of a plan that fits a device capacity.
     Fit(cmd_sim::FitArgs),
-    /// Explain, in words, the memory patterns a plan will show and their causes.
+    /// Explain a plan's memory patterns in words, or what filled the GPU in a PyTorch
+    /// memory snapshot (by category and source line) and what would have saved it.
     Explain(cmd_sim::ExplainArgs),
     /// Write plans from descriptions you already have (`from-hf config.json`).
     #[command(subcommand)]

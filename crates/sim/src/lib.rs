@@ -14,6 +14,8 @@
 //! machine it runs on. [`explain`](mod@explain) names the patterns in words,
 //! [`fit`](mod@fit) searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
 //! counters (Perfetto), a memory_viz snapshot pickle and an SVG chart.
+//! [`snapshot_explain`] explains a PyTorch memory snapshot the user recorded: bytes per
+//! category and per source line at the peak, steps and growth, and remedies in bytes.
 //!
 //! ```
 //! use trainmem_sim::{Plan, SimOptions, simulate};
@@ -60,6 +62,7 @@ pub mod param_shapes;
 pub mod params;
 pub mod profile;
 pub mod report;
+pub mod snapshot_explain;
 pub mod validation;
 
 pub use bytes::ByteSize;

@@ -5,10 +5,13 @@
 //!   read it; [`MemorySnapshot::from`] the allocator's own [`Snapshot`](crate::Snapshot).
 //! * [`pickle`]: reading snapshot pickles (PyTorch's or trainmem's) and writing ones that
 //!   `python -m torch.cuda._memory_viz` and pytorch.org/memory_viz open.
+//! * [`framed`]: a snapshot read with the stack of every trace event and block (frames
+//!   interned, shared as PyTorch shares them), and written back with categories set.
 //! * [`replay`]: the replay engine: JSON-lines traces or a snapshot's `device_traces` as ops
 //!   applied to a [`CachingAllocator`](crate::CachingAllocator) over any device.
 
 mod convert;
+pub mod framed;
 mod model;
 pub mod pickle;
 pub mod replay;

@@ -18,10 +18,14 @@
 
 mod opcodes;
 mod read;
+pub mod tree;
+pub mod tree_write;
 mod write;
 
 pub use opcodes::{VIEWER_OPCODES, first_unsupported_opcode};
 pub use read::{from_bytes, from_value};
+pub use tree::{PyValue, TreeError, read_tree};
+pub use tree_write::write_tree;
 pub use write::{to_bytes, to_value, write_snapshot};
 
 /// First byte of every pickle of protocol 2 or later (the PROTO opcode).

@@ -1,0 +1,208 @@
+//! Categories from phases and lifetimes.
+//!
+//! An allocation's phase is its own stack's when that names one, else the window it was made
+//! in. Then its lifetime decides: made in setup and kept: parameter; moving a batch: input;
+//! made in forward and freed in the backward of the same cycle: activation; made in backward
+//! and kept past it: gradient; made in an optimizer step and kept past it: optimizer state;
+//! made and freed in one window: temporary. Blocks live before recording began and never freed
+//! are model state: parameters, one per gradient of their size (the gradients made in backward
+//! say how many tensors of each size the model has, or, without them, the optimizer state made
+//! in the step does, two per parameter when every count is even); what the evidence leaves
+//! over of those sizes is the gradients kept between steps and the optimizer state, when the
+//! trace made none of its own; the rest is `other` (buffers, frozen weights, kept data).
+
+use std::collections::BTreeMap;
+
+use trainmem_core::Category;
+
+use super::frames::StackPhase;
+use super::lifetimes::Lifetimes;
+
+/// How the model state was counted, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ModelStateEvidence {
+    /// Parameter tensors found, by the evidence used.
+    pub parameter_tensors: u64,
+    /// `gradients`, `optimizer state (k per parameter)` or `none`.
+    pub counted_from: String,
+    /// Optimizer-state tensors per parameter assumed when the state counted the parameters.
+    pub state_per_parameter: Option<u64>,
+}
+
+/// Gives every allocation of `lt` its category, phase and `by_frames`.
+pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
+    let windows = lt.windows.clone();
+    let phase_of_window = |w: usize| windows.get(w).and_then(|w| w.phase);
+    let has_backward = windows
+        .iter()
+        .any(|w| w.phase == Some(StackPhase::Backward));
+    let has_optimizer = windows
+        .iter()
+        .any(|w| w.phase == Some(StackPhase::Optimizer));
+    // per size: gradient / optimizer-state candidates per cycle
+    let mut grads: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let mut states: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    for a in lt.allocations.iter_mut() {
+        let Some(at) = a.alloc_at else {
+            // live before recording began
+            a.by_frames = false;
+            a.category = match a.free_at.map(|f| phase_of_window(lt.window_of[f] as usize)) {
+                None => Category::Parameter, // refined below
+                Some(Some(StackPhase::Optimizer)) => Category::OptimizerState,
+                Some(Some(StackPhase::ZeroGrad)) => Category::Gradient,
+                Some(Some(StackPhase::Backward)) => Category::Activation,
+                Some(_) => Category::Other,
+            };
+            continue;
+        };
+        let wa = lt.window_of[at] as usize;
+        let own = lt.own_phase[at];
+        a.by_frames = own.is_some();
+        let phase = own.or(phase_of_window(wa));
+        a.phase = phase;
+        let freed = a.free_at.map(|f| lt.window_of[f] as usize);
+        let same_window = freed == Some(wa);
+        let same_cycle_phase = |want: &[StackPhase]| {
+            freed.is_some_and(|w| {
+                windows[w].cycle == windows[wa].cycle
+                    && windows[w].phase.is_some_and(|p| want.contains(&p))
+            })
+        };
+        a.category = match phase {
+            Some(StackPhase::Setup) if same_window => Category::Temporary,
+            Some(StackPhase::Setup) => Category::Parameter,
+            Some(StackPhase::Data) => Category::Input,
+            Some(StackPhase::Forward) => {
+                if same_cycle_phase(&[StackPhase::Backward]) {
+                    Category::Activation
+                } else if same_cycle_phase(&[
+                    StackPhase::Forward,
+                    StackPhase::Data,
+                    StackPhase::Setup,
+                ]) {
+                    Category::Temporary
+                } else {
+                    Category::Other
+                }
+            }
+            Some(StackPhase::Backward) => {
+                if same_cycle_phase(&[StackPhase::Backward]) {
+                    Category::Temporary
+                } else {
+                    *grads.entry((windows[wa].cycle, a.size)).or_default() += 1;
+                    Category::Gradient
+                }
+            }
+            Some(StackPhase::Optimizer) if same_window => Category::Temporary,
+            Some(StackPhase::Optimizer) => {
+                *states.entry((windows[wa].cycle, a.size)).or_default() += 1;
+                Category::OptimizerState
+            }
+            Some(StackPhase::ZeroGrad) if same_window => Category::Temporary,
+            Some(StackPhase::ZeroGrad) => Category::Other,
+            // made before any stack named a phase and freed by backward: saved for it
+            None if same_cycle_phase(&[StackPhase::Backward]) => Category::Activation,
+            None if a.free_at.is_some() => Category::Temporary,
+            None => Category::Other,
+        };
+    }
+    // tensors per size: the most any one cycle made
+    let per_size = |m: &BTreeMap<(usize, u64), u64>| {
+        let mut out: BTreeMap<u64, u64> = BTreeMap::new();
+        for (&(_, size), &n) in m {
+            let e = out.entry(size).or_default();
+            *e = (*e).max(n);
+        }
+        out
+    };
+    let g = per_size(&grads);
+    let o = per_size(&states);
+    let (params, mut evidence) = if !g.is_empty() {
+        (
+            g.clone(),
+            ModelStateEvidence {
+                counted_from: "gradients".into(),
+                ..Default::default()
+            },
+        )
+    } else if !o.is_empty() {
+        let k = if o.values().all(|n| n.is_multiple_of(2)) {
+            2
+        } else {
+            1
+        };
+        (
+            o.iter().map(|(&s, &n)| (s, n / k)).collect(),
+            ModelStateEvidence {
+                counted_from: format!("optimizer state ({k} per parameter)"),
+                state_per_parameter: Some(k),
+                ..Default::default()
+            },
+        )
+    } else {
+        (
+            BTreeMap::new(),
+            ModelStateEvidence {
+                counted_from: "none".into(),
+                ..Default::default()
+            },
+        )
+    };
+    let k_state = evidence.state_per_parameter.unwrap_or(2);
+    // parameters made in setup count first
+    let mut known: BTreeMap<u64, u64> = BTreeMap::new();
+    for a in &lt.allocations {
+        if a.alloc_at.is_some() && a.category == Category::Parameter {
+            *known.entry(a.size).or_default() += 1;
+        }
+    }
+    let mut used: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut param_total: BTreeMap<u64, u64> = known.clone();
+    for a in lt.allocations.iter_mut() {
+        if a.alloc_at.is_some() || a.free_at.is_some() {
+            continue;
+        }
+        if params.is_empty() {
+            a.category = Category::Parameter;
+            *param_total.entry(a.size).or_default() += 1;
+            continue;
+        }
+        let p = params.get(&a.size).copied().unwrap_or(0);
+        let k = known.get(&a.size).copied().unwrap_or(0);
+        let n = used.entry(a.size).or_default();
+        let as_param = p.saturating_sub(k);
+        let as_grad = if g.is_empty() && has_backward { p } else { 0 };
+        let as_state = if o.is_empty() && has_optimizer {
+            k_state * p
+        } else {
+            0
+        };
+        a.category = if *n < as_param {
+            *param_total.entry(a.size).or_default() += 1;
+            Category::Parameter
+        } else if *n < as_param + as_grad {
+            Category::Gradient
+        } else if *n < as_param + as_grad + as_state {
+            Category::OptimizerState
+        } else {
+            Category::Other
+        };
+        *n += 1;
+    }
+    // a gradient needs a parameter of its size: at most one per parameter per cycle
+    let mut per_cycle: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    for a in lt.allocations.iter_mut() {
+        if a.category != Category::Gradient {
+            continue;
+        }
+        let Some(at) = a.alloc_at else { continue };
+        let cycle = windows[lt.window_of[at] as usize].cycle;
+        let n = per_cycle.entry((cycle, a.size)).or_default();
+        *n += 1;
+        if *n > param_total.get(&a.size).copied().unwrap_or(0) {
+            a.category = Category::Other;
+        }
+    }
+    evidence.parameter_tensors = param_total.values().sum();
+    evidence
+}

@@ -1,0 +1,195 @@
+//! Every allocation of one device's trace with its lifetime, and the phase windows of the
+//! trace: runs of entries between the points where a recorded stack names a new phase.
+
+use std::collections::HashMap;
+
+use trainmem_alloc::BlockState;
+use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
+use trainmem_alloc::pytorch::replay::free_action;
+use trainmem_alloc::pytorch::{Action, MemorySnapshot};
+use trainmem_core::Category;
+
+use super::frames::{StackPhase, phase_of};
+
+/// One allocation (a tensor's block) and what it was found to be.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// Block address.
+    pub addr: u64,
+    /// Requested (tensor) bytes.
+    pub size: u64,
+    /// Trace entry of its `alloc`; None when it was live before recording began.
+    pub alloc_at: Option<usize>,
+    /// Trace entry of its free; None when still live when the snapshot was taken.
+    pub free_at: Option<usize>,
+    /// Stack of its allocation ([`NO_STACK`] when none was recorded).
+    pub stack: u32,
+    /// The category.
+    pub category: Category,
+    /// The phase it was made in (its own stack's, else the window it was made in).
+    pub phase: Option<StackPhase>,
+    /// True when its own stack named its phase; false when its lifetime and the phase
+    /// around it decided.
+    pub by_frames: bool,
+}
+
+impl Allocation {
+    /// Live just after trace entry `e`.
+    pub fn live_after(&self, e: usize) -> bool {
+        self.alloc_at.is_none_or(|a| a <= e) && self.free_at.is_none_or(|f| f > e)
+    }
+}
+
+/// A run of trace entries in one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The phase (None before any stack named one).
+    pub phase: Option<StackPhase>,
+    /// First entry.
+    pub start: usize,
+    /// One past the last entry.
+    pub end: usize,
+    /// Training cycle: counts up at each forward (or data) window that follows backward,
+    /// an optimizer step or `zero_grad`.
+    pub cycle: usize,
+}
+
+/// A device's trace as allocations and windows.
+#[derive(Debug, Clone, Default)]
+pub struct Lifetimes {
+    /// Every allocation, in order of allocation (those live at the start first).
+    pub allocations: Vec<Allocation>,
+    /// The windows, in order, covering every entry.
+    pub windows: Vec<Window>,
+    /// Window index of every entry.
+    pub window_of: Vec<u32>,
+    /// Own phase of each entry's stack.
+    pub own_phase: Vec<Option<StackPhase>>,
+    /// Entries that recorded a stack.
+    pub entries_with_frames: usize,
+    /// Allocs at an address already live (its free was not recorded): closed there.
+    pub unmatched_allocs: u64,
+}
+
+fn trains(p: Option<StackPhase>) -> bool {
+    matches!(
+        p,
+        Some(StackPhase::Backward | StackPhase::Optimizer | StackPhase::ZeroGrad)
+    )
+}
+
+/// Builds the allocations and windows of `device`'s trace.
+pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
+    let snap: &MemorySnapshot = &f.snapshot;
+    let Some(trace) = snap.device_traces.get(device) else {
+        return Lifetimes::default();
+    };
+    let stacks = f.event_stacks.get(device);
+    let mut phase_cache: HashMap<u32, Option<StackPhase>> = HashMap::new();
+    let mut out = Lifetimes {
+        own_phase: Vec::with_capacity(trace.len()),
+        window_of: Vec::with_capacity(trace.len()),
+        ..Lifetimes::default()
+    };
+    // phases and windows
+    let mut current: Option<StackPhase> = None;
+    let mut cycle = 0usize;
+    let mut seen_training = false;
+    for k in 0..trace.len() {
+        let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
+        if stack != NO_STACK {
+            out.entries_with_frames += 1;
+        }
+        let own = *phase_cache
+            .entry(stack)
+            .or_insert_with(|| phase_of(f.stack(stack)));
+        out.own_phase.push(own);
+        if let Some(p) = own
+            && Some(p) != current
+        {
+            if matches!(p, StackPhase::Forward | StackPhase::Data) && seen_training {
+                cycle += 1;
+                seen_training = false;
+            }
+            if let Some(w) = out.windows.last_mut() {
+                w.end = k;
+            }
+            out.windows.push(Window {
+                phase: Some(p),
+                start: k,
+                end: trace.len(),
+                cycle,
+            });
+            current = Some(p);
+        }
+        if out.windows.is_empty() {
+            out.windows.push(Window {
+                phase: None,
+                start: 0,
+                end: trace.len(),
+                cycle: 0,
+            });
+        }
+        if trains(own) {
+            seen_training = true;
+        }
+        out.window_of.push((out.windows.len() - 1) as u32);
+    }
+    // allocations
+    let free = free_action(trace);
+    let mut live: HashMap<u64, usize> = HashMap::new();
+    let mut allocs: Vec<Allocation> = Vec::new();
+    let mut start_live: Vec<Allocation> = Vec::new();
+    let new = |addr, size, alloc_at, stack| Allocation {
+        addr,
+        size,
+        alloc_at,
+        free_at: None,
+        stack,
+        category: Category::Other,
+        phase: None,
+        by_frames: false,
+    };
+    for (k, e) in trace.iter().enumerate() {
+        let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
+        match &e.action {
+            Action::Alloc => {
+                if let Some(old) = live.insert(e.addr, allocs.len()) {
+                    allocs[old].free_at = Some(k);
+                    out.unmatched_allocs += 1;
+                }
+                allocs.push(new(e.addr, e.size, Some(k), stack));
+            }
+            a if *a == free => match live.remove(&e.addr) {
+                Some(i) => allocs[i].free_at = Some(k),
+                None => {
+                    let mut a = new(e.addr, e.size, None, NO_STACK);
+                    a.free_at = Some(k);
+                    start_live.push(a);
+                }
+            },
+            _ => {}
+        }
+    }
+    // blocks live when the snapshot was taken that the trace never allocated
+    for (s, seg) in snap.segments.iter().enumerate() {
+        if seg.device as usize != device && snap.device_traces.len() > 1 {
+            continue;
+        }
+        for (b, block) in seg.blocks.iter().enumerate() {
+            if block.state == BlockState::ActiveAllocated && !live.contains_key(&block.address) {
+                let stack = f
+                    .block_stacks
+                    .get(s)
+                    .and_then(|v| v.get(b))
+                    .copied()
+                    .unwrap_or(NO_STACK);
+                start_live.push(new(block.address, block.requested_size, None, stack));
+            }
+        }
+    }
+    start_live.sort_by_key(|a| a.addr);
+    start_live.extend(allocs);
+    out.allocations = start_live;
+    out
+}

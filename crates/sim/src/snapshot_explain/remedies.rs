@@ -1,0 +1,199 @@
+//! What would have saved memory at the peak, in bytes: allocator settings replayed through
+//! the caching allocator on the recorded trace (exact), and changes to the training estimated
+//! from the category breakdown at the peak (with the figures behind each).
+
+use serde::Serialize;
+use trainmem_alloc::AllocatorConfig;
+use trainmem_alloc::pytorch::Action;
+use trainmem_alloc::pytorch::framed::FramedSnapshot;
+use trainmem_alloc::pytorch::replay::{Scenario, run_scenario};
+use trainmem_core::Category;
+
+use super::SnapshotExplanation;
+use super::frames::StackPhase;
+
+/// How a remedy's saving was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemedyKind {
+    /// Replayed through the caching allocator on the recorded trace: exact.
+    Replayed,
+    /// Estimated from the category breakdown at the peak.
+    Estimated,
+}
+
+/// One remedy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Remedy {
+    /// What to change.
+    pub name: String,
+    /// Replayed or estimated.
+    pub kind: RemedyKind,
+    /// Bytes saved at the peak: peak reserved bytes for replayed ones, live tensor bytes for
+    /// estimated ones.
+    pub saved_bytes: u64,
+    /// The figures behind it.
+    pub detail: String,
+    /// Whether the run fits the capacity with it (None without a capacity).
+    pub fits: Option<bool>,
+}
+
+fn bytes_of(ex: &SnapshotExplanation, c: Category) -> u64 {
+    ex.peak
+        .by_category
+        .iter()
+        .find(|(k, _)| *k == c)
+        .map_or(0, |(_, b)| *b)
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / GIB)
+}
+
+/// The remedies, most bytes saved first.
+pub fn remedies(f: &FramedSnapshot, ex: &SnapshotExplanation, replay: bool) -> Vec<Remedy> {
+    let mut out = Vec::new();
+    let peak_reserved = ex.allocator.map(|a| a.peak_reserved);
+    if replay && let Some(recorded_peak) = peak_reserved {
+        // savings on a device with room to spare (a capped replay would cap its peak too);
+        // fitting on the capacity asked about, in a second replay
+        let unbounded = u64::MAX / 4;
+        let mut tries: Vec<(String, Scenario)> = Vec::new();
+        for conf in [
+            "expandable_segments:True",
+            "max_split_size_mb:128",
+            "max_split_size_mb:512",
+            "garbage_collection_threshold:0.6",
+        ] {
+            if let Ok(c) = AllocatorConfig::parse(conf) {
+                let mut s = Scenario::with_config(conf, c);
+                if conf.starts_with("garbage") {
+                    s.memory_fraction = Some(1.0);
+                }
+                tries.push((conf.to_string(), s));
+            }
+        }
+        let has_snapshots = f.snapshot.device_traces[ex.device]
+            .iter()
+            .any(|e| e.action == Action::Snapshot);
+        if has_snapshots {
+            let mut s = Scenario::recorded();
+            s.name = "empty_cache() at each recorded snapshot point".into();
+            s.empty_cache_at_snapshots = true;
+            tries.push((s.name.clone(), s));
+        }
+        for (name, s) in tries {
+            if let Ok(o) = run_scenario(&f.snapshot, ex.device, unbounded, &s) {
+                let saved = recorded_peak.saturating_sub(o.peak_reserved);
+                let fits = ex
+                    .capacity
+                    .map(|c| run_scenario(&f.snapshot, ex.device, c, &s).is_ok_and(|o| o.fits()));
+                out.push(Remedy {
+                    name,
+                    kind: RemedyKind::Replayed,
+                    saved_bytes: saved,
+                    detail: format!(
+                        "peak reserved {} instead of {} ({} cudaMalloc calls)",
+                        gib(o.peak_reserved),
+                        gib(recorded_peak),
+                        o.cuda_mallocs
+                    ),
+                    fits,
+                });
+            }
+        }
+    }
+    let fits = |saved: u64| match (ex.capacity, peak_reserved) {
+        (Some(c), Some(p)) => Some(p.saturating_sub(saved) <= c),
+        _ => None,
+    };
+    let mut estimate = |name: &str, saved: u64, detail: String| {
+        if saved > 0 {
+            out.push(Remedy {
+                name: name.to_string(),
+                kind: RemedyKind::Estimated,
+                saved_bytes: saved,
+                detail,
+                fits: fits(saved),
+            });
+        }
+    };
+    let grads = bytes_of(ex, Category::Gradient);
+    let state = bytes_of(ex, Category::OptimizerState);
+    let acts = bytes_of(ex, Category::Activation);
+    let input = bytes_of(ex, Category::Input);
+    let temp = bytes_of(ex, Category::Temporary);
+    if matches!(
+        ex.peak.phase,
+        Some(StackPhase::Forward | StackPhase::Data | StackPhase::ZeroGrad)
+    ) {
+        estimate(
+            "zero_grad(set_to_none=True) before forward",
+            grads,
+            format!(
+                "the peak is in {}, where the {} of gradients live are not needed yet",
+                ex.peak.phase.map_or("?", StackPhase::name),
+                gib(grads)
+            ),
+        );
+    }
+    // 8-bit state: one byte per element plus an f32 maximum per 256 elements, from f32
+    let eight_bit = state - state * 1028 / 4096;
+    estimate(
+        "8-bit optimizer state (bitsandbytes AdamW8bit)",
+        eight_bit,
+        format!(
+            "{} of optimizer state at the peak, assumed f32: 1 byte per element and an f32 \
+             maximum per 256 elements keep 25.1% of it",
+            gib(state)
+        ),
+    );
+    estimate(
+        "bf16 gradients",
+        grads / 2,
+        format!(
+            "{} of gradients at the peak, assumed f32: half of it",
+            gib(grads)
+        ),
+    );
+    let blocks = repeated_blocks(ex);
+    if blocks >= 3 {
+        let kept = acts * 2 / blocks;
+        estimate(
+            "activation checkpointing per block",
+            acts.saturating_sub(kept),
+            format!(
+                "{} of activations at the peak; the top activation site repeats {blocks} \
+                 times (one per block): recomputing each block keeps about one block's \
+                 activations plus every block's input, taken as 2/{blocks} of them",
+                gib(acts)
+            ),
+        );
+    }
+    estimate(
+        "halve the micro-batch (accumulate twice as many)",
+        (acts + input + temp) / 2,
+        format!(
+            "activations {}, inputs {} and temporaries {} at the peak scale with the batch",
+            gib(acts),
+            gib(input),
+            gib(temp)
+        ),
+    );
+    out.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes).then(a.name.cmp(&b.name)));
+    out
+}
+
+/// How often the site holding most activations at the peak allocates, live at the peak: the
+/// number of repeated blocks.
+fn repeated_blocks(ex: &SnapshotExplanation) -> u64 {
+    ex.peak
+        .top_sites
+        .iter()
+        .filter(|s| s.category == Category::Activation)
+        .map(|s| s.count)
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,408 @@
+//! Synthetic snapshots of a training loop whose categories are known, written with the
+//! stacks PyTorch records (module calls, the autograd engine, an optimizer, a batch moved to
+//! the device) and no category anywhere; and bad input.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use proptest::prelude::*;
+use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
+use trainmem_alloc::pytorch::pickle::{PyValue, write_tree};
+use trainmem_core::Category;
+
+use super::synthetic::{SyntheticLoop, SyntheticSnapshot};
+use super::*;
+
+fn list(v: Vec<PyValue>) -> PyValue {
+    PyValue::List(Rc::new(RefCell::new(v)))
+}
+
+fn dict(v: Vec<(&str, PyValue)>) -> PyValue {
+    let d = PyValue::Dict(Rc::default());
+    for (k, x) in v {
+        d.set(k, x);
+    }
+    d
+}
+
+fn frame(file: &str, line: i64, name: &str) -> PyValue {
+    dict(vec![
+        ("filename", PyValue::str(file)),
+        ("line", PyValue::Int(i128::from(line))),
+        ("name", PyValue::str(name)),
+    ])
+}
+
+/// A loop as the tests before the bench wrote it: short stacks, frees without frames.
+struct Loop {
+    params: Vec<u64>,
+    act: Vec<u64>,
+    batch: u64,
+    steps: usize,
+}
+
+fn build(l: &Loop, with_frames: bool) -> SyntheticSnapshot {
+    SyntheticLoop {
+        params: l.params.clone(),
+        activations: l.act.clone(),
+        batch: l.batch,
+        steps: l.steps,
+        with_frames,
+        native_frames: 0,
+        free_frames: false,
+        leak: None,
+    }
+    .build()
+}
+
+fn explain(bytes: &[u8]) -> SnapshotExplanation {
+    let f = FramedSnapshot::read(bytes).expect("read");
+    let opts = ExplainOptions {
+        replay_remedies: false,
+        ..ExplainOptions::default()
+    };
+    explain_snapshot(&f, &opts).expect("explain")
+}
+
+/// Share of bytes whose category was recovered.
+fn recovered(b: &SyntheticSnapshot, ex: &SnapshotExplanation) -> f64 {
+    let by_entry: HashMap<usize, Category> = ex
+        .allocations
+        .iter()
+        .filter_map(|a| a.alloc_at.map(|k| (k, a.category)))
+        .collect();
+    let mut right = 0u64;
+    let mut total = 0u64;
+    for (entry, size, cat) in &b.truth {
+        total += size;
+        if by_entry.get(entry) == Some(cat) {
+            right += size;
+        }
+    }
+    right as f64 / total as f64
+}
+
+fn a_loop() -> Loop {
+    Loop {
+        params: vec![4096, 1 << 20, 3 << 20, 4096],
+        act: vec![2 << 20, 2 << 20, 8 << 20, 2 << 20],
+        batch: 65536,
+        steps: 3,
+    }
+}
+
+#[test]
+fn a_known_loop_is_recovered_with_frames() {
+    let b = build(&a_loop(), true);
+    let ex = explain(&b.bytes);
+    assert_eq!(recovered(&b, &ex), 1.0);
+    assert_eq!(ex.steps.len(), 3);
+    assert!(ex.growth.is_none());
+    assert!(ex.coverage.peak_share_by_frames > 0.99);
+    let bytes = |c: Category| {
+        ex.end
+            .by_category
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |x| x.1)
+    };
+    let params: u64 = a_loop().params.iter().sum();
+    assert_eq!(bytes(Category::Parameter), params);
+    assert_eq!(bytes(Category::Gradient), params);
+    assert_eq!(bytes(Category::OptimizerState), 2 * params);
+    assert!(
+        ex.peak
+            .top_sites
+            .iter()
+            .any(|s| s.site == "me/model.py:22 forward"
+                && s.category == Category::Activation
+                && s.bytes >= 8 << 20),
+        "{:?}",
+        ex.peak.top_sites
+    );
+    assert!(!ex.remedies.is_empty());
+}
+
+#[test]
+fn without_frames_the_report_says_lifetime_decided() {
+    let b = build(&a_loop(), false);
+    let ex = explain(&b.bytes);
+    assert_eq!(ex.coverage.entries_with_frames, 0);
+    assert_eq!(ex.coverage.peak_share_by_frames, 0.0);
+    assert_eq!(ex.coverage.peak_share_by_lifetime, 1.0);
+    assert!(
+        ex.notes.iter().any(|n| n.contains("lifetime alone")),
+        "{:?}",
+        ex.notes
+    );
+    assert!(ex.steps.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    /// Any such loop, with short or deep stacks and with or without frames on frees: at
+    /// least 99% of bytes get their category back from the frames.
+    #[test]
+    fn loops_are_recovered(
+        params in prop::collection::vec(1u64..(4 << 20), 1..6),
+        act in prop::collection::vec(512u64..(8 << 20), 1..6),
+        batch in 8u64..(1 << 20),
+        steps in 1usize..4,
+        native_frames in 0usize..20,
+        free_frames: bool,
+    ) {
+        let b = SyntheticLoop {
+            params,
+            activations: act,
+            batch,
+            steps,
+            with_frames: true,
+            native_frames,
+            free_frames,
+            leak: None,
+        }
+        .build();
+        let ex = explain(&b.bytes);
+        prop_assert!(recovered(&b, &ex) >= 0.99, "{}", recovered(&b, &ex));
+    }
+}
+
+#[test]
+fn the_synthetic_writer_counts_its_entries_and_keeps_its_stacks() {
+    let mut l = SyntheticLoop::with_events(6, 5_000);
+    l.leak = Some(4096);
+    let b = l.build();
+    let f = FramedSnapshot::read(&b.bytes).unwrap();
+    let trace = &f.snapshot.device_traces[0];
+    assert_eq!(trace.len(), b.events);
+    let tensor = |e: &trainmem_alloc::pytorch::TraceEvent| !e.action.is_segment_event();
+    let entries = |b: &SyntheticSnapshot| {
+        FramedSnapshot::read(&b.bytes)
+            .unwrap()
+            .snapshot
+            .device_traces[0]
+            .iter()
+            .filter(|e| tensor(e))
+            .count()
+    };
+    let n = entries(&b);
+    assert!(n >= 5_000 && n < 5_000 + l.events_per_step(), "{n}");
+    let two = entries(
+        &SyntheticLoop {
+            steps: 2,
+            ..l.clone()
+        }
+        .build(),
+    );
+    let three = entries(
+        &SyntheticLoop {
+            steps: 3,
+            ..l.clone()
+        }
+        .build(),
+    );
+    assert_eq!(three - two, l.events_per_step());
+    // the allocator's segments, and every tensor entry with its stack: allocs their own,
+    // frees the stack they ran in
+    assert!(trace.len() > n && !f.snapshot.segments.is_empty());
+    assert!(
+        trace
+            .iter()
+            .zip(&f.event_stacks[0])
+            .all(|(e, &s)| !tensor(e) || s != NO_STACK)
+    );
+    let deepest = f.stacks.iter().map(Vec::len).max().unwrap();
+    assert!(deepest >= 28, "{deepest}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_or_a_note() {
+    // not a snapshot
+    let not = write_tree(&list(vec![PyValue::Int(1)])).unwrap();
+    let e = FramedSnapshot::read(&not).err().unwrap().to_string();
+    assert!(e.contains("not a memory snapshot"), "{e}");
+    // truncated
+    let b = build(&a_loop(), true);
+    let e = FramedSnapshot::read(&b.bytes[..b.bytes.len() / 2])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("truncated"), "{e}");
+    // a pickle that would run code
+    let e = FramedSnapshot::read(b"cos\nsystem\n(S'true'\ntR.")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("GLOBAL") && e.contains("not read"), "{e}");
+    // no trace, only segments
+    let segs = dict(vec![
+        ("segments", list(vec![])),
+        ("device_traces", list(vec![list(vec![])])),
+    ]);
+    let f = FramedSnapshot::read(&write_tree(&segs).unwrap()).unwrap();
+    let e = explain_snapshot(&f, &ExplainOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("no trace events"), "{e}");
+    // frees of blocks never allocated, and frames in an odd shape
+    let odd = list(vec![
+        PyValue::Int(3),
+        frame("x.py", 1, "forward"),
+        dict(vec![]),
+    ]);
+    let ev = |action: &str, addr: i128| {
+        dict(vec![
+            ("action", PyValue::str(action)),
+            ("addr", PyValue::Int(addr)),
+            ("size", PyValue::Int(1024)),
+            ("frames", odd.clone()),
+        ])
+    };
+    let top = dict(vec![(
+        "device_traces",
+        list(vec![list(vec![
+            ev("free_requested", 0x10),
+            ev("alloc", 0x20),
+            ev("free_requested", 0x20),
+            ev("mystery_action", 0),
+        ])]),
+    )]);
+    let f = FramedSnapshot::read(&write_tree(&top).unwrap()).unwrap();
+    assert_eq!(f.unreadable_frames, 2);
+    let ex = explain_snapshot(&f, &ExplainOptions::default()).unwrap();
+    assert!(
+        ex.notes.iter().any(|n| n.contains("not seen before")),
+        "{:?}",
+        ex.notes
+    );
+    assert_eq!(ex.allocations.len(), 2);
+    // a field of the wrong type names where
+    let bad = dict(vec![(
+        "device_traces",
+        list(vec![list(vec![dict(vec![
+            ("action", PyValue::str("alloc")),
+            ("addr", PyValue::str("here")),
+            ("size", PyValue::Int(1)),
+        ])])]),
+    )]);
+    let e = FramedSnapshot::read(&write_tree(&bad).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("device_traces[0][0].addr"), "{e}");
+    // a device that has no trace
+    let e = explain_snapshot(
+        &FramedSnapshot::read(&b.bytes).unwrap(),
+        &ExplainOptions {
+            device: Some(3),
+            ..ExplainOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("device 3"), "{e}");
+}
+
+#[test]
+fn the_annotated_pickle_carries_every_category_and_unknown() {
+    let b = build(&a_loop(), true);
+    let f = FramedSnapshot::read(&b.bytes).unwrap();
+    let ex = explain_snapshot(
+        &f,
+        &ExplainOptions {
+            replay_remedies: false,
+            ..ExplainOptions::default()
+        },
+    )
+    .unwrap();
+    let out = annotate(f, &ex).unwrap();
+    assert_eq!(
+        trainmem_alloc::pytorch::pickle::first_unsupported_opcode(&out),
+        None
+    );
+    let back = FramedSnapshot::read(&out).unwrap();
+    let cats = back.snapshot.categories();
+    for c in [
+        "parameter",
+        "gradient",
+        "optimizer_state",
+        "activation",
+        "input",
+        "temporary",
+    ] {
+        assert!(cats.contains(&c), "{c} missing from {cats:?}");
+    }
+    assert!(!back.snapshot.needs_unknown_category());
+    // frames survive the round trip
+    assert_eq!(
+        back.frames.len(),
+        FramedSnapshot::read(&b.bytes).unwrap().frames.len()
+    );
+}
+
+#[test]
+fn a_leak_is_named_with_its_site_and_its_growth_per_step() {
+    let leak = 3 << 20;
+    let mut l = SyntheticLoop::with_events(4, 0);
+    l.steps = 6;
+    l.leak = Some(leak);
+    let ex = explain(&l.build().bytes);
+    assert_eq!(ex.steps.len(), 6);
+    let g = ex.growth.as_ref().expect("the leak is found");
+    assert_eq!(g.bytes_per_step, leak);
+    assert_eq!(g.steps_growing, 5);
+    assert_eq!(g.site.as_deref(), Some("me/model.py:47 forward"));
+    // kept by the five steps after the first
+    assert_eq!(g.site_bytes, 5 * leak);
+    let text = render::render_text("leak.pickle", &ex);
+    assert!(
+        text.contains("growth: 3.00 MiB more live after each of the last 5 steps")
+            && text.contains("kept by me/model.py:47 forward (15.00 MiB)"),
+        "{text}"
+    );
+    // the same loop without the leak grows by nothing
+    l.leak = None;
+    assert!(explain(&l.build().bytes).growth.is_none());
+}
+
+#[test]
+fn the_timeline_samples_each_phase_with_the_bytes_per_category() {
+    use trainmem_core::timeline::Phase;
+    let l = a_loop();
+    let b = build(&l, true);
+    let f = FramedSnapshot::read(&b.bytes).unwrap();
+    let ex = explain_snapshot(&f, &ExplainOptions::default()).unwrap();
+    let t = &ex.timeline;
+    // model setup, then per step: zero_grad (not before the first), data, forward,
+    // backward, optimizer step
+    let phases: Vec<Phase> = t.samples.iter().map(|s| s.phase).collect();
+    // (the allocator's first segment_alloc, recorded without a stack, comes before all)
+    assert_eq!(phases.len(), 2 + 3 * 4 + 2, "{phases:?}");
+    assert_eq!(&phases[..2], [Phase::Start, Phase::ModelInit]);
+    assert_eq!(
+        &phases[2..6],
+        [
+            Phase::BatchLoaded,
+            Phase::Forward,
+            Phase::Backward,
+            Phase::OptimizerStep
+        ]
+    );
+    let last = t.samples.last().unwrap();
+    for (c, bytes) in &ex.end.by_category {
+        assert_eq!(last.device.categories.get(*c), *bytes, "{c:?}");
+    }
+    let a = ex.allocator.unwrap_or_else(|| panic!("{:?}", ex.notes));
+    assert!(last.device.allocated >= ex.end.live_bytes);
+    assert_eq!(
+        last.device.categories.get(Category::Cache),
+        last.device.reserved - last.device.allocated
+    );
+    let peak = t.samples.iter().map(|s| s.device.peak_reserved).max();
+    assert_eq!(peak, Some(a.peak_reserved));
+    // the exports simulate writes take it
+    assert!(crate::export::svg::render_svg(t).contains("<svg"));
+    assert!(
+        crate::export::chrome::chrome_trace(t)
+            .unwrap()
+            .contains("optimizer_step")
+    );
+}

@@ -1,0 +1,121 @@
+//! `explain` on real PyTorch snapshots (the project's shared `pytorch-snapshots/`, beside
+//! the workspace; skipped with a message where absent): at the end of the recorded step,
+//! the parameter, gradient and AdamW-state bytes equal the sizes derived from each model's
+//! shapes.
+
+use std::path::PathBuf;
+
+use trainmem_alloc::pytorch::framed::FramedSnapshot;
+use trainmem_core::Category;
+use trainmem_sim::snapshot_explain::frames::StackPhase;
+use trainmem_sim::snapshot_explain::{ExplainOptions, explain_snapshot};
+
+fn dir() -> Option<PathBuf> {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/pytorch-snapshots");
+    if d.is_dir() {
+        Some(d)
+    } else {
+        eprintln!("skipped: {} is absent", d.display());
+        None
+    }
+}
+
+/// The CS336 (assignment 1) decoder LM: untied token embeddings and output layer, per layer
+/// two RMSNorm weights, four d×d attention projections and a SwiGLU (w1, w3: d_ff×d; w2:
+/// d×d_ff), a final RMSNorm; no biases. Parameters in elements.
+fn cs336_parameters(vocab: u64, d: u64, layers: u64, d_ff: u64) -> u64 {
+    2 * vocab * d + layers * (2 * d + 4 * d * d + 3 * d * d_ff) + d
+}
+
+fn check(file: &str, vocab: u64, d: u64, layers: u64, d_ff: u64) {
+    let Some(dir) = dir() else { return };
+    let bytes = std::fs::read(dir.join(file)).expect("read the snapshot");
+    let f = FramedSnapshot::read(&bytes).expect("a snapshot");
+    let opts = ExplainOptions {
+        replay_remedies: false,
+        ..ExplainOptions::default()
+    };
+    let ex = explain_snapshot(&f, &opts).expect("explained");
+    // the recording ends with the optimizer step
+    assert_eq!(ex.end.phase, Some(StackPhase::Optimizer), "{file}");
+    let at_end = |c: Category| {
+        ex.end
+            .by_category
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |x| x.1)
+    };
+    let params = 4 * cs336_parameters(vocab, d, layers, d_ff); // f32
+    assert_eq!(at_end(Category::Parameter), params, "{file}: parameters");
+    assert_eq!(at_end(Category::Gradient), params, "{file}: gradients");
+    assert_eq!(
+        at_end(Category::OptimizerState),
+        2 * params,
+        "{file}: AdamW's two moments"
+    );
+    assert!(!ex.steps.is_empty());
+}
+
+#[test]
+fn cs336_medium_steady_step_model_state_is_exact() {
+    // d=1024, 24 layers, d_ff=4096, vocab 10000 (the run's "medium" configuration)
+    check(
+        "Wedsonlin+assignment2-systems/8630bcf/results_medium_128_training_memory_snapshot.pickle",
+        10_000,
+        1024,
+        24,
+        4096,
+    );
+}
+
+#[test]
+fn cs336_first_full_step_of_a_3b_model_is_exact() {
+    // d=2560, 32 layers, d_ff=10240, vocab 10000; AdamW state made inside the trace
+    check(
+        "kkaitlyn111+cs336-a2-systems/221ecab/memory_files_memory_ctx128_fullstep.pickle",
+        10_000,
+        2560,
+        32,
+        10_240,
+    );
+}
+
+#[test]
+fn gpt2_small_shaped_compiled_step_is_exact() {
+    // 768/12 layers/3072, vocab 50257, torch.compile; gradients kept between steps
+    check(
+        "bcrafton+assignment2-systems/0c0e8a7/memory_snapshot.pickle",
+        50_257,
+        768,
+        12,
+        3072,
+    );
+}
+
+#[test]
+fn every_shared_snapshot_is_explained_with_sites_and_remedies() {
+    let Some(dir) = dir() else { return };
+    for file in [
+        "JasperSolt+EoR_NN/6686e9f_snapshot.pickle",
+        "Maphsge4+select_n/04d383c_snapshot.pickle",
+        "ZidongLiu+DeComFL/edd30e0/memory.pickle",
+        "cranberrii+ftcourse/9f4902c/memory_snapshot.pickle",
+        "silmont2000+assignment2-systems/133f064/mem_snapshot.pickle",
+    ] {
+        let bytes = std::fs::read(dir.join(file)).expect("read");
+        let f = FramedSnapshot::read(&bytes).expect("a snapshot");
+        let opts = ExplainOptions {
+            replay_remedies: false,
+            ..ExplainOptions::default()
+        };
+        let ex = explain_snapshot(&f, &opts).expect("explained");
+        assert!(ex.peak.live_bytes > 0, "{file}");
+        assert!(!ex.peak.top_sites.is_empty(), "{file}");
+        assert!(
+            ex.coverage.entries_with_frames * 10 > ex.coverage.entries * 9,
+            "{file}"
+        );
+        let sum: u64 = ex.peak.by_category.iter().map(|x| x.1).sum();
+        assert_eq!(sum, ex.peak.live_bytes, "{file}");
+    }
+}
