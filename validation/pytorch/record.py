@@ -332,6 +332,13 @@ def with_lora(build, lora):
     return wrapped
 
 
+def cast_floats(make_batch, dtype):
+    """`make_batch` with its floating tensors made in `dtype` (ids and labels stay)."""
+    def made(n):
+        return tuple(t.to(dtype) if t.is_floating_point() else t for t in make_batch(n))
+    return made
+
+
 def optimizer_for(name, model):
     # only the trainable parameters (all of them, but under LoRA)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -357,11 +364,18 @@ def optimizer_for(name, model):
 
 
 def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
-           autocast=None, explain=False):
+           autocast=None, dtype=None, explain=False):
     """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
     micro-batches when `micro` is given, computing the loss under `torch.autocast` to
-    `autocast` (a dtype name) when given, and returns the ledger."""
+    `autocast` (a dtype name) when given, with the model cast to `dtype` (a dtype name:
+    pure half precision, `model.to(torch.bfloat16)`) when given, and returns the ledger."""
     model, make_batch, loss_of, described = build()
+    if dtype is not None:
+        # cast before the ledger starts, as a run loads or casts its model before training:
+        # parameters, and so torch.optim's state, are in `dtype`; floating inputs are cast
+        # as they are made
+        model.to(getattr(torch, dtype))
+        make_batch = cast_floats(make_batch, getattr(torch, dtype))
     model.train()
     if optimizer_name == "adafactor":
         # imported before the ledger starts: the import itself makes a 16-byte tensor
@@ -425,6 +439,8 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     described = dict(described)
     if autocast is not None:
         described["autocast"] = {"device_type": "cpu", "dtype": autocast}
+    if dtype is not None:
+        described["dtype"] = dtype
     return {
         "name": name,
         "optimizer": optimizer_name,
@@ -539,6 +555,12 @@ def runs():
     # LoRA adapters (rank 8 on 128-wide projections: 1024 and 512 elements) are all under
     # min_8bit_size: f32 moments and the step of bitsandbytes' 32-bit kernel
     yield "lora-llama-tiny-adamw8bit", llama_qv, "adamw8bit", 4, 64, {}
+    # pure half precision: the model cast with .to(torch.bfloat16), torch.optim's AdamW
+    # keeping both moments in the parameters' dtype (bf16), no f32 master weights
+    pure_bf16 = {"dtype": "bfloat16"}
+    yield "bf16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, pure_bf16
+    yield "bf16-gpt2-tiny-adamw", gpt2, "adamw", 4, 64, pure_bf16
+    yield "bf16-llama-tiny-adamw", llama, "adamw", 4, 64, pure_bf16
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16

@@ -453,6 +453,42 @@ pub struct TransformerSpec {
     /// frozen, and the adapters are the only trainable parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
+    /// Whose code the model runs: `transformers`' modules (the default) or a hand-written
+    /// model of plain tensor ops (`handwritten`). Same parameters; what forward keeps
+    /// differs ([`Implementation`]).
+    #[serde(default, skip_serializing_if = "Implementation::is_default")]
+    pub implementation: Implementation,
+}
+
+/// Whose code runs a transformer: the parameters are the plan's either way, the tensors
+/// forward keeps for backward are not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// `transformers`' modules: `torch.nn.functional`'s layer norm and softmax, an RMS norm
+    /// composed in f32 (`x.to(float32)`, then back to the model's dtype), the logits upcast
+    /// to f32 before a decoder's loss.
+    #[default]
+    Transformers,
+    /// A model written by hand in the style of nanoGPT's `model.py` and the course models
+    /// built like it: its layer norm composed of plain tensor ops (`x − mean`, `(x −
+    /// mean)²`, `rsqrt`, products: the centered and the normalized input kept), its eager
+    /// attention's softmax likewise (`max`, `exp`, `sum`, a division: `exp`'s output kept
+    /// beside the probabilities), the loss `F.cross_entropy` on the logits as they are.
+    Handwritten,
+}
+
+impl Implementation {
+    /// The plan's default (`transformers`).
+    pub fn is_default(&self) -> bool {
+        *self == Implementation::Transformers
+    }
+
+    /// Whether the model's code takes half-precision tensors to f32 around its RMS norms
+    /// and its loss (`transformers`' do; a hand-written model need not).
+    pub fn hf_upcasts(self) -> bool {
+        self != Implementation::Handwritten
+    }
 }
 
 /// A projection of a transformer block that a LoRA adapter can be put on.
@@ -689,6 +725,7 @@ impl TransformerSpec {
             attn_softcap: None,
             moe: None,
             lora: None,
+            implementation: Implementation::Transformers,
         }
     }
 

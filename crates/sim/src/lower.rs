@@ -126,7 +126,22 @@ pub fn lower_on(model: &ModelSpec, framework: Framework, gpu: bool) -> Result<Pr
 pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
     let gpu = plan.device.kind == crate::plan::DeviceKind::Cuda;
     let Some(half) = plan.precision.autocast else {
-        return lower_on(&plan.model, plan.framework, gpu);
+        let program = lower_on(&plan.model, plan.framework, gpu)?;
+        // a model cast to half precision: PyTorch's kernels and `transformers`' modules
+        // still take some tensors to f32
+        let compute = plan.precision.compute;
+        if plan.framework == Framework::Pytorch
+            && compute != Dtype::F32
+            && let ModelSpec::Transformer(t) = &plan.model
+        {
+            return Ok(crate::autocast::cast_model(
+                &program,
+                plan.device.kind,
+                compute,
+                t.implementation.hf_upcasts(),
+            ));
+        }
+        return Ok(program);
     };
     let program = lower_on(&plan.model, plan.framework, gpu)?;
     let separate_qkv = matches!(&plan.model, ModelSpec::Transformer(t) if t.separate_qkv);

@@ -407,6 +407,7 @@ mod tests {
                 attn_softcap: attn_softcap.then_some(50.0),
                 moe,
                 lora,
+                implementation: Default::default(),
             }
         }
     }

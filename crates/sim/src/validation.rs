@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use trainmem_core::Category;
-use trainmem_core::hf_config::{HfOptions, lora_target_of_module, plan_from_hf};
+use trainmem_core::hf_config::{HfOptions, HfPrecision, lora_target_of_module, plan_from_hf};
 use trainmem_core::model::LoraSpec;
 use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 
@@ -54,6 +54,10 @@ pub struct Recording {
     /// The `torch.autocast` region forward and the loss ran in, when they did.
     #[serde(default)]
     pub autocast: Option<AutocastRegion>,
+    /// The dtype the model was cast to before training (`bfloat16`, `float16`: pure half
+    /// precision, `model.to(dtype)`, no master weights), when it was.
+    #[serde(default)]
+    pub dtype: Option<String>,
     /// The LoRA adapters peft put on the model (its base frozen), when it did.
     #[serde(default)]
     pub lora: Option<RecordedLora>,
@@ -209,9 +213,26 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         "adamw8bit" => (OptimizerKind::AdamW8bit, StepImpl::ForLoop),
         other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
     };
+    // a model cast to half precision: parameters, gradients and `torch.optim`'s state in
+    // that dtype
+    let cast = match rec.dtype.as_deref() {
+        None | Some("float32") => None,
+        Some("bfloat16") => Some(trainmem_core::Dtype::Bf16),
+        Some("float16") => Some(trainmem_core::Dtype::F16),
+        Some(other) => {
+            return Err(fail(format!(
+                "a model in `{other}` has no plan counterpart"
+            )));
+        }
+    };
     let mut plan = match (&rec.hf_config, &rec.plan_model) {
         (Some(config), _) => {
             let mut opts = HfOptions::new(rec.batch, rec.seq);
+            opts.precision = match cast {
+                None => HfPrecision::F32,
+                Some(trainmem_core::Dtype::F16) => HfPrecision::F16,
+                Some(_) => HfPrecision::Bf16,
+            };
             opts.optimizer = optimizer;
             opts.steps = rec.steps;
             opts.checkpointing = rec.checkpointing;
@@ -236,6 +257,11 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
             plan.data.samples = rec.batch * rec.steps;
             plan.loader.workers = 0;
             plan.optimizer.kind = optimizer;
+            if let Some(dtype) = cast {
+                plan.precision.compute = dtype;
+                plan.precision.master_weights = false;
+                plan.optimizer.state_dtype = dtype;
+            }
             plan
         }
         (None, None) => return Err(fail("neither hf_config nor plan_model".into())),
