@@ -54,6 +54,7 @@ when torchvision is importable (requirements.txt pins it):
 import argparse
 import contextlib
 import json
+import os
 import platform
 import sys
 import weakref
@@ -68,8 +69,10 @@ CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "input",
 class Ledger(TorchDispatchMode):
     """Every storage an operator creates, with the phase that created it."""
 
-    def __init__(self):
+    def __init__(self, device="cpu"):
         super().__init__()
+        # the device whose storages are counted (a CUDA run's CPU tensors are not)
+        self.device = device
         self.live = {}  # data_ptr -> (nbytes, phase)
         self.total = 0
         self.peak = 0
@@ -96,6 +99,8 @@ class Ledger(TorchDispatchMode):
         return out
 
     def enter(self, t, op="(given)"):
+        if t.device.type != self.device:
+            return
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr == 0 or ptr in self.live:
@@ -150,6 +155,18 @@ class Ledger(TorchDispatchMode):
             "peak_since_previous": max(self.peak, self.total),
         }
         self.peak = self.total
+        if self.device == "cuda":
+            # the caching allocator's own figures: allocated (block sizes, rounded; the
+            # cuBLAS workspace included), reserved (segments), and their peaks since the
+            # previous sample
+            torch.cuda.synchronize()
+            record["cuda"] = {
+                "allocated": torch.cuda.memory_allocated(),
+                "reserved": torch.cuda.memory_reserved(),
+                "peak_allocated": torch.cuda.max_memory_allocated(),
+                "peak_reserved": torch.cuda.max_memory_reserved(),
+            }
+            torch.cuda.reset_peak_memory_stats()
         return record
 
 
@@ -284,9 +301,13 @@ def have_torchvision():
     return True
 
 
-def hf_model(kind, config, batch, seq):
+def hf_model(kind, config, batch, seq, attention=None):
+    """A `transformers` model of `kind` built from `config` (random weights), its attention
+    implementation `attention` (`eager`, `sdpa`; None: what transformers picks)."""
     import transformers
     torch.manual_seed(0)
+    if attention is not None:
+        config = dict(config, attn_implementation=attention)
     if kind == "gpt2":
         cfg = transformers.GPT2Config(**config)
         model = transformers.GPT2LMHeadModel(cfg)
@@ -309,7 +330,37 @@ def hf_model(kind, config, batch, seq):
         return model(input_ids=b[0], labels=b[1]).loss
     full = cfg.to_dict()
     full["model_type"] = cfg.model_type
-    return model, make_batch, loss_of, {"hf_config": full}
+    described = {"hf_config": full}
+    if attention is not None:
+        described["attn_implementation"] = attention
+    return model, make_batch, loss_of, described
+
+
+def handwritten_gpt(batch, seq, sdpa, vocab=1024, layers=2, width=128, heads=4):
+    """The hand-written GPT of `handwritten_gpt.py` (nanoGPT's layout: learned positions,
+    layer norms with biases, a packed query-key-value projection, a GELU feed-forward of
+    4 × width, a tied head), its layer norm and softmax composed of plain tensor ops, its
+    attention eager or `scaled_dot_product_attention` (`sdpa`); next-token targets as
+    nanoGPT's loader makes them (a window of seq + 1 tokens, shifted by one)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import handwritten_gpt
+    torch.manual_seed(0)
+    model = handwritten_gpt.GPT(vocab, seq, layers, width, heads, bias=True, sdpa=sdpa)
+
+    def make_batch(n):
+        window = torch.randint(0, vocab, (n, seq + 1))
+        return (window[:, :-1].contiguous(), window[:, 1:].contiguous())
+
+    def loss_of(model, b):
+        return model(b[0], b[1])
+
+    plan = {"transformer": {
+        "kind": "decoder", "layers": layers, "hidden": width, "heads": heads,
+        "seq_len": seq, "vocab": vocab, "tied_embeddings": True, "activation": "gelu",
+        "norm": "layer_norm", "dropout": 0.0, "learned_positions": True, "bias": True,
+        "attention": "sdpa" if sdpa else "eager", "implementation": "handwritten",
+    }}
+    return model, make_batch, loss_of, {"plan_model": plan}
 
 
 def with_lora(build, lora):
@@ -348,6 +399,8 @@ def optimizer_for(name, model):
         return torch.optim.AdamW(params, lr=1e-3)
     if name == "adamw-foreach":
         return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
     if name == "adafactor":
         # transformers' Adafactor: factored second moments (a row and a column vector per
         # matrix), no first moment (beta1 None), a fixed learning rate
@@ -363,13 +416,28 @@ def optimizer_for(name, model):
     raise ValueError(name)
 
 
+def on_device(make_batch, device):
+    """`make_batch` with its tensors moved to `device` (made on the CPU, as a loader does)."""
+    def made(n):
+        return tuple(t.to(device) for t in make_batch(n))
+    return made
+
+
 def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
-           autocast=None, dtype=None, explain=False):
+           autocast=None, dtype=None, explain=False, device="cpu", snapshot=None):
     """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
     micro-batches when `micro` is given, computing the loss under `torch.autocast` to
     `autocast` (a dtype name) when given, with the model cast to `dtype` (a dtype name:
-    pure half precision, `model.to(torch.bfloat16)`) when given, and returns the ledger."""
+    pure half precision, `model.to(torch.bfloat16)`) when given, and returns the ledger.
+
+    On `device="cuda"` the model is moved to the GPU before the ledger starts and each batch
+    is made on the CPU and copied over; the ledger counts the GPU's storages, and each sample
+    adds the caching allocator's figures. `snapshot`: a path to dump the allocator's memory
+    snapshot (`torch.cuda.memory._dump_snapshot`) of the whole run to."""
     model, make_batch, loss_of, described = build()
+    if device != "cpu":
+        model.to(device)
+        make_batch = on_device(make_batch, device)
     if dtype is not None:
         # cast before the ledger starts, as a run loads or casts its model before training:
         # parameters, and so torch.optim's state, are in `dtype`; floating inputs are cast
@@ -400,13 +468,19 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
-    ledger = Ledger()
+    ledger = Ledger(device)
     ledger.explain = explain
     samples = []
     def region():
         if autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=getattr(torch, autocast))
+        return torch.autocast(device, dtype=getattr(torch, autocast))
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        if snapshot is not None:
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     with ledger:
         optimizer = optimizer_for(optimizer_name, model)
         for p in model.parameters():
@@ -434,11 +508,19 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
             optimizer.zero_grad(set_to_none=True)
             samples.append(ledger.sample("optimizer_step", step, model, optimizer, b))
             del b
+    if device == "cuda" and snapshot is not None:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
     if explain:
         explain_peak(name, ledger, model, optimizer)
     described = dict(described)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        described["device"] = {"type": "cuda", "name": props.name,
+                               "total_memory": props.total_memory}
+        versions["cuda"] = torch.version.cuda
     if autocast is not None:
-        described["autocast"] = {"device_type": "cpu", "dtype": autocast}
+        described["autocast"] = {"device_type": device, "dtype": autocast}
     if dtype is not None:
         described["dtype"] = dtype
     return {
@@ -561,6 +643,13 @@ def runs():
     yield "bf16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, pure_bf16
     yield "bf16-gpt2-tiny-adamw", gpt2, "adamw", 4, 64, pure_bf16
     yield "bf16-llama-tiny-adamw", llama, "adamw", 4, 64, pure_bf16
+    # a GPT written by hand (validation/pytorch/handwritten_gpt.py): composed layer norm and
+    # softmax, eager attention or scaled_dot_product_attention
+    hw = lambda: handwritten_gpt(4, 64, sdpa=False)  # noqa: E731
+    hw_sdpa = lambda: handwritten_gpt(4, 64, sdpa=True)  # noqa: E731
+    for opt in ["sgd", "adamw"]:
+        yield f"handwritten-gpt-tiny-{opt}", hw, opt, 4, 64, {}
+        yield f"handwritten-gpt-tiny-sdpa-{opt}", hw_sdpa, opt, 4, 64, {}
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16
@@ -578,7 +667,6 @@ def main():
     parser.add_argument("--explain", default=None,
                         help="print the storages live at the highest total of this run")
     args = parser.parse_args()
-    import os
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(args.threads)
     for name, build, opt, batch, seq, extra in runs():

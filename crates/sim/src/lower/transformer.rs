@@ -53,6 +53,8 @@ struct TransformerDims {
     /// The norms have biases (layer norm).
     norm_bias: bool,
     norm_op: OpKind,
+    /// Eager attention's softmax (composed of plain ops in a hand-written model).
+    softmax_op: OpKind,
     /// The attention kernel that runs (eager or fused).
     kernel: AttentionImpl,
 }
@@ -69,9 +71,16 @@ impl TransformerDims {
             qkv_bias: t.qkv_has_bias(),
             ffn_bias: t.ffn_has_bias(),
             norm_bias: t.norm_bias(),
-            norm_op: match t.norm {
-                NormKind::LayerNorm => OpKind::LayerNorm,
-                NormKind::RmsNorm => OpKind::RmsNorm,
+            // a hand-written RMS norm is what `rms_norm` already stands for (PyTorch's eager
+            // one is composed too)
+            norm_op: match (t.norm, t.implementation) {
+                (NormKind::LayerNorm, Implementation::Handwritten) => OpKind::LayerNormComposed,
+                (NormKind::LayerNorm, _) => OpKind::LayerNorm,
+                (NormKind::RmsNorm, _) => OpKind::RmsNorm,
+            },
+            softmax_op: match t.implementation {
+                Implementation::Handwritten => OpKind::SoftmaxComposed,
+                _ => OpKind::Softmax,
             },
             kernel: t.attention.kernel(gpu, t.dropout > 0.0),
         }
@@ -191,7 +200,7 @@ impl TransformerDims {
                 if t.attn_softcap.is_some() {
                     scaled = Self::softcap(b, scaled, scores_n);
                 }
-                let mut probs = b.op_rows(OpKind::Softmax, &[scaled], scores_n, &[], t.heads * s);
+                let mut probs = b.op_rows(self.softmax_op, &[scaled], scores_n, &[], t.heads * s);
                 if t.dropout > 0.0 {
                     probs = b.op(OpKind::Dropout, &[probs], scores_n, &[]);
                 }
