@@ -53,6 +53,7 @@ when torchvision is importable (requirements.txt pins it):
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -363,6 +364,68 @@ def handwritten_gpt(batch, seq, sdpa, vocab=1024, layers=2, width=128, heads=4):
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
+def litgpt_model(batch, seq, lora=False, groups=2):
+    """litgpt's own `GPT` (litgpt.model; `litgpt.lora.GPT` with rank-8 adapters on the
+    packed projection's query and value parts when `lora`), a LLaMA-like configuration of
+    litgpt's (`RMSNorm`, `LLaMAMLP`, grouped-query attention through
+    `scaled_dot_product_attention`, rotary positions, no biases, an untied head), trained as
+    litgpt's fine-tuning scripts do: the full fine-tune computes all logits and takes
+    `chunked_cross_entropy` of the shifted logits (chunks of 128 rows); LoRA computes the
+    head in chunks of 128 positions (`lm_head_chunk_size=128`) and the loss over the list of
+    chunks (litgpt/finetune/full.py and lora.py). `groups`: key/value heads (4: as many as
+    query heads)."""
+    from litgpt.utils import chunked_cross_entropy
+    if lora:
+        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    else:
+        from litgpt.config import Config
+        from litgpt.model import GPT
+    vocab, layers, width, heads, inner = 1024, 2, 128, 4, 344
+    config = dict(name="llama-tiny", block_size=seq, vocab_size=vocab, padded_vocab_size=vocab,
+                  n_layer=layers, n_head=heads, n_embd=width, n_query_groups=groups,
+                  rotary_percentage=1.0, parallel_residual=False, bias=False,
+                  norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP",
+                  intermediate_size=inner)
+    if lora:
+        config.update(lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_query=True,
+                      lora_value=True)
+    torch.manual_seed(0)
+    model = GPT(Config(**config))
+    if lora:
+        mark_only_lora_as_trainable(model)
+
+    def make_batch(n):
+        ids = torch.randint(0, vocab, (n, seq))
+        return (ids, ids.clone())
+
+    def loss_of(model, b):
+        if lora:
+            logits = model(b[0], lm_head_chunk_size=128)
+            logits[-1] = logits[-1][..., :-1, :]
+            return chunked_cross_entropy(logits, b[1][..., 1:])
+        logits = model(b[0])
+        return chunked_cross_entropy(logits[..., :-1, :], b[1][..., 1:])
+
+    plan = {"transformer": {
+        "kind": "decoder", "layers": layers, "hidden": width, "heads": heads,
+        "kv_heads": groups, "ffn": inner, "gated_ffn": True, "activation": "silu",
+        "norm": "rms_norm", "seq_len": seq, "vocab": vocab, "bias": False,
+        "attention": "sdpa", "implementation": "litgpt",
+    }}
+    if lora:
+        plan["transformer"]["lora"] = {"rank": 8, "alpha": 16.0, "targets": ["q", "v"],
+                                       "dropout": 0.0}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
+def have_litgpt():
+    try:
+        import litgpt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def with_lora(build, lora):
     """`build` with the model wrapped by peft: the base frozen, adapters on `lora["targets"]`
     (peft's module names) of rank `lora["rank"]`."""
@@ -462,6 +525,9 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         versions["bitsandbytes"] = __import__("bitsandbytes").__version__
     if "lora" in described:
         versions["peft"] = __import__("peft").__version__
+    if type(model).__module__.startswith("litgpt."):
+        versions["litgpt"] = importlib.metadata.version("litgpt")
+    if any(not p.requires_grad for p in model.parameters()):
         described = dict(described)
         described["trainable_parameters"] = sum(
             p.numel() for p in model.parameters() if p.requires_grad)
@@ -650,6 +716,19 @@ def runs():
     for opt in ["sgd", "adamw"]:
         yield f"handwritten-gpt-tiny-{opt}", hw, opt, 4, 64, {}
         yield f"handwritten-gpt-tiny-sdpa-{opt}", hw_sdpa, opt, 4, 64, {}
+    # litgpt's own models (litgpt from the package index): full fine-tune and LoRA, its
+    # chunked cross-entropy
+    if have_litgpt():
+        lit = lambda: litgpt_model(4, 64)  # noqa: E731
+        lit_lora = lambda: litgpt_model(4, 64, lora=True)  # noqa: E731
+        yield "litgpt-llama-tiny-adamw", lit, "adamw", 4, 64, {}
+        yield "litgpt-llama-tiny-sgd", lit, "sgd", 4, 64, {}
+        yield "lora-litgpt-llama-tiny-adamw", lit_lora, "adamw", 4, 64, {}
+        # as many key/value heads as query heads: the values stay a view of the projection
+        lit_mha = lambda: litgpt_model(4, 64, groups=4)  # noqa: E731
+        yield "litgpt-mha-tiny-adamw", lit_mha, "adamw", 4, 64, {}
+    else:
+        print("litgpt is not installed: litgpt-* not recorded", file=sys.stderr)
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16

@@ -63,10 +63,19 @@ fn record() -> anyhow::Result<()> {
                 .arg(&venv),
         )?;
     }
+    let reqs = root.join("validation/pytorch");
+    for file in ["requirements.txt", "requirements-litgpt.txt"] {
+        status(
+            std::process::Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "-r"])
+                .arg(reqs.join(file)),
+        )?;
+    }
+    // litgpt, whose own pins conflict with transformers' (see the file)
     status(
         std::process::Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "-r"])
-            .arg(root.join("validation/pytorch/requirements.txt")),
+            .args(["-m", "pip", "install", "-q", "--no-deps", "-r"])
+            .arg(reqs.join("requirements-nodeps.txt")),
     )?;
     status(
         std::process::Command::new(&python)

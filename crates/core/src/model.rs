@@ -453,9 +453,9 @@ pub struct TransformerSpec {
     /// frozen, and the adapters are the only trainable parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
-    /// Whose code the model runs: `transformers`' modules (the default) or a hand-written
-    /// model of plain tensor ops (`handwritten`). Same parameters; what forward keeps
-    /// differs ([`Implementation`]).
+    /// Whose code the model runs: `transformers`' modules (the default), a hand-written
+    /// model of plain tensor ops (`handwritten`) or litgpt's (`litgpt`). Same parameters;
+    /// what forward keeps differs ([`Implementation`]).
     #[serde(default, skip_serializing_if = "Implementation::is_default")]
     pub implementation: Implementation,
 }
@@ -476,6 +476,11 @@ pub enum Implementation {
     /// attention's softmax likewise (`max`, `exp`, `sum`, a division: `exp`'s output kept
     /// beside the probabilities), the loss `F.cross_entropy` on the logits as they are.
     Handwritten,
+    /// litgpt's models (`litgpt.model.GPT`): attention through
+    /// `scaled_dot_product_attention` on the rotated queries and keys (new tensors) with the
+    /// keys and values repeated to every query head, its output copied back to the hidden
+    /// layout; the loss `chunked_cross_entropy` of the shifted logits.
+    Litgpt,
 }
 
 impl Implementation {

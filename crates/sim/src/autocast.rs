@@ -170,7 +170,13 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
     let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
     for &(s, e) in &program.layers {
         let start = r.out.ops.len() as u32;
-        for src_op in &program.ops[s as usize..e as usize] {
+        for (src_at, src_op) in program
+            .ops
+            .iter()
+            .enumerate()
+            .take(e as usize)
+            .skip(s as usize)
+        {
             let mut op = *src_op;
             let inputs: Vec<Dtype> = op
                 .input_ids()
@@ -227,6 +233,12 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                 },
             };
             let at = r.out.ops.len() as u32;
+            // what the lowering made this op keep beyond its table entry
+            for &(i, saved) in &program.extra_saved {
+                if i as usize == src_at {
+                    r.out.extra_saved.push((at, saved));
+                }
+            }
             if policy(op.kind, device) == Policy::Half {
                 r.weight_copies(&op, at);
                 let first = r.src.params_of(&op).first();
@@ -271,9 +283,11 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
 /// Hand-written models that call `F.layer_norm` and `F.cross_entropy` on half-precision
 /// tensors make no such copies (`hf_upcasts = false`).
 pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts: bool) -> Program {
-    // a program lowered without autocast refers to no op by index
-    debug_assert!(program.extra_saved.is_empty() && program.forward_cache.is_empty());
+    // a program lowered without autocast caches nothing; what its ops keep beyond their
+    // table entries is carried over below
+    debug_assert!(program.forward_cache.is_empty());
     let mut out = program.clone();
+    out.extra_saved.clear();
     out.ops.clear();
     out.op_params.clear();
     out.layers.clear();
@@ -294,7 +308,13 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
     let mut math_outputs: HashMap<ValueId, ()> = HashMap::new();
     for &(s, e) in &program.layers {
         let start = r.out.ops.len() as u32;
-        for src_op in &program.ops[s as usize..e as usize] {
+        for (src_at, src_op) in program
+            .ops
+            .iter()
+            .enumerate()
+            .take(e as usize)
+            .skip(s as usize)
+        {
             let mut op = *src_op;
             let mut produced = None;
             match op.kind {
@@ -330,6 +350,12 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
             if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
                 r.out.values[out_v].dtype = ValueDtype::Fixed(d);
                 r.dtype[out_v] = d;
+            }
+            let at = r.out.ops.len() as u32;
+            for &(i, saved) in &program.extra_saved {
+                if i as usize == src_at {
+                    r.out.extra_saved.push((at, saved));
+                }
             }
             op.params_start = r.out.op_params.len() as u32;
             r.out.op_params.extend_from_slice(program.params_of(src_op));

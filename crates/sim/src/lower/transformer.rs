@@ -57,6 +57,10 @@ struct TransformerDims {
     softmax_op: OpKind,
     /// The attention kernel that runs (eager or fused).
     kernel: AttentionImpl,
+    /// Whose code runs the model.
+    implementation: Implementation,
+    /// On a GPU (else a CPU).
+    gpu: bool,
 }
 
 impl TransformerDims {
@@ -83,6 +87,8 @@ impl TransformerDims {
                 _ => OpKind::Softmax,
             },
             kernel: t.attention.kernel(gpu, t.dropout > 0.0),
+            implementation: t.implementation,
+            gpu,
         }
     }
 
@@ -117,8 +123,19 @@ impl TransformerDims {
         parts: &[LoraTarget],
     ) -> ValueId {
         let mut y = self.linear_with(b, x, (fin, fout), bias, name.clone());
+        // litgpt's adapter on a packed query-key-value projection (`LoRAQKVLinear`) computes
+        // the adapted parts as one tensor and, unless all three are adapted, pads it with
+        // zeros to the projection's width (`index_copy_`, whose backward keeps that tensor)
+        let packed_subset = self.implementation == Implementation::Litgpt
+            && t.lora.as_ref().is_some_and(|l| {
+                let adapted = |p: &LoraTarget| l.targets.contains(p);
+                parts.contains(&LoraTarget::Qkv)
+                    && !adapted(&LoraTarget::Qkv)
+                    && parts.iter().any(adapted)
+                    && !parts[1..].iter().all(adapted)
+            });
         for &target in parts {
-            y = lora::adapt(b, t, target, x, y, fout, self.s, &name);
+            y = lora::adapt(b, t, target, x, y, fout, self.s, &name, packed_subset);
         }
         y
     }
@@ -156,6 +173,7 @@ impl TransformerDims {
                 out,
                 self.s,
                 &format!("block{i}.attn.qkv"),
+                false,
             );
         }
         y
@@ -206,6 +224,31 @@ impl TransformerDims {
                 }
                 let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * q, &[]);
                 b.op(OpKind::Copy, &[ctx], s * q, &[])
+            }
+            _ if self.implementation == Implementation::Litgpt => {
+                // litgpt rotates the queries and keys into new tensors (`torch.cat` of the
+                // rotated and the unrotated part) and, with fewer key/value heads than query
+                // heads, repeats the keys and values to every query head
+                // (`repeat_interleave`): the kernel keeps three new tensors of the queries'
+                // width, the packed projection is freed. With as many key/value heads as
+                // query heads the values stay a view of the packed projection, which the
+                // kernel keeps alive beside the rotated queries and keys: one value of both
+                // sizes stands for them.
+                let kv = self.kv;
+                let read = if kv < q {
+                    3 * q
+                } else {
+                    (q + kv) + (q + 2 * kv)
+                };
+                let qkv = b.op(OpKind::Copy, &[qkv], s * read, &[]);
+                let y = b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s);
+                if self.gpu {
+                    y
+                } else {
+                    // the CPU kernel's output is laid out as its (contiguous) queries are:
+                    // back to the hidden layout takes a copy
+                    b.op(OpKind::Copy, &[y], s * q, &[])
+                }
             }
             _ => b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s),
         }
