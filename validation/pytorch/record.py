@@ -364,7 +364,8 @@ def handwritten_gpt(batch, seq, sdpa, vocab=1024, layers=2, width=128, heads=4):
     return model, make_batch, loss_of, {"plan_model": plan}
 
 
-def litgpt_model(batch, seq, lora=False, groups=2):
+def litgpt_model(batch, seq, lora=False, groups=2, vocab=1024, layers=2, width=128, heads=4,
+                 inner=344):
     """litgpt's own `GPT` (litgpt.model; `litgpt.lora.GPT` with rank-8 adapters on the
     packed projection's query and value parts when `lora`), a LLaMA-like configuration of
     litgpt's (`RMSNorm`, `LLaMAMLP`, grouped-query attention through
@@ -380,7 +381,6 @@ def litgpt_model(batch, seq, lora=False, groups=2):
     else:
         from litgpt.config import Config
         from litgpt.model import GPT
-    vocab, layers, width, heads, inner = 1024, 2, 128, 4, 344
     config = dict(name="llama-tiny", block_size=seq, vocab_size=vocab, padded_vocab_size=vocab,
                   n_layer=layers, n_head=heads, n_embd=width, n_query_groups=groups,
                   rotary_percentage=1.0, parallel_residual=False, bias=False,
@@ -736,9 +736,70 @@ def runs():
     yield "autocast-f16-llama-tiny-adamw", llama, "adamw", 4, 64, f16
 
 
+def cuda_runs():
+    """The GPU suite (`--suite cuda`): the suite's model families at a size where activations
+    dominate (sequence 1024, batch 4): `transformers`' LLaMA with eager attention and with
+    `sdpa` (the fused kernels; under bf16 PyTorch picks its flash-attention kernel for causal
+    attention without a mask), f32 with foreach and fused AdamW, `torch.autocast` to bf16, the
+    model cast to bf16, LoRA; GPT-2 with dropout (CUDA's one-byte masks); the hand-written GPT
+    eager and with `scaled_dot_product_attention`; litgpt's model, full and LoRA. Each run
+    takes seconds on a GPU."""
+    seq = 1024
+    llama = dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
+                 num_key_value_heads=4, intermediate_size=1376, vocab_size=8192,
+                 max_position_embeddings=seq, tie_word_embeddings=False)
+    gpt2 = dict(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=seq)
+    bf16 = {"autocast": "bfloat16"}
+
+    def hf(kind, config, attention):
+        return lambda: hf_model(kind, config, 4, seq, attention)
+
+    yield "llama-small-eager-adamw", hf("llama", llama, "eager"), "adamw", 4, seq, {}
+    yield "llama-small-sdpa-adamw", hf("llama", llama, "sdpa"), "adamw", 4, seq, {}
+    yield "llama-small-sdpa-adamw-fused", hf("llama", llama, "sdpa"), "adamw-fused", 4, seq, {}
+    yield "autocast-llama-small-sdpa-adamw-fused", hf("llama", llama, "sdpa"), "adamw-fused", \
+        4, seq, bf16
+    yield "autocast-llama-small-eager-adamw", hf("llama", llama, "eager"), "adamw", 4, seq, bf16
+    yield "bf16-llama-small-sdpa-adamw", hf("llama", llama, "sdpa"), "adamw", 4, seq, \
+        {"dtype": "bfloat16"}
+    lora = with_lora(hf("llama", llama, "sdpa"), {"rank": 8, "alpha": 16, "dropout": 0.0,
+                                                  "targets": ["q_proj", "v_proj"]})
+    yield "lora-autocast-llama-small-sdpa-adamw", lora, "adamw", 4, seq, bf16
+    yield "gpt2-small-eager-adamw", hf("gpt2", gpt2, "eager"), "adamw", 4, seq, {}
+    yield "autocast-gpt2-small-sdpa-adamw-fused", hf("gpt2", gpt2, "sdpa"), "adamw-fused", \
+        4, seq, bf16
+    hw = dict(vocab=8192, layers=4, width=512, heads=8)
+    yield "handwritten-gpt-small-adamw", (lambda: handwritten_gpt(4, seq, False, **hw)), \
+        "adamw", 4, seq, {}
+    yield "autocast-handwritten-gpt-small-sdpa-adamw-fused", \
+        (lambda: handwritten_gpt(4, seq, True, **hw)), "adamw-fused", 4, seq, bf16
+    if have_litgpt():
+        lit = dict(vocab=8192, layers=4, width=512, heads=8, groups=4, inner=1376)
+        yield "litgpt-llama-small-adamw-fused", (lambda: litgpt_model(4, seq, **lit)), \
+            "adamw-fused", 4, seq, {}
+        yield "lora-litgpt-llama-small-adamw", \
+            (lambda: litgpt_model(4, seq, lora=True, **lit)), "adamw", 4, seq, {}
+
+
+def device_slug(device):
+    """The folder a device's recordings go in: its name, lower case, words joined by `-`."""
+    if device == "cpu":
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
+    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True,
+                        help="the folder to write to (with --device cuda: a folder named "
+                             "after the GPU inside it)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--suite", default="cpu", choices=["cpu", "cuda"],
+                        help="the CPU suite (small models) or the GPU suite (sequence 1024)")
+    parser.add_argument("--snapshots", action="store_true",
+                        help="with --device cuda: dump each run's allocator snapshot beside "
+                             "its ledger (NAME.pickle)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", default=None, help="record only runs whose name contains this")
     parser.add_argument("--threads", type=int, default=1,
@@ -746,19 +807,33 @@ def main():
     parser.add_argument("--explain", default=None,
                         help="print the storages live at the highest total of this run")
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    out = args.out
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: no GPU is visible to torch")
+        out = os.path.join(out, device_slug("cuda"))
+    os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
-    for name, build, opt, batch, seq, extra in runs():
+    suite = runs() if args.suite == "cpu" else cuda_runs()
+    for name, build, opt, batch, seq, extra in suite:
         if args.only and args.only not in name:
             continue
+        snapshot = None
+        if args.device == "cuda" and args.snapshots:
+            snapshot = os.path.join(out, f"{name}.pickle")
         rec = record(name, build, opt, batch, seq, args.steps, **extra,
-                     explain=(name == args.explain))
-        path = os.path.join(args.out, f"{name}.json")
+                     explain=(name == args.explain), device=args.device, snapshot=snapshot)
+        path = os.path.join(out, f"{name}.json")
         with open(path, "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")
         peak = max(s["peak_since_previous"] for s in rec["samples"])
-        print(f"{name}: {rec['parameters']} parameters, peak {peak} B -> {path}", file=sys.stderr)
+        line = f"{name}: {rec['parameters']} parameters, peak {peak} B"
+        if args.device == "cuda":
+            line += ", max_memory_allocated {} B, max_memory_reserved {} B".format(
+                max(s["cuda"]["peak_allocated"] for s in rec["samples"]),
+                max(s["cuda"]["peak_reserved"] for s in rec["samples"]))
+        print(f"{line} -> {path}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

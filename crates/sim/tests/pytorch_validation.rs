@@ -535,3 +535,36 @@ fn handwritten_and_litgpt_models_keep_what_their_code_keeps() {
         );
     }
 }
+
+/// The GPU recordings (`fixtures/pytorch-cuda/<device>/`, written by
+/// `validation/pytorch/record_cuda.sh` on a lent GPU), where any have been made: every figure
+/// within its target (model state 0.1%, activations 3%, the allocator's peak allocated bytes
+/// 2% and peak reserved bytes 5%), each with the allocator's figures at every phase boundary.
+#[test]
+fn every_figure_of_every_gpu_recording_is_within_its_target() {
+    use trainmem_sim::validation::ledger_paths;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch-cuda");
+    let mut misses = Vec::new();
+    for path in ledger_paths(&dir).expect("readable") {
+        let rec = load(&path).expect("recording reads");
+        assert!(rec.on_cuda(), "{}", rec.name);
+        assert!(rec.samples.iter().all(|s| s.cuda.is_some()), "{}", rec.name);
+        let c = compare(&rec).expect("recording simulates");
+        assert_eq!(c.plan_parameters, c.parameters, "{}", c.name);
+        for what in ["peak allocated", "peak reserved"] {
+            assert!(c.rows.iter().any(|r| r.what == what), "{}: {what}", c.name);
+        }
+        for r in c.rows.iter().filter(|r| !r.within()) {
+            misses.push(format!(
+                "{} {}: PyTorch {} twin {} ({:+.2}%, target {:.1}%)",
+                c.name,
+                r.what,
+                r.measured,
+                r.predicted,
+                100.0 * r.error(),
+                100.0 * r.target
+            ));
+        }
+    }
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
