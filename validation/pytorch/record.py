@@ -53,7 +53,9 @@ when torchvision is importable (requirements.txt pins it):
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
+import os
 import platform
 import sys
 import weakref
@@ -68,8 +70,10 @@ CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "input",
 class Ledger(TorchDispatchMode):
     """Every storage an operator creates, with the phase that created it."""
 
-    def __init__(self):
+    def __init__(self, device="cpu"):
         super().__init__()
+        # the device whose storages are counted (a CUDA run's CPU tensors are not)
+        self.device = device
         self.live = {}  # data_ptr -> (nbytes, phase)
         self.total = 0
         self.peak = 0
@@ -96,6 +100,8 @@ class Ledger(TorchDispatchMode):
         return out
 
     def enter(self, t, op="(given)"):
+        if t.device.type != self.device:
+            return
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr == 0 or ptr in self.live:
@@ -150,6 +156,18 @@ class Ledger(TorchDispatchMode):
             "peak_since_previous": max(self.peak, self.total),
         }
         self.peak = self.total
+        if self.device == "cuda":
+            # the caching allocator's own figures: allocated (block sizes, rounded; the
+            # cuBLAS workspace included), reserved (segments), and their peaks since the
+            # previous sample
+            torch.cuda.synchronize()
+            record["cuda"] = {
+                "allocated": torch.cuda.memory_allocated(),
+                "reserved": torch.cuda.memory_reserved(),
+                "peak_allocated": torch.cuda.max_memory_allocated(),
+                "peak_reserved": torch.cuda.max_memory_reserved(),
+            }
+            torch.cuda.reset_peak_memory_stats()
         return record
 
 
@@ -284,9 +302,13 @@ def have_torchvision():
     return True
 
 
-def hf_model(kind, config, batch, seq):
+def hf_model(kind, config, batch, seq, attention=None):
+    """A `transformers` model of `kind` built from `config` (random weights), its attention
+    implementation `attention` (`eager`, `sdpa`; None: what transformers picks)."""
     import transformers
     torch.manual_seed(0)
+    if attention is not None:
+        config = dict(config, attn_implementation=attention)
     if kind == "gpt2":
         cfg = transformers.GPT2Config(**config)
         model = transformers.GPT2LMHeadModel(cfg)
@@ -309,7 +331,99 @@ def hf_model(kind, config, batch, seq):
         return model(input_ids=b[0], labels=b[1]).loss
     full = cfg.to_dict()
     full["model_type"] = cfg.model_type
-    return model, make_batch, loss_of, {"hf_config": full}
+    described = {"hf_config": full}
+    if attention is not None:
+        described["attn_implementation"] = attention
+    return model, make_batch, loss_of, described
+
+
+def handwritten_gpt(batch, seq, sdpa, vocab=1024, layers=2, width=128, heads=4):
+    """The hand-written GPT of `handwritten_gpt.py` (nanoGPT's layout: learned positions,
+    layer norms with biases, a packed query-key-value projection, a GELU feed-forward of
+    4 × width, a tied head), its layer norm and softmax composed of plain tensor ops, its
+    attention eager or `scaled_dot_product_attention` (`sdpa`); next-token targets as
+    nanoGPT's loader makes them (a window of seq + 1 tokens, shifted by one)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import handwritten_gpt
+    torch.manual_seed(0)
+    model = handwritten_gpt.GPT(vocab, seq, layers, width, heads, bias=True, sdpa=sdpa)
+
+    def make_batch(n):
+        window = torch.randint(0, vocab, (n, seq + 1))
+        return (window[:, :-1].contiguous(), window[:, 1:].contiguous())
+
+    def loss_of(model, b):
+        return model(b[0], b[1])
+
+    plan = {"transformer": {
+        "kind": "decoder", "layers": layers, "hidden": width, "heads": heads,
+        "seq_len": seq, "vocab": vocab, "tied_embeddings": True, "activation": "gelu",
+        "norm": "layer_norm", "dropout": 0.0, "learned_positions": True, "bias": True,
+        "attention": "sdpa" if sdpa else "eager", "implementation": "handwritten",
+    }}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
+def litgpt_model(batch, seq, lora=False, groups=2, vocab=1024, layers=2, width=128, heads=4,
+                 inner=344):
+    """litgpt's own `GPT` (litgpt.model; `litgpt.lora.GPT` with rank-8 adapters on the
+    packed projection's query and value parts when `lora`), a LLaMA-like configuration of
+    litgpt's (`RMSNorm`, `LLaMAMLP`, grouped-query attention through
+    `scaled_dot_product_attention`, rotary positions, no biases, an untied head), trained as
+    litgpt's fine-tuning scripts do: the full fine-tune computes all logits and takes
+    `chunked_cross_entropy` of the shifted logits (chunks of 128 rows); LoRA computes the
+    head in chunks of 128 positions (`lm_head_chunk_size=128`) and the loss over the list of
+    chunks (litgpt/finetune/full.py and lora.py). `groups`: key/value heads (4: as many as
+    query heads)."""
+    from litgpt.utils import chunked_cross_entropy
+    if lora:
+        from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    else:
+        from litgpt.config import Config
+        from litgpt.model import GPT
+    config = dict(name="llama-tiny", block_size=seq, vocab_size=vocab, padded_vocab_size=vocab,
+                  n_layer=layers, n_head=heads, n_embd=width, n_query_groups=groups,
+                  rotary_percentage=1.0, parallel_residual=False, bias=False,
+                  norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP",
+                  intermediate_size=inner)
+    if lora:
+        config.update(lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_query=True,
+                      lora_value=True)
+    torch.manual_seed(0)
+    model = GPT(Config(**config))
+    if lora:
+        mark_only_lora_as_trainable(model)
+
+    def make_batch(n):
+        ids = torch.randint(0, vocab, (n, seq))
+        return (ids, ids.clone())
+
+    def loss_of(model, b):
+        if lora:
+            logits = model(b[0], lm_head_chunk_size=128)
+            logits[-1] = logits[-1][..., :-1, :]
+            return chunked_cross_entropy(logits, b[1][..., 1:])
+        logits = model(b[0])
+        return chunked_cross_entropy(logits[..., :-1, :], b[1][..., 1:])
+
+    plan = {"transformer": {
+        "kind": "decoder", "layers": layers, "hidden": width, "heads": heads,
+        "kv_heads": groups, "ffn": inner, "gated_ffn": True, "activation": "silu",
+        "norm": "rms_norm", "seq_len": seq, "vocab": vocab, "bias": False,
+        "attention": "sdpa", "implementation": "litgpt",
+    }}
+    if lora:
+        plan["transformer"]["lora"] = {"rank": 8, "alpha": 16.0, "targets": ["q", "v"],
+                                       "dropout": 0.0}
+    return model, make_batch, loss_of, {"plan_model": plan}
+
+
+def have_litgpt():
+    try:
+        import litgpt  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def with_lora(build, lora):
@@ -332,6 +446,13 @@ def with_lora(build, lora):
     return wrapped
 
 
+def cast_floats(make_batch, dtype):
+    """`make_batch` with its floating tensors made in `dtype` (ids and labels stay)."""
+    def made(n):
+        return tuple(t.to(dtype) if t.is_floating_point() else t for t in make_batch(n))
+    return made
+
+
 def optimizer_for(name, model):
     # only the trainable parameters (all of them, but under LoRA)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -341,6 +462,8 @@ def optimizer_for(name, model):
         return torch.optim.AdamW(params, lr=1e-3)
     if name == "adamw-foreach":
         return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
     if name == "adafactor":
         # transformers' Adafactor: factored second moments (a row and a column vector per
         # matrix), no first moment (beta1 None), a fixed learning rate
@@ -356,12 +479,34 @@ def optimizer_for(name, model):
     raise ValueError(name)
 
 
+def on_device(make_batch, device):
+    """`make_batch` with its tensors moved to `device` (made on the CPU, as a loader does)."""
+    def made(n):
+        return tuple(t.to(device) for t in make_batch(n))
+    return made
+
+
 def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
-           autocast=None, explain=False):
+           autocast=None, dtype=None, explain=False, device="cpu", snapshot=None):
     """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
     micro-batches when `micro` is given, computing the loss under `torch.autocast` to
-    `autocast` (a dtype name) when given, and returns the ledger."""
+    `autocast` (a dtype name) when given, with the model cast to `dtype` (a dtype name:
+    pure half precision, `model.to(torch.bfloat16)`) when given, and returns the ledger.
+
+    On `device="cuda"` the model is moved to the GPU before the ledger starts and each batch
+    is made on the CPU and copied over; the ledger counts the GPU's storages, and each sample
+    adds the caching allocator's figures. `snapshot`: a path to dump the allocator's memory
+    snapshot (`torch.cuda.memory._dump_snapshot`) of the whole run to."""
     model, make_batch, loss_of, described = build()
+    if device != "cpu":
+        model.to(device)
+        make_batch = on_device(make_batch, device)
+    if dtype is not None:
+        # cast before the ledger starts, as a run loads or casts its model before training:
+        # parameters, and so torch.optim's state, are in `dtype`; floating inputs are cast
+        # as they are made
+        model.to(getattr(torch, dtype))
+        make_batch = cast_floats(make_batch, getattr(torch, dtype))
     model.train()
     if optimizer_name == "adafactor":
         # imported before the ledger starts: the import itself makes a 16-byte tensor
@@ -380,19 +525,28 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
         versions["bitsandbytes"] = __import__("bitsandbytes").__version__
     if "lora" in described:
         versions["peft"] = __import__("peft").__version__
+    if type(model).__module__.startswith("litgpt."):
+        versions["litgpt"] = importlib.metadata.version("litgpt")
+    if any(not p.requires_grad for p in model.parameters()):
         described = dict(described)
         described["trainable_parameters"] = sum(
             p.numel() for p in model.parameters() if p.requires_grad)
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
-    ledger = Ledger()
+    ledger = Ledger(device)
     ledger.explain = explain
     samples = []
     def region():
         if autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=getattr(torch, autocast))
+        return torch.autocast(device, dtype=getattr(torch, autocast))
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        if snapshot is not None:
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     with ledger:
         optimizer = optimizer_for(optimizer_name, model)
         for p in model.parameters():
@@ -420,11 +574,21 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
             optimizer.zero_grad(set_to_none=True)
             samples.append(ledger.sample("optimizer_step", step, model, optimizer, b))
             del b
+    if device == "cuda" and snapshot is not None:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
     if explain:
         explain_peak(name, ledger, model, optimizer)
     described = dict(described)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        described["device"] = {"type": "cuda", "name": props.name,
+                               "total_memory": props.total_memory}
+        versions["cuda"] = torch.version.cuda
     if autocast is not None:
-        described["autocast"] = {"device_type": "cpu", "dtype": autocast}
+        described["autocast"] = {"device_type": device, "dtype": autocast}
+    if dtype is not None:
+        described["dtype"] = dtype
     return {
         "name": name,
         "optimizer": optimizer_name,
@@ -539,6 +703,32 @@ def runs():
     # LoRA adapters (rank 8 on 128-wide projections: 1024 and 512 elements) are all under
     # min_8bit_size: f32 moments and the step of bitsandbytes' 32-bit kernel
     yield "lora-llama-tiny-adamw8bit", llama_qv, "adamw8bit", 4, 64, {}
+    # pure half precision: the model cast with .to(torch.bfloat16), torch.optim's AdamW
+    # keeping both moments in the parameters' dtype (bf16), no f32 master weights
+    pure_bf16 = {"dtype": "bfloat16"}
+    yield "bf16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, pure_bf16
+    yield "bf16-gpt2-tiny-adamw", gpt2, "adamw", 4, 64, pure_bf16
+    yield "bf16-llama-tiny-adamw", llama, "adamw", 4, 64, pure_bf16
+    # a GPT written by hand (validation/pytorch/handwritten_gpt.py): composed layer norm and
+    # softmax, eager attention or scaled_dot_product_attention
+    hw = lambda: handwritten_gpt(4, 64, sdpa=False)  # noqa: E731
+    hw_sdpa = lambda: handwritten_gpt(4, 64, sdpa=True)  # noqa: E731
+    for opt in ["sgd", "adamw"]:
+        yield f"handwritten-gpt-tiny-{opt}", hw, opt, 4, 64, {}
+        yield f"handwritten-gpt-tiny-sdpa-{opt}", hw_sdpa, opt, 4, 64, {}
+    # litgpt's own models (litgpt from the package index): full fine-tune and LoRA, its
+    # chunked cross-entropy
+    if have_litgpt():
+        lit = lambda: litgpt_model(4, 64)  # noqa: E731
+        lit_lora = lambda: litgpt_model(4, 64, lora=True)  # noqa: E731
+        yield "litgpt-llama-tiny-adamw", lit, "adamw", 4, 64, {}
+        yield "litgpt-llama-tiny-sgd", lit, "sgd", 4, 64, {}
+        yield "lora-litgpt-llama-tiny-adamw", lit_lora, "adamw", 4, 64, {}
+        # as many key/value heads as query heads: the values stay a view of the projection
+        lit_mha = lambda: litgpt_model(4, 64, groups=4)  # noqa: E731
+        yield "litgpt-mha-tiny-adamw", lit_mha, "adamw", 4, 64, {}
+    else:
+        print("litgpt is not installed: litgpt-* not recorded", file=sys.stderr)
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16
@@ -546,9 +736,70 @@ def runs():
     yield "autocast-f16-llama-tiny-adamw", llama, "adamw", 4, 64, f16
 
 
+def cuda_runs():
+    """The GPU suite (`--suite cuda`): the suite's model families at a size where activations
+    dominate (sequence 1024, batch 4): `transformers`' LLaMA with eager attention and with
+    `sdpa` (the fused kernels; under bf16 PyTorch picks its flash-attention kernel for causal
+    attention without a mask), f32 with foreach and fused AdamW, `torch.autocast` to bf16, the
+    model cast to bf16, LoRA; GPT-2 with dropout (CUDA's one-byte masks); the hand-written GPT
+    eager and with `scaled_dot_product_attention`; litgpt's model, full and LoRA. Each run
+    takes seconds on a GPU."""
+    seq = 1024
+    llama = dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
+                 num_key_value_heads=4, intermediate_size=1376, vocab_size=8192,
+                 max_position_embeddings=seq, tie_word_embeddings=False)
+    gpt2 = dict(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=seq)
+    bf16 = {"autocast": "bfloat16"}
+
+    def hf(kind, config, attention):
+        return lambda: hf_model(kind, config, 4, seq, attention)
+
+    yield "llama-small-eager-adamw", hf("llama", llama, "eager"), "adamw", 4, seq, {}
+    yield "llama-small-sdpa-adamw", hf("llama", llama, "sdpa"), "adamw", 4, seq, {}
+    yield "llama-small-sdpa-adamw-fused", hf("llama", llama, "sdpa"), "adamw-fused", 4, seq, {}
+    yield "autocast-llama-small-sdpa-adamw-fused", hf("llama", llama, "sdpa"), "adamw-fused", \
+        4, seq, bf16
+    yield "autocast-llama-small-eager-adamw", hf("llama", llama, "eager"), "adamw", 4, seq, bf16
+    yield "bf16-llama-small-sdpa-adamw", hf("llama", llama, "sdpa"), "adamw", 4, seq, \
+        {"dtype": "bfloat16"}
+    lora = with_lora(hf("llama", llama, "sdpa"), {"rank": 8, "alpha": 16, "dropout": 0.0,
+                                                  "targets": ["q_proj", "v_proj"]})
+    yield "lora-autocast-llama-small-sdpa-adamw", lora, "adamw", 4, seq, bf16
+    yield "gpt2-small-eager-adamw", hf("gpt2", gpt2, "eager"), "adamw", 4, seq, {}
+    yield "autocast-gpt2-small-sdpa-adamw-fused", hf("gpt2", gpt2, "sdpa"), "adamw-fused", \
+        4, seq, bf16
+    hw = dict(vocab=8192, layers=4, width=512, heads=8)
+    yield "handwritten-gpt-small-adamw", (lambda: handwritten_gpt(4, seq, False, **hw)), \
+        "adamw", 4, seq, {}
+    yield "autocast-handwritten-gpt-small-sdpa-adamw-fused", \
+        (lambda: handwritten_gpt(4, seq, True, **hw)), "adamw-fused", 4, seq, bf16
+    if have_litgpt():
+        lit = dict(vocab=8192, layers=4, width=512, heads=8, groups=4, inner=1376)
+        yield "litgpt-llama-small-adamw-fused", (lambda: litgpt_model(4, seq, **lit)), \
+            "adamw-fused", 4, seq, {}
+        yield "lora-litgpt-llama-small-adamw", \
+            (lambda: litgpt_model(4, seq, lora=True, **lit)), "adamw", 4, seq, {}
+
+
+def device_slug(device):
+    """The folder a device's recordings go in: its name, lower case, words joined by `-`."""
+    if device == "cpu":
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower()
+    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True,
+                        help="the folder to write to (with --device cuda: a folder named "
+                             "after the GPU inside it)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--suite", default="cpu", choices=["cpu", "cuda"],
+                        help="the CPU suite (small models) or the GPU suite (sequence 1024)")
+    parser.add_argument("--snapshots", action="store_true",
+                        help="with --device cuda: dump each run's allocator snapshot beside "
+                             "its ledger (NAME.pickle)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", default=None, help="record only runs whose name contains this")
     parser.add_argument("--threads", type=int, default=1,
@@ -556,20 +807,33 @@ def main():
     parser.add_argument("--explain", default=None,
                         help="print the storages live at the highest total of this run")
     args = parser.parse_args()
-    import os
-    os.makedirs(args.out, exist_ok=True)
+    out = args.out
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: no GPU is visible to torch")
+        out = os.path.join(out, device_slug("cuda"))
+    os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)
-    for name, build, opt, batch, seq, extra in runs():
+    suite = runs() if args.suite == "cpu" else cuda_runs()
+    for name, build, opt, batch, seq, extra in suite:
         if args.only and args.only not in name:
             continue
+        snapshot = None
+        if args.device == "cuda" and args.snapshots:
+            snapshot = os.path.join(out, f"{name}.pickle")
         rec = record(name, build, opt, batch, seq, args.steps, **extra,
-                     explain=(name == args.explain))
-        path = os.path.join(args.out, f"{name}.json")
+                     explain=(name == args.explain), device=args.device, snapshot=snapshot)
+        path = os.path.join(out, f"{name}.json")
         with open(path, "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")
         peak = max(s["peak_since_previous"] for s in rec["samples"])
-        print(f"{name}: {rec['parameters']} parameters, peak {peak} B -> {path}", file=sys.stderr)
+        line = f"{name}: {rec['parameters']} parameters, peak {peak} B"
+        if args.device == "cuda":
+            line += ", max_memory_allocated {} B, max_memory_reserved {} B".format(
+                max(s["cuda"]["peak_allocated"] for s in rec["samples"]),
+                max(s["cuda"]["peak_reserved"] for s in rec["samples"]))
+        print(f"{line} -> {path}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! `cargo xtask validate pytorch`: the twin against recorded PyTorch runs.
 //!
-//! Reads every ledger under `fixtures/pytorch/` (written by `validation/pytorch/record.py`),
+//! Reads every ledger under `fixtures/pytorch/` and `fixtures/pytorch-cuda/<device>/` (written
+//! by `validation/pytorch/record.py`, the GPU ones by `validation/pytorch/record_cuda.sh`),
 //! simulates the same run and prints each category's peak beside the recorded one with its
 //! accuracy target (`trainmem_sim::validation`). No Python is needed; recording is a separate
 //! step (`--record`, which runs the script in a virtual environment of its own).
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use trainmem_sim::validation::{compare, load, render};
+use trainmem_sim::validation::{compare, ledger_paths, load, render};
 
 /// `cargo xtask validate ...`.
 #[derive(Debug, clap::Subcommand)]
@@ -28,6 +29,10 @@ pub struct PytorchArgs {
     /// Only runs whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
+    /// Compare the recordings under this folder instead of fixtures/pytorch/ and
+    /// fixtures/pytorch-cuda/ (e.g. `record_cuda.sh`'s output before it is committed).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 fn root() -> PathBuf {
@@ -63,10 +68,19 @@ fn record() -> anyhow::Result<()> {
                 .arg(&venv),
         )?;
     }
+    let reqs = root.join("validation/pytorch");
+    for file in ["requirements.txt", "requirements-litgpt.txt"] {
+        status(
+            std::process::Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "-r"])
+                .arg(reqs.join(file)),
+        )?;
+    }
+    // litgpt, whose own pins conflict with transformers' (see the file)
     status(
         std::process::Command::new(&python)
-            .args(["-m", "pip", "install", "-q", "-r"])
-            .arg(root.join("validation/pytorch/requirements.txt")),
+            .args(["-m", "pip", "install", "-q", "--no-deps", "-r"])
+            .arg(reqs.join("requirements-nodeps.txt")),
     )?;
     status(
         std::process::Command::new(&python)
@@ -80,13 +94,21 @@ fn pytorch(args: PytorchArgs) -> anyhow::Result<ExitCode> {
     if args.record {
         record()?;
     }
-    let dir = root().join("fixtures/pytorch");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    paths.sort();
+    // the CPU ledgers, then the GPU ones (fixtures/pytorch-cuda/<device>/) where recorded
+    let dirs = match &args.dir {
+        Some(dir) => vec![dir.clone()],
+        None => vec![
+            root().join("fixtures/pytorch"),
+            root().join("fixtures/pytorch-cuda"),
+        ],
+    };
+    let mut paths = Vec::new();
+    for dir in &dirs {
+        paths.extend(ledger_paths(dir).with_context(|| format!("reading {}", dir.display()))?);
+    }
+    if paths.is_empty() {
+        bail!("no recordings under {dirs:?}");
+    }
     let (mut rows, mut misses) = (0, 0);
     for path in paths {
         let rec = load(&path)?;

@@ -272,8 +272,10 @@ pub fn burn_memory_bound(kind: OpKind) -> bool {
             | OpKind::Mul
             | OpKind::Scale
             | OpKind::LayerNorm
+            | OpKind::LayerNormComposed
             | OpKind::RmsNorm
             | OpKind::Softmax
+            | OpKind::SoftmaxComposed
     )
 }
 
@@ -328,9 +330,13 @@ pub fn burn_balanced_tables(program: &Program, table: &SavedTable) -> Vec<Vec<Sa
             } else {
                 match op.kind {
                     // shifted = x − detach(max) is compute bound: exp keeps it; the row sums
-                    OpKind::Softmax => vec![Saved::InputCopy(0), Saved::RowStats(1)],
+                    OpKind::Softmax | OpKind::SoftmaxComposed => {
+                        vec![Saved::InputCopy(0), Saved::RowStats(1)]
+                    }
                     // backs up x and the row means; sqrt keeps the (compute-bound) variance
-                    OpKind::LayerNorm => vec![Saved::Input(0), Saved::RowStats(2)],
+                    OpKind::LayerNorm | OpKind::LayerNormComposed => {
+                        vec![Saved::Input(0), Saved::RowStats(2)]
+                    }
                     OpKind::RmsNorm => vec![Saved::Input(0), Saved::RowStats(1)],
                     // backup of every parent
                     k => (0..k.arity() as u8).map(Saved::Input).collect(),

@@ -29,6 +29,8 @@
 //! | `copy` | nothing | nothing | contiguous copies, transposes that copy |
 //! | `fused_attention` | q,k,v input + output + logsumexp (f32 per row) | same | flash-style kernels |
 //! | `cross_entropy` | log-probabilities (input-sized) + target | same | log_softmax + nll |
+//! | `layer_norm_composed` | the centered input (input-sized) + the normalized input when the weight trains + rstd (f32 per row) | as `layer_norm` | a hand-written layer norm: `x − mean` (kept by its square and its product with rstd), `rsqrt` keeps its output, `normalized · weight` keeps `normalized`; `x` itself is not kept |
+//! | `softmax_composed` | `exp`'s output (input-sized) + output + the row sums (f32) and the maximum's indices (i64) per row | as `softmax` | a hand-written softmax: `x − max(x)` (`max` keeps its indices), `exp` keeps its output, `e / sum(e)` keeps `e` and the sums |
 //! | `mse_loss` | both inputs | the difference (input-sized, input dtype) | burn-nn's MSE is `(logits - targets).square().mean()`: `square` keeps the difference, the target is freed after the subtraction |
 //!
 //! Sources: PyTorch's `derivatives.yaml` (what each backward formula reads) and burn-autodiff's
@@ -100,13 +102,13 @@ pub const BURN_NODE_BYTES: u64 = 1_000;
 pub fn burn_recorded_ops(kind: OpKind) -> u8 {
     match kind {
         // mean, sub, mul, mean, add_scalar, sqrt, div, reshape γ, mul, reshape β, add
-        OpKind::LayerNorm => 11,
+        OpKind::LayerNorm | OpKind::LayerNormComposed => 11,
         // mul, mean, add_scalar, sqrt, div, reshape γ, mul
         OpKind::RmsNorm => 7,
         // mean, sub, mul, mean, add_scalar, sqrt, div, mul, add (per-channel reshapes)
         OpKind::BatchNorm => 11,
         // sub (detached max), exp, sum, div
-        OpKind::Softmax => 4,
+        OpKind::Softmax | OpKind::SoftmaxComposed => 4,
         // sub (detached max), exp, sum, log, sub
         OpKind::LogSoftmax => 5,
         // log_softmax (5), gather, reshape, mean, neg
@@ -164,6 +166,16 @@ impl SavedTable {
             (OpKind::FusedAttention, vec![Input(0), Output, RowStats(1)]),
             (OpKind::CrossEntropy, vec![InputSized(0), Input(1)]),
             (OpKind::MseLoss, vec![Input(0), Input(1)]),
+            // RowStats(1): rstd; the normalized input, kept by `· weight`, only for it
+            (
+                OpKind::LayerNormComposed,
+                vec![InputCopy(0), ForParams, RowStats(1)],
+            ),
+            // RowStats(3): a row sum (4 bytes) and the maximum's i64 index (8 bytes) per row
+            (
+                OpKind::SoftmaxComposed,
+                vec![InputCopy(0), Output, RowStats(3)],
+            ),
         ] {
             t.set(k, s);
         }
@@ -207,6 +219,9 @@ impl SavedTable {
             vec![InputCopy(0), InputCopy(0), RowStats(1), Output],
         );
         t.set(OpKind::RmsNorm, vec![Input(0), Output]);
+        // burn composes these itself, the same way
+        t.set(OpKind::LayerNormComposed, t.get(OpKind::LayerNorm).to_vec());
+        t.set(OpKind::SoftmaxComposed, t.get(OpKind::Softmax).to_vec());
         t.set(OpKind::BatchNorm, vec![Input(0), Output]);
         t.set(OpKind::AvgPool2d, vec![]);
         // every recorded op keeps its graph bookkeeping until backward

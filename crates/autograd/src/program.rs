@@ -444,6 +444,13 @@ impl ProgramBuilder {
         )
     }
 
+    /// Makes the last op added keep `saved` for backward beyond its kind's entry in the
+    /// saved-tensor table (a model's code that keeps more than the op would).
+    pub fn save_extra(&mut self, saved: crate::op::Saved) {
+        let at = self.p.ops.len().saturating_sub(1) as u32;
+        self.p.extra_saved.push((at, saved));
+    }
+
     /// Adds a loss op (scalar f32 output) and marks it as the loss.
     pub fn loss(&mut self, kind: OpKind, inputs: &[ValueId]) -> ValueId {
         let v = self.op_full(kind, inputs, 0, 1, ValueDtype::Fixed(Dtype::F32), &[], 0, 0);

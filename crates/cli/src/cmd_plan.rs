@@ -4,16 +4,20 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use trainmem_core::hf_config::{HfOptions, HfPrecision, plan_from_hf};
-use trainmem_core::model::{LoraSpec, LoraTarget};
-use trainmem_core::optimizer::OptimizerKind;
+use trainmem_core::hf_config::peft::{lora_targets, read_adapter_config};
+use trainmem_core::hf_config::{
+    HfOptions, HfPrecision, model_from_hf, model_type_of, plan_from_hf,
+};
+use trainmem_core::model::{AttentionImpl, LoraSpec};
+use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 use trainmem_sim::params::{param_groups, total_elems, trainable_groups};
 
 /// `trainmem plan ...`.
 #[derive(Debug, clap::Subcommand)]
 pub enum PlanCommand {
     /// Write a plan for the model a Hugging Face `config.json` describes (gpt2, bert, llama,
-    /// mistral, qwen2, opt), trained under PyTorch's rules.
+    /// mistral, qwen2, opt, phi, phi3, gpt_neox, stablelm, gemma, gemma2, gemma3_text,
+    /// falcon, mixtral, qwen2_moe, starcoder2, gptj, bloom), trained under PyTorch's rules.
     FromHf(FromHfArgs),
 }
 
@@ -45,13 +49,38 @@ pub enum PrecisionArg {
     MixedBf16,
     /// fp16 compute with f32 master weights.
     MixedF16,
-    /// Everything in bf16.
+    /// Everything in bf16 (`model.to(torch.bfloat16)`): optimizer state in bf16 too.
     Bf16,
+    /// Everything in fp16 (`model.half()`): optimizer state in fp16 too.
+    F16,
     /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 weight
     /// copies and activations where autocast runs an op in bf16.
     AutocastBf16,
     /// `torch.autocast` to fp16, likewise.
     AutocastF16,
+}
+
+/// `transformers`' `attn_implementation`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AttnArg {
+    /// Matmul, softmax, matmul: the scores kept for backward.
+    Eager,
+    /// PyTorch's `scaled_dot_product_attention`.
+    Sdpa,
+    /// The flash-attn package's kernel.
+    #[value(name = "flash_attention_2")]
+    FlashAttention2,
+}
+
+/// How `torch.optim` runs the step.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OptimizerImplArg {
+    /// One parameter at a time (`foreach=False`).
+    ForLoop,
+    /// Every parameter per kernel (`foreach=True`).
+    Foreach,
+    /// One fused kernel (`fused=True`).
+    Fused,
 }
 
 /// Arguments of `trainmem plan from-hf`.
@@ -77,18 +106,27 @@ pub struct FromHfArgs {
     /// Optimizer steps the plan runs.
     #[arg(long, default_value_t = 3)]
     pub steps: u64,
+    /// The attention implementation (default: what transformers picks for the model, sdpa
+    /// for most, eager where it has no other).
+    #[arg(long, value_enum)]
+    pub attn_implementation: Option<AttnArg>,
+    /// How torch.optim runs the step (default: what it picks on a CUDA device, foreach for
+    /// SGD and Adam(W)).
+    #[arg(long, value_enum)]
+    pub optimizer_impl: Option<OptimizerImplArg>,
     /// Train LoRA adapters of this rank on a frozen base (as peft does).
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", conflicts_with = "peft")]
     pub lora_rank: Option<u64>,
-    /// The projections adapted, comma-separated: q, k, v, qkv, o, up, gate, down (GPT-2's
-    /// packed `c_attn` takes q, k and v as one).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "q,v",
-        requires = "lora_rank"
-    )]
+    /// The modules adapted, comma-separated, as a peft LoraConfig's target_modules names
+    /// them (q_proj, v_proj, query_key_value, c_attn, ..., or all-linear); the plan's own
+    /// names (q, k, v, qkv, o, up, gate, down, gate_up) read too. Default: peft's default
+    /// for the model.
+    #[arg(long, value_delimiter = ',', requires = "lora_rank")]
     pub lora_targets: Vec<String>,
+    /// Read the LoRA adapters (rank, alpha, dropout, target modules) from a peft
+    /// adapter_config.json.
+    #[arg(long, value_name = "ADAPTER_CONFIG")]
+    pub peft: Option<PathBuf>,
     /// The adapters' `alpha` (default: the rank).
     #[arg(long, requires = "lora_rank")]
     pub lora_alpha: Option<f64>,
@@ -114,6 +152,16 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
     let opts = HfOptions {
+        optimizer_impl: args.optimizer_impl.map(|i| match i {
+            OptimizerImplArg::ForLoop => StepImpl::ForLoop,
+            OptimizerImplArg::Foreach => StepImpl::Foreach,
+            OptimizerImplArg::Fused => StepImpl::Fused,
+        }),
+        attention: args.attn_implementation.map(|a| match a {
+            AttnArg::Eager => AttentionImpl::Eager,
+            AttnArg::Sdpa => AttentionImpl::Sdpa,
+            AttnArg::FlashAttention2 => AttentionImpl::FlashAttention2,
+        }),
         batch: args.batch,
         seq: args.seq,
         optimizer: match args.optimizer {
@@ -129,12 +177,13 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
             PrecisionArg::MixedBf16 => HfPrecision::MixedBf16,
             PrecisionArg::MixedF16 => HfPrecision::MixedF16,
             PrecisionArg::Bf16 => HfPrecision::Bf16,
+            PrecisionArg::F16 => HfPrecision::F16,
             PrecisionArg::AutocastBf16 => HfPrecision::AutocastBf16,
             PrecisionArg::AutocastF16 => HfPrecision::AutocastF16,
         },
         checkpointing: args.checkpointing,
         steps: args.steps,
-        lora: lora_of(&args)?,
+        lora: lora_of(&args, &text)?,
     };
     let mut plan = plan_from_hf(&text, &opts).with_context(|| args.config.display().to_string())?;
     plan.name = args
@@ -152,7 +201,7 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
     let counts = counts_line(count, trainable);
     let header = format!(
         "# Written by `trainmem plan from-hf {}` ({counts}).\n",
-        args.config.display(),
+        command_line(&args),
     );
     let toml = format!("{header}{}", plan.to_toml().context("the plan as TOML")?);
     match &args.out {
@@ -169,22 +218,86 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The LoRA adapters the arguments ask for (`None` without `--lora-rank`).
-fn lora_of(args: &FromHfArgs) -> anyhow::Result<Option<LoraSpec>> {
+/// The arguments as given, for the plan's header: every flag shows in the written plan.
+fn command_line(args: &FromHfArgs) -> String {
+    let mut line = format!(
+        "{} --batch {} --seq {}",
+        args.config.display(),
+        args.batch,
+        args.seq
+    );
+    let mut flag = |name: &str, value: String| line.push_str(&format!(" --{name} {value}"));
+    flag("optimizer", format!("{:?}", args.optimizer).to_lowercase());
+    flag("precision", kebab(&format!("{:?}", args.precision)));
+    if let Some(a) = args.attn_implementation {
+        flag(
+            "attn-implementation",
+            match a {
+                AttnArg::Eager => "eager".into(),
+                AttnArg::Sdpa => "sdpa".into(),
+                AttnArg::FlashAttention2 => "flash_attention_2".into(),
+            },
+        );
+    }
+    if let Some(i) = args.optimizer_impl {
+        flag("optimizer-impl", kebab(&format!("{i:?}")));
+    }
+    flag("steps", args.steps.to_string());
+    if let Some(r) = args.lora_rank {
+        flag("lora-rank", r.to_string());
+        if !args.lora_targets.is_empty() {
+            flag("lora-targets", args.lora_targets.join(","));
+        }
+        if let Some(a) = args.lora_alpha {
+            flag("lora-alpha", a.to_string());
+        }
+        if args.lora_dropout > 0.0 {
+            flag("lora-dropout", args.lora_dropout.to_string());
+        }
+    }
+    if let Some(p) = &args.peft {
+        flag("peft", p.display().to_string());
+    }
+    if args.checkpointing {
+        line.push_str(" --checkpointing");
+    }
+    line
+}
+
+/// `MixedBf16` as `mixed-bf16`.
+fn kebab(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.char_indices() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// The LoRA adapters the arguments ask for: from `--peft`'s adapter_config.json, or from
+/// `--lora-rank` and `--lora-targets` (`None` with neither).
+fn lora_of(args: &FromHfArgs, config: &str) -> anyhow::Result<Option<LoraSpec>> {
+    if args.peft.is_none() && args.lora_rank.is_none() {
+        return Ok(None);
+    }
+    let model_type = model_type_of(config)?;
+    let model = model_from_hf(config, 1)?;
+    if let Some(path) = &args.peft {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let adapter = read_adapter_config(&text).with_context(|| path.display().to_string())?;
+        return Ok(Some(adapter.lora(&model_type, &model)?));
+    }
     let Some(rank) = args.lora_rank else {
         return Ok(None);
     };
-    let targets = args
-        .lora_targets
-        .iter()
-        .map(|t| {
-            LoraTarget::from_name(t.trim()).with_context(|| {
-                format!(
-                    "--lora-targets: `{t}` is not a projection (q, k, v, qkv, o, up, gate, down)"
-                )
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let targets = if args.lora_targets.is_empty() {
+        LoraSpec::new(rank).targets
+    } else {
+        lora_targets(&model_type, &model, &args.lora_targets).context("--lora-targets")?
+    };
     Ok(Some(LoraSpec {
         rank,
         alpha: args.lora_alpha,
@@ -237,6 +350,14 @@ fn group_thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn precision_names_read_as_typed() {
+        assert_eq!(kebab("MixedBf16"), "mixed-bf16");
+        assert_eq!(kebab("AutocastF16"), "autocast-f16");
+        assert_eq!(kebab("ForLoop"), "for-loop");
+        assert_eq!(kebab("Bf16"), "bf16");
+    }
 
     #[test]
     fn thousands_are_grouped() {

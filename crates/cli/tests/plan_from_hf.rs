@@ -182,3 +182,109 @@ fn an_adamw8bit_plan_keeps_about_a_quarter_of_adamws_state() {
     let ratio = state[1] as f64 / state[0] as f64;
     assert!(ratio > 0.25 && ratio < 0.26, "{state:?}: {ratio}");
 }
+
+/// The flags in users' words: a peft `adapter_config.json`, `--attn-implementation`,
+/// `--optimizer-impl` and `--precision bf16` each show in the written plan (as its settings
+/// and in its header line). Mistral-7B with rank-16 adapters on `q_proj`, `k_proj`, `v_proj`
+/// and `o_proj` trains 13,631,488 parameters (32 blocks × (16·4096 + 4096·16 for q and o,
+/// 16·4096 + 1024·16 for k and v)).
+#[test]
+fn users_words_become_the_plan_s_settings() {
+    let dir = empty_dir("plan-from-hf-words");
+    let adapter = write(
+        &dir,
+        "adapter_config.json",
+        r#"{"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "bias": "none"}"#,
+    );
+    let plan_path = dir.join("mistral.toml");
+    let out = from_hf(
+        s(&hf("mistral-7b.json")),
+        "1",
+        "512",
+        &[
+            "--peft",
+            s(&adapter),
+            "--attn-implementation",
+            "flash_attention_2",
+            "--optimizer-impl",
+            "fused",
+            "--precision",
+            "bf16",
+            "--out",
+            s(&plan_path),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("13,631,488 trainable"),
+        "{}",
+        stderr(&out)
+    );
+    let text = std::fs::read_to_string(&plan_path).expect("written");
+    let header = text.lines().next().expect("a header");
+    for words in [
+        "--peft",
+        "--attn-implementation flash_attention_2",
+        "--optimizer-impl fused",
+        "--precision bf16",
+    ] {
+        assert!(header.contains(words), "{header}");
+    }
+    let plan = Plan::load(&plan_path).expect("loads");
+    let trainmem_sim::model::ModelSpec::Transformer(t) = &plan.model else {
+        panic!("not a transformer");
+    };
+    assert_eq!(t.attention.name(), "flash_attention_2");
+    let lora = t.lora.as_ref().expect("adapters");
+    assert_eq!(
+        (lora.rank, lora.alpha, lora.dropout),
+        (16, Some(32.0), 0.05)
+    );
+    assert_eq!(
+        plan.optimizer.implementation,
+        trainmem_core::StepImpl::Fused
+    );
+    assert_eq!(plan.optimizer.state_dtype, trainmem_core::Dtype::Bf16);
+}
+
+/// A peft target that matches no module names the model's modules; an adapter that is not
+/// LoRA says what it is; nothing is written either way.
+#[test]
+fn peft_mistakes_name_the_modules_and_write_nothing() {
+    let dir = empty_dir("plan-from-hf-peft-bad");
+    let plan_path = dir.join("out.toml");
+    let out = from_hf(
+        s(&hf("pythia-1b.json")),
+        "1",
+        "64",
+        &[
+            "--lora-rank",
+            "8",
+            "--lora-targets",
+            "q_proj,v_proj",
+            "--out",
+            s(&plan_path),
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("query_key_value, dense"),
+        "{}",
+        stderr(&out)
+    );
+    let ia3 = write(
+        &dir,
+        "ia3.json",
+        r#"{"peft_type": "IA3", "target_modules": ["k_proj"]}"#,
+    );
+    let out = from_hf(
+        s(&hf("llama-2-7b.json")),
+        "1",
+        "64",
+        &["--peft", s(&ia3), "--out", s(&plan_path)],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("IA3 adapter"), "{}", stderr(&out));
+    assert!(!plan_path.exists(), "no plan written");
+}

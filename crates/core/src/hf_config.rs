@@ -3,26 +3,39 @@
 //! [`plan_from_hf`] reads the architecture from the configuration a user already has (the file
 //! `transformers` saves beside the weights) and writes a [`Plan`] under PyTorch's autograd
 //! rules, so nobody re-types layer counts and widths by hand. The families read, by
-//! `model_type`:
+//! `model_type`, each as the plan features that describe it (not a special case per family):
 //!
 //! | `model_type` | as | what the plan carries |
 //! |---|---|---|
-//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head, one packed query-key-value projection (the others have three) |
+//! | `gpt2` | decoder | learned positions (`n_positions` rows), biases, layer norm, tied head, one packed query-key-value projection |
 //! | `bert` | encoder classifier | token-type embeddings, embedding norm, pooler, `num_labels` classes, no final norm |
-//! | `llama`, `mistral` | decoder | RMS norm, SwiGLU, grouped-query attention, no biases (`attention_bias`) |
+//! | `llama`, `mistral` | decoder | RMS norm, SwiGLU, grouped-query attention, biases per `attention_bias` and `mlp_bias` |
 //! | `qwen2` | decoder | as LLaMA, with biases on the query, key and value projections |
 //! | `opt` | decoder | learned positions with OPT's offset of 2 rows, biases, ReLU |
+//! | `phi` | decoder | one layer norm feeding attention and feed-forward side by side (`block = "parallel_shared_norm"`), biases, a biased untied head |
+//! | `phi3` | decoder | as LLaMA with packed `qkv_proj` and `gate_up_proj` (`fused_gate_up`) |
+//! | `gpt_neox` | decoder | packed query-key-value, biases, parallel residual with two norms (`block = "parallel"`) |
+//! | `stablelm` | decoder | layer norms, SwiGLU, biases on query, key and value (`use_qkv_bias`) |
+//! | `gemma`, `gemma2`, `gemma3_text` | decoder | GeGLU, tied 256k-row embeddings, heads of `head_dim`; 2 and 3: norms on each sub-layer's output (`post_norms`); 2: soft-capped scores and logits; 3: norms over the heads' queries and keys (`qk_norm`) |
+//! | `falcon` | decoder | packed multi-query projection, layer norm, attention beside the feed-forward, tied head |
+//! | `mixtral` | decoder | as Mistral with a mixture of experts (`[model.transformer.moe]`: experts, top-k) |
+//! | `qwen2_moe` | decoder | as Qwen2 with a mixture of experts and a gated shared expert |
+//! | `starcoder2` | decoder | layer norm, grouped-query attention, biases, a plain feed-forward |
+//! | `gptj` | decoder | one norm feeding attention and feed-forward side by side, feed-forward and head biases |
+//! | `bloom` | decoder | embedding norm, packed query-key-value, biases, ALiBi (eager attention) |
 //!
-//! Attention is the fused kernel (`attention = "fused"`) when the model has no attention
-//! dropout, eager otherwise: `transformers` calls PyTorch's `scaled_dot_product_attention`,
-//! which takes a fused kernel when there is no dropout and, with dropout in training on the
-//! CPU, its math path (scores, softmax and dropout kept as eager attention keeps them).
+//! Rotary positions, full or partial, have no parameters and keep what the attention keeps
+//! either way, so a plan has no field for them.
 //!
-//! The parameter count of the plan equals the real model's: 124,439,808 for `gpt2`,
-//! 109,483,778 for `bert-base-uncased` as a two-label classifier, 6,738,415,616 for
-//! LLaMA-2-7B (tests hold each). A missing field, an unknown `model_type`, or a variant the plan
-//! cannot describe (OPT's projected embeddings, a head size other than hidden / heads) is an
-//! [`HfConfigError`] naming the field.
+//! Attention is written as `transformers` names it (`attn_implementation`): by default what
+//! it picks for the family (`sdpa`; `eager` for BLOOM and Gemma 2, which have no other), or
+//! [`HfOptions::attention`]. The simulator runs `sdpa` as the fused kernel on a GPU and, on a
+//! CPU, as the math path (eager attention's tensors) when there is attention dropout.
+//!
+//! The parameter count of the plan equals the real model's for every configuration in the
+//! workspace's `fixtures/hf/` (tests hold each). A missing field, an unknown `model_type`, or a
+//! variant the plan cannot describe (OPT's projected embeddings, StableLM's per-head query
+//! and key norms) is an [`HfConfigError`] naming the field.
 //!
 //! ```
 //! use trainmem_core::hf_config::{HfOptions, plan_from_hf};
@@ -33,18 +46,41 @@
 //! # Ok::<(), trainmem_core::hf_config::HfConfigError>(())
 //! ```
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::model::{
-    Activation, AttentionImpl, LoraSpec, LoraTarget, ModelSpec, NormKind, TransformerKind,
-    TransformerSpec,
-};
-use crate::optimizer::OptimizerKind;
+use crate::model::{AttentionImpl, LoraSpec, ModelSpec, TransformerSpec};
+use crate::optimizer::{OptimizerKind, StepImpl};
 use crate::plan::{CheckpointPolicyKind, Plan, PlanError};
 use crate::{Dtype, Framework};
 
+mod families;
+pub mod peft;
+
+use families::Fields;
+pub use peft::lora_target_of_module;
+
 /// The `model_type`s [`plan_from_hf`] reads.
-pub const FAMILIES: &[&str] = &["gpt2", "bert", "llama", "mistral", "qwen2", "opt"];
+pub const FAMILIES: &[&str] = &[
+    "gpt2",
+    "bert",
+    "llama",
+    "mistral",
+    "qwen2",
+    "opt",
+    "phi",
+    "phi3",
+    "gpt_neox",
+    "stablelm",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "falcon",
+    "mixtral",
+    "qwen2_moe",
+    "starcoder2",
+    "gptj",
+    "bloom",
+];
 
 /// How the plan trains the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +91,12 @@ pub struct HfOptions {
     pub seq: u64,
     /// The optimizer (default AdamW).
     pub optimizer: OptimizerKind,
+    /// How `torch.optim` runs the step; default what it picks for CUDA tensors
+    /// ([`default_step_impl`]).
+    pub optimizer_impl: Option<StepImpl>,
+    /// The attention implementation (`transformers`' `attn_implementation`); default what
+    /// `transformers` picks for the family.
+    pub attention: Option<AttentionImpl>,
     /// Parameter and activation precision (default f32).
     pub precision: HfPrecision,
     /// Checkpoint every block's activations (Hugging Face's `gradient_checkpointing_enable`).
@@ -68,17 +110,35 @@ pub struct HfOptions {
 }
 
 impl HfOptions {
-    /// AdamW in f32, no checkpointing, 3 steps, at batch `batch` and sequence `seq`.
+    /// AdamW in f32, no checkpointing, 3 steps, at batch `batch` and sequence `seq`; the
+    /// attention and optimizer implementations `transformers` and `torch.optim` pick.
     pub fn new(batch: u64, seq: u64) -> HfOptions {
         HfOptions {
             batch,
             seq,
             optimizer: OptimizerKind::AdamW,
+            optimizer_impl: None,
+            attention: None,
             precision: HfPrecision::F32,
             checkpointing: false,
             steps: 3,
             lora: None,
         }
+    }
+}
+
+/// The step `torch.optim` (or the optimizer's own package) runs on CUDA tensors when not
+/// told: `foreach` for SGD, momentum, Adam and AdamW (PyTorch's default once every
+/// parameter is on a GPU), the for-loop for `transformers`' Adafactor, bitsandbytes' fused
+/// kernel for its 8-bit AdamW.
+pub fn default_step_impl(kind: OptimizerKind) -> StepImpl {
+    match kind {
+        OptimizerKind::Sgd
+        | OptimizerKind::Momentum
+        | OptimizerKind::Adam
+        | OptimizerKind::AdamW => StepImpl::Foreach,
+        OptimizerKind::Adafactor => StepImpl::ForLoop,
+        OptimizerKind::AdamW8bit => StepImpl::Fused,
     }
 }
 
@@ -92,8 +152,11 @@ pub enum HfPrecision {
     MixedBf16,
     /// fp16 compute with f32 master weights.
     MixedF16,
-    /// Everything in bf16 (no master weights).
+    /// Everything in bf16, no master weights (`model.to(torch.bfloat16)`): the optimizer
+    /// state in bf16 too, as `torch.optim` keeps it in the parameters' dtype.
     Bf16,
+    /// Everything in fp16, likewise.
+    F16,
     /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 copies
     /// of the weights and bf16 activations where autocast runs an op in bf16.
     AutocastBf16,
@@ -131,234 +194,27 @@ pub enum HfConfigError {
         /// What cannot be expressed, and which field says so.
         what: String,
     },
-    /// The options do not fit the model (a sequence longer than its positions, a zero batch).
+    /// The options do not fit the model (a sequence longer than its positions, a zero batch,
+    /// an attention implementation the family does not have).
     #[error("{0}")]
     Options(String),
+    /// A peft adapter configuration or a LoRA target that does not fit the model.
+    #[error("{0}")]
+    Peft(String),
     /// The assembled plan is not valid.
     #[error("the plan made from config.json is not valid")]
     Plan(#[source] PlanError),
 }
 
-/// Reads one family's fields, naming the family in every error.
-struct Fields<'a> {
-    model_type: &'a str,
-    map: &'a Map<String, Value>,
-}
-
-impl Fields<'_> {
-    fn field_error(&self, field: &str, problem: impl Into<String>) -> HfConfigError {
-        HfConfigError::Field {
-            model_type: self.model_type.to_string(),
-            field: field.to_string(),
-            problem: problem.into(),
-        }
-    }
-
-    /// A positive integer that must be present.
-    fn count(&self, field: &str) -> Result<u64, HfConfigError> {
-        self.opt_count(field)?
-            .ok_or_else(|| self.field_error(field, "is missing"))
-    }
-
-    /// A positive integer, or `None` when absent or null.
-    fn opt_count(&self, field: &str) -> Result<Option<u64>, HfConfigError> {
-        match self.map.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(self.field_error(field, format!("must be a positive integer, not {v}"))),
-            },
-        }
-    }
-
-    /// A boolean, `default` when absent.
-    fn flag(&self, field: &str, default: bool) -> Result<bool, HfConfigError> {
-        match self.map.get(field) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(self.field_error(field, format!("must be true or false, not {v}"))),
-        }
-    }
-
-    /// A probability in [0, 1), 0 when absent.
-    fn dropout(&self, field: &str) -> Result<f64, HfConfigError> {
-        match self.map.get(field) {
-            None | Some(Value::Null) => Ok(0.0),
-            Some(v) => match v.as_f64() {
-                Some(p) if (0.0..1.0).contains(&p) => Ok(p),
-                _ => Err(self.field_error(field, format!("must be in [0, 1), not {v}"))),
-            },
-        }
-    }
-
-    /// An activation by its `transformers` name.
-    fn activation(&self, field: &str, default: Activation) -> Result<Activation, HfConfigError> {
-        let Some(v) = self.map.get(field) else {
-            return Ok(default);
-        };
-        match v.as_str() {
-            Some("gelu" | "gelu_pytorch_tanh") => Ok(Activation::Gelu),
-            Some("gelu_new") => Ok(Activation::GeluNew),
-            Some("relu") => Ok(Activation::Relu),
-            Some("silu" | "swish") => Ok(Activation::Silu),
-            Some("tanh") => Ok(Activation::Tanh),
-            Some("sigmoid") => Ok(Activation::Sigmoid),
-            _ => Err(self.field_error(
-                field,
-                format!("names an activation trainmem does not model: {v}"),
-            )),
-        }
-    }
-
-    /// A `kind` stack from the field names most families share (`num_hidden_layers`,
-    /// `hidden_size`, `num_attention_heads`, `vocab_size`); the sequence is set later.
-    fn standard(&self, kind: TransformerKind) -> Result<TransformerSpec, HfConfigError> {
-        Ok(TransformerSpec::new(
-            kind,
-            self.count("num_hidden_layers")?,
-            self.count("hidden_size")?,
-            self.count("num_attention_heads")?,
-            1,
-            self.count("vocab_size")?,
-        ))
-    }
-
-    fn unsupported(&self, what: impl Into<String>) -> HfConfigError {
-        HfConfigError::Unsupported {
-            model_type: self.model_type.to_string(),
-            what: what.into(),
-        }
-    }
-}
-
-fn gpt2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = TransformerSpec::new(
-        TransformerKind::Decoder,
-        f.count("n_layer")?,
-        f.count("n_embd")?,
-        f.count("n_head")?,
-        1,
-        f.count("vocab_size")?,
-    );
-    t.ffn = f.opt_count("n_inner")?;
-    t.activation = f.activation("activation_function", Activation::Gelu)?;
-    t.tied_embeddings = f.flag("tie_word_embeddings", true)?;
-    t.learned_positions = true;
-    t.max_positions = Some(match f.opt_count("n_positions")? {
-        Some(n) => n,
-        None => f.count("n_ctx")?,
-    });
-    t.bias = Some(true);
-    t.final_norm = Some(true);
-    t.dropout = f.dropout("resid_pdrop")?;
-    Ok(t)
-}
-
-fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = f.standard(TransformerKind::Encoder)?;
-    t.ffn = Some(f.count("intermediate_size")?);
-    t.activation = f.activation("hidden_act", Activation::Gelu)?;
-    t.learned_positions = true;
-    t.max_positions = Some(f.count("max_position_embeddings")?);
-    t.token_types = f.opt_count("type_vocab_size")?.unwrap_or(2);
-    t.embedding_norm = true;
-    t.separate_qkv = true;
-    t.pooler = true;
-    t.separate_qkv = true;
-    t.final_norm = Some(false);
-    t.bias = Some(true);
-    t.dropout = f.dropout("hidden_dropout_prob")?;
-    let labels = match f.map.get("id2label") {
-        Some(Value::Object(m)) if !m.is_empty() => Some(m.len() as u64),
-        _ => None,
-    };
-    t.classes = Some(f.opt_count("num_labels")?.or(labels).unwrap_or(2));
-    Ok(t)
-}
-
-/// LLaMA, Mistral and Qwen2: RMS norm, SwiGLU, grouped-query attention, rotary positions.
-fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = f.standard(TransformerKind::Decoder)?;
-    if let Some(head_dim) = f.opt_count("head_dim")?
-        && head_dim * t.heads != t.hidden
-    {
-        return Err(f.unsupported(format!(
-            "head_dim {head_dim} × {} heads is not hidden_size {}: a plan's heads split the \
-             hidden size",
-            t.heads, t.hidden
-        )));
-    }
-    t.kv_heads = f.opt_count("num_key_value_heads")?;
-    t.ffn = Some(f.count("intermediate_size")?);
-    t.separate_qkv = true;
-    t.gated_ffn = true;
-    t.separate_qkv = true;
-    t.activation = f.activation("hidden_act", Activation::Silu)?;
-    t.norm = NormKind::RmsNorm;
-    t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
-    t.final_norm = Some(true);
-    let attention_bias = f.flag("attention_bias", f.model_type == "qwen2")?;
-    if f.flag("mlp_bias", false)? {
-        return Err(f.unsupported(
-            "mlp_bias = true: a plan gives the feed-forward the same bias setting as the \
-             attention output projection",
-        ));
-    }
-    t.bias = Some(false);
-    t.qkv_bias = Some(attention_bias);
-    if f.model_type != "qwen2" && attention_bias {
-        // LLaMA's attention_bias puts a bias on the output projection as well.
-        return Err(f.unsupported(
-            "attention_bias = true: a bias on the output projection but not on the \
-             feed-forward is not expressible in a plan",
-        ));
-    }
-    t.dropout = f.dropout("attention_dropout")?;
-    if t.dropout == 0.0 {
-        t.attention = crate::model::AttentionImpl::Fused;
-    }
-    Ok(t)
-}
-
-fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
-    let mut t = f.standard(TransformerKind::Decoder)?;
-    if let Some(proj) = f.opt_count("word_embed_proj_dim")?
-        && proj != t.hidden
-    {
-        return Err(f.unsupported(format!(
-            "word_embed_proj_dim {proj} differs from hidden_size {}: the projections in and \
-             out of the embedding width are not modelled",
-            t.hidden
-        )));
-    }
-    if !f.flag("do_layer_norm_before", true)? {
-        return Err(
-            f.unsupported("do_layer_norm_before = false: post-norm blocks are not modelled")
-        );
-    }
-    t.ffn = Some(f.count("ffn_dim")?);
-    t.separate_qkv = true;
-    t.activation = f.activation("activation_function", Activation::Relu)?;
-    t.separate_qkv = true;
-    t.learned_positions = true;
-    // OPT's learned position table carries two extra rows (its position offset).
-    t.max_positions = Some(f.count("max_position_embeddings")? + 2);
-    t.tied_embeddings = f.flag("tie_word_embeddings", true)?;
-    t.bias = Some(f.flag("enable_bias", true)?);
-    t.final_norm = Some(!f.flag("_remove_final_layer_norm", false)?);
-    t.dropout = f.dropout("dropout")?;
-    Ok(t)
-}
-
-/// The model a configuration describes, trained at sequence length `seq`.
-pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfigError> {
+/// The configuration as a JSON object and its `model_type`.
+fn parse(config: &str) -> Result<(serde_json::Map<String, Value>, String), HfConfigError> {
     let value: Value =
         serde_json::from_str(config).map_err(|e| HfConfigError::Json(e.to_string()))?;
-    let Value::Object(map) = &value else {
+    let Value::Object(map) = value else {
         return Err(HfConfigError::Json("the top level is not an object".into()));
     };
     let model_type = match map.get("model_type") {
-        Some(Value::String(s)) => s.as_str(),
+        Some(Value::String(s)) => s.clone(),
         Some(other) => {
             return Err(HfConfigError::UnknownModelType {
                 found: other.to_string(),
@@ -370,22 +226,70 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
             });
         }
     };
-    let f = Fields { model_type, map };
-    let mut t = match model_type {
-        "gpt2" => gpt2(&f)?,
-        "bert" => bert(&f)?,
-        "llama" | "mistral" | "qwen2" => llama_like(&f)?,
-        "opt" => opt(&f)?,
+    Ok((map, model_type))
+}
+
+/// The `model_type` of a configuration.
+pub fn model_type_of(config: &str) -> Result<String, HfConfigError> {
+    parse(config).map(|(_, t)| t)
+}
+
+/// The attention implementations `transformers` has for `model_type` (the first is its
+/// default).
+fn attention_impls(model_type: &str) -> &'static [AttentionImpl] {
+    use AttentionImpl::*;
+    match model_type {
+        "bloom" => &[Eager],
+        "gemma2" => &[Eager, FlashAttention2],
+        _ => &[Sdpa, Eager, FlashAttention2],
+    }
+}
+
+/// The model a configuration describes, trained at sequence length `seq`, with the attention
+/// implementation `transformers` picks for it.
+pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfigError> {
+    let (map, model_type) = parse(config)?;
+    let f = Fields {
+        model_type: &model_type,
+        map: &map,
+    };
+    let mut t = match model_type.as_str() {
+        "gpt2" => families::gpt2(&f)?,
+        "bert" => families::bert(&f)?,
+        "llama" | "mistral" | "qwen2" | "gemma" | "gemma2" | "gemma3_text" | "mixtral"
+        | "qwen2_moe" => families::llama_like(&f)?,
+        "opt" => families::opt(&f)?,
+        "phi" => families::phi(&f)?,
+        "phi3" => families::phi3(&f)?,
+        "gpt_neox" => families::gpt_neox(&f)?,
+        "stablelm" => families::stablelm(&f)?,
+        "falcon" => families::falcon(&f)?,
+        "starcoder2" => families::starcoder2(&f)?,
+        "gptj" => families::gptj(&f)?,
+        "bloom" => families::bloom(&f)?,
+        "gemma3" => {
+            return Err(f.unsupported(
+                "the multimodal Gemma 3 (its vision tower is not modelled): give the \
+                 `text_config` part as a config of its own with model_type `gemma3_text`",
+            ));
+        }
         other => {
             return Err(HfConfigError::UnknownModelType {
                 found: format!("`{other}`"),
             });
         }
     };
-    if t.hidden % t.heads != 0 {
+    if t.head_dim.is_none() && t.hidden % t.heads != 0 {
         return Err(f.unsupported(format!(
             "{} heads do not divide the hidden size {}",
             t.heads, t.hidden
+        )));
+    }
+    if t.heads % t.kv_head_count() != 0 {
+        return Err(f.unsupported(format!(
+            "{} key/value heads do not divide the {} heads",
+            t.kv_head_count(),
+            t.heads
         )));
     }
     if let Some(rows) = t.max_positions {
@@ -398,9 +302,7 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
         }
     }
     t.seq_len = seq;
-    if t.dropout == 0.0 {
-        t.attention = AttentionImpl::Fused;
-    }
+    t.attention = attention_impls(&model_type)[0];
     Ok(t)
 }
 
@@ -411,7 +313,20 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
             "batch, sequence and steps must be at least 1".into(),
         ));
     }
-    let model = model_from_hf(config, opts.seq)?;
+    let mut model = model_from_hf(config, opts.seq)?;
+    let model_type = model_type_of(config)?;
+    if let Some(attention) = opts.attention {
+        let known = attention_impls(&model_type);
+        if !known.contains(&attention) && attention != AttentionImpl::Fused {
+            let names: Vec<_> = known.iter().map(|a| a.name()).collect();
+            return Err(HfConfigError::Options(format!(
+                "attn_implementation {}: transformers runs {model_type} with {}",
+                attention.name(),
+                names.join(" or ")
+            )));
+        }
+        model.attention = attention;
+    }
     let mut plan = Plan::from_toml_str("[model.mlp]\ninput = 1\nhidden = []\noutput = 1\n")
         .map_err(HfConfigError::Plan)?;
     plan.framework = Framework::Pytorch;
@@ -422,15 +337,22 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
     plan.data.samples = opts.batch * opts.steps;
     plan.loader.workers = 0;
     plan.optimizer.kind = opts.optimizer;
+    plan.optimizer.implementation = opts
+        .optimizer_impl
+        .unwrap_or_else(|| default_step_impl(opts.optimizer));
     let (compute, master) = match opts.precision {
         HfPrecision::F32 => (Dtype::F32, false),
         HfPrecision::MixedBf16 => (Dtype::Bf16, true),
         HfPrecision::MixedF16 => (Dtype::F16, true),
         HfPrecision::Bf16 => (Dtype::Bf16, false),
+        HfPrecision::F16 => (Dtype::F16, false),
         HfPrecision::AutocastBf16 | HfPrecision::AutocastF16 => (Dtype::F32, false),
     };
     plan.precision.compute = compute;
     plan.precision.master_weights = master;
+    // `torch.optim` keeps its state in each parameter's dtype: f32 beside f32 (or master)
+    // weights, half precision when the model itself was cast to it
+    plan.optimizer.state_dtype = if master { Dtype::F32 } else { compute };
     plan.precision.autocast = match opts.precision {
         HfPrecision::AutocastBf16 => Some(Dtype::Bf16),
         HfPrecision::AutocastF16 => Some(Dtype::F16),
@@ -442,62 +364,14 @@ pub fn plan_from_hf(config: &str, opts: &HfOptions) -> Result<Plan, HfConfigErro
         plan.checkpointing.every = Some(1);
     }
     if let (Some(lora), ModelSpec::Transformer(t)) = (&opts.lora, &mut plan.model) {
-        t.lora = Some(lora_for(config, lora)?);
+        t.lora = Some(peft::lora_for(t, lora));
+    }
+    if opts.optimizer == OptimizerKind::AdamW8bit && plan.optimizer.state_dtype != Dtype::F32 {
+        // bitsandbytes keeps its own state dtypes whatever the parameters'
+        plan.optimizer.state_dtype = Dtype::F32;
     }
     plan.validate().map_err(HfConfigError::Plan)?;
     Ok(plan)
-}
-
-/// The projection a peft `target_modules` name (`q_proj`, `c_attn`, ...) stands for in a
-/// block of the family `model_type` (`None` when the name is not one of its projections).
-pub fn lora_target_of_module(model_type: &str, module: &str) -> Option<LoraTarget> {
-    let t = match (model_type, module) {
-        ("gpt2", "c_attn") => LoraTarget::Qkv,
-        ("gpt2", "c_fc") => LoraTarget::Up,
-        // GPT-2's `c_proj` names both the attention output and the feed-forward output
-        ("gpt2", "attn.c_proj") => LoraTarget::O,
-        ("gpt2", "mlp.c_proj") => LoraTarget::Down,
-        ("bert", "query") => LoraTarget::Q,
-        ("bert", "key") => LoraTarget::K,
-        ("bert", "value") => LoraTarget::V,
-        ("bert", "attention.output.dense") => LoraTarget::O,
-        ("bert", "intermediate.dense") => LoraTarget::Up,
-        ("opt", "fc1") => LoraTarget::Up,
-        ("opt", "fc2") => LoraTarget::Down,
-        ("opt", "out_proj") => LoraTarget::O,
-        (_, "q_proj") => LoraTarget::Q,
-        (_, "k_proj") => LoraTarget::K,
-        (_, "v_proj") => LoraTarget::V,
-        (_, "o_proj") => LoraTarget::O,
-        (_, "gate_proj") => LoraTarget::Gate,
-        (_, "up_proj") => LoraTarget::Up,
-        (_, "down_proj") => LoraTarget::Down,
-        _ => return None,
-    };
-    Some(t)
-}
-
-/// `lora` as the model of `config` runs it: GPT-2's packed projection takes the adapters of
-/// any of `q`, `k`, `v` as one.
-fn lora_for(config: &str, lora: &LoraSpec) -> Result<LoraSpec, HfConfigError> {
-    let value: Value =
-        serde_json::from_str(config).map_err(|e| HfConfigError::Json(e.to_string()))?;
-    let packed = value.get("model_type").and_then(Value::as_str) == Some("gpt2");
-    let mut out = lora.clone();
-    if packed {
-        let mut targets = Vec::new();
-        for &t in &lora.targets {
-            let t = match t {
-                LoraTarget::Q | LoraTarget::K | LoraTarget::V => LoraTarget::Qkv,
-                other => other,
-            };
-            if !targets.contains(&t) {
-                targets.push(t);
-            }
-        }
-        out.targets = targets;
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

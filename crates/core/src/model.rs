@@ -24,7 +24,8 @@
 //! [model.transformer.lora]         # optional: LoRA adapters on a frozen base
 //! rank = 8
 //! alpha = 16.0
-//! targets = ["q", "v"]             # q, k, v, qkv (a packed projection), o, up, gate, down
+//! targets = ["q", "v"]             # q, k, v, qkv (a packed projection), o, up, gate, down,
+//!                                  # gate_up (a packed gate and input projection)
 //! dropout = 0.05                   # on the adapters' input
 //!
 //! [model.layers]                   # anything else: a raw list of ops
@@ -40,6 +41,8 @@ use serde::{Deserialize, Serialize};
 /// The network being trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// a plan holds one model: the transformer's size beside the others' costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum ModelSpec {
     /// A multilayer perceptron.
     Mlp(MlpSpec),
@@ -221,7 +224,9 @@ pub enum NormKind {
     RmsNorm,
 }
 
-/// How attention is computed.
+/// How attention is computed. `sdpa` and `flash_attention_2` are the names `transformers`
+/// gives its implementations (`attn_implementation`); the kernel they run depends on the
+/// device, which [`AttentionImpl::kernel`] decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionImpl {
@@ -230,6 +235,96 @@ pub enum AttentionImpl {
     Eager,
     /// A fused (flash-style) kernel: saves q, k, v, the output and one statistic per row.
     Fused,
+    /// PyTorch's `scaled_dot_product_attention` (`transformers`' `sdpa`): a fused kernel
+    /// (flash or memory-efficient) on a GPU, with or without dropout; on a CPU the fused
+    /// kernel without dropout and the math path (eager attention's tensors) with it.
+    Sdpa,
+    /// The `flash-attn` package's kernel (`flash_attention_2`, CUDA only): fused, dropout
+    /// included.
+    #[serde(rename = "flash_attention_2")]
+    FlashAttention2,
+}
+
+impl AttentionImpl {
+    /// The name in a plan (`eager`, `fused`, `sdpa`, `flash_attention_2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionImpl::Eager => "eager",
+            AttentionImpl::Fused => "fused",
+            AttentionImpl::Sdpa => "sdpa",
+            AttentionImpl::FlashAttention2 => "flash_attention_2",
+        }
+    }
+
+    /// The kernel that runs on a GPU (`gpu`) or a CPU, with attention dropout or without:
+    /// [`AttentionImpl::Eager`] or [`AttentionImpl::Fused`].
+    pub fn kernel(self, gpu: bool, dropout: bool) -> AttentionImpl {
+        match self {
+            AttentionImpl::Eager => AttentionImpl::Eager,
+            AttentionImpl::Fused | AttentionImpl::FlashAttention2 => AttentionImpl::Fused,
+            AttentionImpl::Sdpa if !gpu && dropout => AttentionImpl::Eager,
+            AttentionImpl::Sdpa => AttentionImpl::Fused,
+        }
+    }
+}
+
+/// How a block arranges attention and the feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockLayout {
+    /// Attention, then the feed-forward on the attention's residual sum, each after its own
+    /// norm (GPT-2, LLaMA).
+    #[default]
+    Sequential,
+    /// Attention and the feed-forward both read the block's input, each through its own
+    /// norm, and their outputs are added to it together (GPT-NeoX's parallel residual).
+    Parallel,
+    /// As `parallel`, with one norm whose output both read (GPT-J, Phi, Falcon-7B).
+    ParallelSharedNorm,
+}
+
+/// A mixture of experts in place of each block's feed-forward: a router (`hidden ×
+/// experts`, no bias) picks `top_k` experts per token, and each expert is a feed-forward of
+/// its own (gated when the model's is). The experts' weights are kept as `transformers`
+/// keeps them: one tensor of every expert's (packed, when gated) input projections and one
+/// of their output projections per block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSpec {
+    /// Experts per block.
+    pub experts: u64,
+    /// Experts each token is routed to.
+    pub top_k: u64,
+    /// Each expert's inner size; default the model's `ffn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_ffn: Option<u64>,
+    /// The inner size of a shared expert every token passes through (Qwen-MoE), none by
+    /// default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_ffn: Option<u64>,
+    /// A sigmoid gate (`hidden × 1`) on the shared expert's output.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared_expert_gate: bool,
+    /// Capacity factor: each expert processes `capacity_factor × tokens × top_k / experts`
+    /// rows (padded or dropped to that); default none, as `transformers` routes (every
+    /// routed token, no padding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_factor: Option<f64>,
+}
+
+impl MoeSpec {
+    /// Rows the experts process together per `tokens` tokens: `tokens × top_k`, or under a
+    /// capacity factor `experts × ⌈capacity_factor × tokens × top_k / experts⌉`.
+    pub fn routed_rows(&self, tokens: u64) -> u64 {
+        let routed = tokens * self.top_k;
+        match self.capacity_factor {
+            None => routed,
+            Some(c) => {
+                let per_expert = (c * routed as f64 / self.experts.max(1) as f64).ceil() as u64;
+                per_expert * self.experts
+            }
+        }
+    }
 }
 
 /// A transformer encoder or decoder stack.
@@ -283,8 +378,9 @@ pub struct TransformerSpec {
     /// the sequence trained on); default `seq_len`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_positions: Option<u64>,
-    /// Biases on the blocks' linear layers; default: with layer norm, not with RMS norm (a
-    /// layer norm's own bias follows the norm kind, not this).
+    /// Biases on the blocks' linear layers (the attention's output projection, and the
+    /// feed-forward's unless `ffn_bias` says otherwise); default: with layer norm, not with
+    /// RMS norm (a layer norm's own bias follows the norm kind, not this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias: Option<bool>,
     /// Biases on the query, key and value projections alone; default `bias` (some decoders
@@ -312,10 +408,92 @@ pub struct TransformerSpec {
     /// for backward.
     #[serde(default, skip_serializing_if = "is_false")]
     pub separate_qkv: bool,
+    /// Width of one attention head; default `hidden / heads`. The queries are `heads ×
+    /// head_dim` wide, the keys and values `kv_heads × head_dim`, and the attention output
+    /// projection maps the queries' width back to `hidden` (Gemma's heads are wider than
+    /// `hidden / heads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    /// How attention and the feed-forward are arranged in a block.
+    #[serde(default, skip_serializing_if = "is_sequential")]
+    pub block: BlockLayout,
+    /// Biases on the feed-forward's linear layers; default `bias`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ffn_bias: Option<bool>,
+    /// A bias on a decoder's language-model head; default: the framework's module layout
+    /// decides (none under PyTorch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_bias: Option<bool>,
+    /// A norm on the attention's output and one on the feed-forward's output, each before
+    /// its residual sum, beside the norms on their inputs (Gemma 2 and 3: four per block).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub post_norms: bool,
+    /// A norm over each head's queries and one over its keys (weights of `head_dim`
+    /// elements shared by the heads), of the model's norm kind (Gemma 3, Phi's
+    /// `qk_layernorm`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_norm: bool,
+    /// A gated feed-forward's gate and input projections are one packed matrix (`hidden →
+    /// 2 × ffn`; Phi-3's `gate_up_proj`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fused_gate_up: bool,
+    /// Soft-capping of the logits (`cap · tanh(logits / cap)`, Gemma 2): three
+    /// logits-sized tensors, tanh's output kept for backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_softcap: Option<f64>,
+    /// Soft-capping of eager attention's scores, likewise over `heads × seq × seq` (Gemma 2;
+    /// fused kernels take it inside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_softcap: Option<f64>,
+    /// A mixture of experts in place of each block's feed-forward
+    /// (`[model.transformer.moe]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSpec>,
     /// LoRA adapters (`[model.transformer.lora]`): every parameter of the model above is
     /// frozen, and the adapters are the only trainable parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
+    /// Whose code the model runs: `transformers`' modules (the default), a hand-written
+    /// model of plain tensor ops (`handwritten`) or litgpt's (`litgpt`). Same parameters;
+    /// what forward keeps differs ([`Implementation`]).
+    #[serde(default, skip_serializing_if = "Implementation::is_default")]
+    pub implementation: Implementation,
+}
+
+/// Whose code runs a transformer: the parameters are the plan's either way, the tensors
+/// forward keeps for backward are not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// `transformers`' modules: `torch.nn.functional`'s layer norm and softmax, an RMS norm
+    /// composed in f32 (`x.to(float32)`, then back to the model's dtype), the logits upcast
+    /// to f32 before a decoder's loss.
+    #[default]
+    Transformers,
+    /// A model written by hand in the style of nanoGPT's `model.py` and the course models
+    /// built like it: its layer norm composed of plain tensor ops (`x − mean`, `(x −
+    /// mean)²`, `rsqrt`, products: the centered and the normalized input kept), its eager
+    /// attention's softmax likewise (`max`, `exp`, `sum`, a division: `exp`'s output kept
+    /// beside the probabilities), the loss `F.cross_entropy` on the logits as they are.
+    Handwritten,
+    /// litgpt's models (`litgpt.model.GPT`): attention through
+    /// `scaled_dot_product_attention` on the rotated queries and keys (new tensors) with the
+    /// keys and values repeated to every query head, its output copied back to the hidden
+    /// layout; the loss `chunked_cross_entropy` of the shifted logits.
+    Litgpt,
+}
+
+impl Implementation {
+    /// The plan's default (`transformers`).
+    pub fn is_default(&self) -> bool {
+        *self == Implementation::Transformers
+    }
+
+    /// Whether the model's code takes half-precision tensors to f32 around its RMS norms
+    /// and its loss (`transformers`' do; a hand-written model need not).
+    pub fn hf_upcasts(self) -> bool {
+        self != Implementation::Handwritten
+    }
 }
 
 /// A projection of a transformer block that a LoRA adapter can be put on.
@@ -338,6 +516,8 @@ pub enum LoraTarget {
     Gate,
     /// The feed-forward output projection (`down_proj`, GPT-2's `mlp.c_proj`).
     Down,
+    /// The packed gate and input projection as one module (Phi-3's `gate_up_proj`).
+    GateUp,
 }
 
 impl LoraTarget {
@@ -352,6 +532,7 @@ impl LoraTarget {
             LoraTarget::Up => "up",
             LoraTarget::Gate => "gate",
             LoraTarget::Down => "down",
+            LoraTarget::GateUp => "gate_up",
         }
     }
 
@@ -366,6 +547,7 @@ impl LoraTarget {
             LoraTarget::Up,
             LoraTarget::Gate,
             LoraTarget::Down,
+            LoraTarget::GateUp,
         ]
         .into_iter()
         .find(|t| t.name() == name)
@@ -437,18 +619,48 @@ impl LoraSpec {
         if has(LoraTarget::Gate) && !t.gated_ffn {
             return Err("lora.targets: `gate` needs a gated feed-forward (gated_ffn)".into());
         }
+        if t.fused_gate_up && (has(LoraTarget::Gate) || has(LoraTarget::Up)) {
+            return Err(
+                "lora.targets: the gate and input projections are one packed matrix \
+                 (fused_gate_up): adapt them as `gate_up`"
+                    .into(),
+            );
+        }
+        if has(LoraTarget::GateUp) && !t.fused_gate_up {
+            return Err(
+                "lora.targets: `gate_up` needs a packed gate and input projection \
+                 (fused_gate_up)"
+                    .into(),
+            );
+        }
+        if t.moe.is_some()
+            && self.targets.iter().any(|x| {
+                matches!(
+                    x,
+                    LoraTarget::Up | LoraTarget::Gate | LoraTarget::Down | LoraTarget::GateUp
+                )
+            })
+        {
+            return Err(
+                "lora.targets: adapters on a mixture of experts' feed-forward are not \
+                 modelled (adapt the attention's projections)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
     /// `(in, out)` of the projection `target` of a block of `t`.
     pub fn dims(t: &TransformerSpec, target: LoraTarget) -> (u64, u64) {
         let (h, f) = (t.hidden, t.ffn_size());
-        let kv = t.hidden.checked_div(t.heads).unwrap_or(0) * t.kv_head_count();
+        let (q, kv) = (t.q_width(), t.kv_width());
         match target {
-            LoraTarget::Q | LoraTarget::O => (h, h),
+            LoraTarget::Q => (h, q),
+            LoraTarget::O => (q, h),
             LoraTarget::K | LoraTarget::V => (h, kv),
-            LoraTarget::Qkv => (h, h + 2 * kv),
+            LoraTarget::Qkv => (h, q + 2 * kv),
             LoraTarget::Up | LoraTarget::Gate => (h, f),
+            LoraTarget::GateUp => (h, 2 * f),
             LoraTarget::Down => (f, h),
         }
     }
@@ -460,6 +672,10 @@ fn is_false(b: &bool) -> bool {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_sequential(b: &BlockLayout) -> bool {
+    *b == BlockLayout::Sequential
 }
 
 fn gelu() -> Activation {
@@ -503,7 +719,18 @@ impl TransformerSpec {
             token_types: 0,
             pooler: false,
             separate_qkv: false,
+            head_dim: None,
+            block: BlockLayout::Sequential,
+            ffn_bias: None,
+            head_bias: None,
+            post_norms: false,
+            qk_norm: false,
+            fused_gate_up: false,
+            logit_softcap: None,
+            attn_softcap: None,
+            moe: None,
             lora: None,
+            implementation: Implementation::Transformers,
         }
     }
 
@@ -514,6 +741,23 @@ impl TransformerSpec {
     /// The key/value head count.
     pub fn kv_head_count(&self) -> u64 {
         self.kv_heads.unwrap_or(self.heads)
+    }
+    /// Width of one attention head (`head_dim`, default `hidden / heads`; 0 without heads).
+    pub fn head_size(&self) -> u64 {
+        self.head_dim
+            .unwrap_or_else(|| self.hidden.checked_div(self.heads).unwrap_or(0))
+    }
+    /// Width of the queries (and of the attention's output): `heads × head_size`.
+    pub fn q_width(&self) -> u64 {
+        self.heads * self.head_size()
+    }
+    /// Width of the keys (and of the values): `kv_heads × head_size`.
+    pub fn kv_width(&self) -> u64 {
+        self.kv_head_count() * self.head_size()
+    }
+    /// Whether the feed-forward's linear layers have biases.
+    pub fn ffn_has_bias(&self) -> bool {
+        self.ffn_bias.unwrap_or_else(|| self.linear_bias())
     }
     /// Whether the blocks' linear layers have biases.
     pub fn linear_bias(&self) -> bool {

@@ -59,11 +59,16 @@ pub enum OpKind {
     CrossEntropy,
     /// Mean squared error.
     MseLoss,
+    /// Layer norm written in plain tensor ops, as hand-written models do (`centered = x −
+    /// mean(x)`, `centered · rsqrt(mean(centered²) + ε)`, then `· weight + bias`).
+    LayerNormComposed,
+    /// Softmax written in plain tensor ops (`e = exp(x − max(x))`, `e / sum(e)`).
+    SoftmaxComposed,
 }
 
 impl OpKind {
     /// Every op kind.
-    pub const ALL: [OpKind; 26] = [
+    pub const ALL: [OpKind; 28] = [
         OpKind::Linear,
         OpKind::Matmul,
         OpKind::Conv2d,
@@ -90,6 +95,8 @@ impl OpKind {
         OpKind::FusedAttention,
         OpKind::CrossEntropy,
         OpKind::MseLoss,
+        OpKind::LayerNormComposed,
+        OpKind::SoftmaxComposed,
     ];
 
     /// The snake_case name.
@@ -121,6 +128,8 @@ impl OpKind {
             OpKind::FusedAttention => "fused_attention",
             OpKind::CrossEntropy => "cross_entropy",
             OpKind::MseLoss => "mse_loss",
+            OpKind::LayerNormComposed => "layer_norm_composed",
+            OpKind::SoftmaxComposed => "softmax_composed",
         }
     }
 

@@ -912,12 +912,23 @@ impl Plan {
                         return Err(err(&format!("{k}.{name}"), "must be at least 1".into()));
                     }
                 }
-                if t.hidden % t.heads != 0 {
-                    return Err(err(
-                        &format!("{k}.heads"),
-                        format!("{} heads do not divide hidden {}", t.heads, t.hidden),
-                    ));
+                match t.head_dim {
+                    Some(0) => {
+                        return Err(err(&format!("{k}.head_dim"), "must be at least 1".into()));
+                    }
+                    None if t.hidden % t.heads != 0 => {
+                        return Err(err(
+                            &format!("{k}.heads"),
+                            format!(
+                                "{} heads do not divide hidden {} (give head_dim for heads of \
+                                 another width)",
+                                t.heads, t.hidden
+                            ),
+                        ));
+                    }
+                    _ => {}
                 }
+                self.validate_transformer_features(t, err)?;
                 let kv = t.kv_head_count();
                 if kv == 0 || t.heads % kv != 0 {
                     return Err(err(
@@ -950,6 +961,98 @@ impl Plan {
             }
             ModelSpec::Layers(l) => {
                 crate::model_check::check_layers(l).map_err(|m| err("model.layers.layers", m))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The transformer settings beyond the classic stack: soft-caps, a gated packed
+    /// feed-forward, a mixture of experts; and which of them burn's run cannot take.
+    fn validate_transformer_features(
+        &self,
+        t: &TransformerSpec,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let k = "model.transformer";
+        for (name, cap) in [
+            ("logit_softcap", t.logit_softcap),
+            ("attn_softcap", t.attn_softcap),
+        ] {
+            if let Some(c) = cap
+                && !(c.is_finite() && c > 0.0)
+            {
+                return Err(err(
+                    &format!("{k}.{name}"),
+                    format!("{c} is not a positive cap"),
+                ));
+            }
+        }
+        if t.fused_gate_up && !t.gated_ffn {
+            return Err(err(
+                &format!("{k}.fused_gate_up"),
+                "packs a gated feed-forward's gate and input projections: needs gated_ffn".into(),
+            ));
+        }
+        if let Some(m) = &t.moe {
+            let km = format!("{k}.moe");
+            if m.experts == 0 {
+                return Err(err(&format!("{km}.experts"), "must be at least 1".into()));
+            }
+            if m.top_k == 0 || m.top_k > m.experts {
+                return Err(err(
+                    &format!("{km}.top_k"),
+                    format!("{} is not between 1 and the {} experts", m.top_k, m.experts),
+                ));
+            }
+            if m.expert_ffn == Some(0) || m.shared_expert_ffn == Some(0) {
+                return Err(err(&km, "expert sizes must be at least 1".into()));
+            }
+            if m.shared_expert_gate && m.shared_expert_ffn.is_none() {
+                return Err(err(
+                    &format!("{km}.shared_expert_gate"),
+                    "gates a shared expert: needs shared_expert_ffn".into(),
+                ));
+            }
+            if let Some(c) = m.capacity_factor
+                && !(c.is_finite() && c > 0.0)
+            {
+                return Err(err(
+                    &format!("{km}.capacity_factor"),
+                    format!("{c} is not a positive factor"),
+                ));
+            }
+            if self.optimizer.kind == OptimizerKind::Adafactor {
+                return Err(err(
+                    "optimizer.kind",
+                    "Adafactor's factored state of the experts' 3-D weights is not modelled".into(),
+                ));
+            }
+        }
+        if self.framework == Framework::Burn {
+            let beyond = [
+                ("head_dim", t.head_dim.is_some()),
+                ("block", t.block != BlockLayout::Sequential),
+                ("ffn_bias", t.ffn_bias.is_some()),
+                ("head_bias", t.head_bias.is_some()),
+                ("post_norms", t.post_norms),
+                ("qk_norm", t.qk_norm),
+                ("fused_gate_up", t.fused_gate_up),
+                ("logit_softcap", t.logit_softcap.is_some()),
+                ("attn_softcap", t.attn_softcap.is_some()),
+                ("moe", t.moe.is_some()),
+                (
+                    "attention",
+                    matches!(
+                        t.attention,
+                        AttentionImpl::Sdpa | AttentionImpl::FlashAttention2
+                    ),
+                ),
+            ];
+            if let Some((name, _)) = beyond.iter().find(|(_, on)| *on) {
+                return Err(err(
+                    &format!("{k}.{name}"),
+                    "is modelled under framework = \"pytorch\" only".into(),
+                ));
             }
         }
         Ok(())

@@ -170,7 +170,13 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
     let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
     for &(s, e) in &program.layers {
         let start = r.out.ops.len() as u32;
-        for src_op in &program.ops[s as usize..e as usize] {
+        for (src_at, src_op) in program
+            .ops
+            .iter()
+            .enumerate()
+            .take(e as usize)
+            .skip(s as usize)
+        {
             let mut op = *src_op;
             let inputs: Vec<Dtype> = op
                 .input_ids()
@@ -227,6 +233,12 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                 },
             };
             let at = r.out.ops.len() as u32;
+            // what the lowering made this op keep beyond its table entry
+            for &(i, saved) in &program.extra_saved {
+                if i as usize == src_at {
+                    r.out.extra_saved.push((at, saved));
+                }
+            }
             if policy(op.kind, device) == Policy::Half {
                 r.weight_copies(&op, at);
                 let first = r.src.params_of(&op).first();
@@ -247,6 +259,103 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
             if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
                 r.out.values[out_v].dtype = ValueDtype::Fixed(d);
                 r.dtype[out_v] = d;
+            }
+            op.params_start = r.out.op_params.len() as u32;
+            r.out.op_params.extend_from_slice(program.params_of(src_op));
+            r.out.ops.push(op);
+        }
+        r.out.layers.push((start, r.out.ops.len() as u32));
+    }
+    r.out
+}
+
+/// `program` (lowered in the compute dtype) as it runs with the model itself cast to `half`
+/// (`model.to(torch.bfloat16)`, or half-precision weights beside f32 master copies): every op
+/// in `half` but where the code around it, or the kernel, goes to f32:
+///
+/// * on the CPU, eager attention is `scaled_dot_product_attention`'s math path, which upcasts
+///   half-precision queries, keys and values to f32 once and casts its output back (as under
+///   autocast: [`Policy::AttentionMath`]);
+/// * `transformers`' modules (`hf_upcasts`): an RMS norm upcasts its input (`x.to(float32)`,
+///   the f32 copy its backward reads) and returns its normalized input in the model's dtype;
+///   a decoder's loss upcasts the logits (`logits.float()`) before the cross-entropy.
+///
+/// Hand-written models that call `F.layer_norm` and `F.cross_entropy` on half-precision
+/// tensors make no such copies (`hf_upcasts = false`).
+pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts: bool) -> Program {
+    // a program lowered without autocast caches nothing; what its ops keep beyond their
+    // table entries is carried over below
+    debug_assert!(program.forward_cache.is_empty());
+    let mut out = program.clone();
+    out.extra_saved.clear();
+    out.ops.clear();
+    out.op_params.clear();
+    out.layers.clear();
+    let mut r = Rewrite {
+        src: program,
+        out,
+        dtype: program
+            .values
+            .iter()
+            .map(|v| match v.dtype {
+                ValueDtype::Compute => half,
+                ValueDtype::Fixed(d) => d,
+            })
+            .collect(),
+        half,
+    };
+    let mut upcast: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut math_outputs: HashMap<ValueId, ()> = HashMap::new();
+    for &(s, e) in &program.layers {
+        let start = r.out.ops.len() as u32;
+        for (src_at, src_op) in program
+            .ops
+            .iter()
+            .enumerate()
+            .take(e as usize)
+            .skip(s as usize)
+        {
+            let mut op = *src_op;
+            let mut produced = None;
+            match op.kind {
+                OpKind::Matmul if device == DeviceKind::Cpu => {
+                    for k in 0..op.arity as usize {
+                        let v = op.inputs[k];
+                        let d = r.dtype[v as usize];
+                        if is_float(d) && d != Dtype::F32 {
+                            op.inputs[k] = match upcast.get(&v) {
+                                Some(&c) => c,
+                                None => {
+                                    let c = r.cast(v, Dtype::F32, op.layer);
+                                    upcast.insert(v, c);
+                                    c
+                                }
+                            };
+                        }
+                    }
+                    math_outputs.insert(op.output, ());
+                    produced = Some(Dtype::F32);
+                }
+                OpKind::RmsNorm if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+                OpKind::CrossEntropy if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+                // inside the math path: the widest dtype of the inputs (f32)
+                OpKind::Copy if math_outputs.contains_key(&op.inputs[0]) => {}
+                _ if op.input_ids().iter().any(|v| math_outputs.contains_key(v)) => {
+                    math_outputs.insert(op.output, ());
+                    produced = Some(Dtype::F32);
+                }
+                _ => {}
+            }
+            let out_v = op.output as usize;
+            if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
+                r.out.values[out_v].dtype = ValueDtype::Fixed(d);
+                r.dtype[out_v] = d;
+            }
+            let at = r.out.ops.len() as u32;
+            for &(i, saved) in &program.extra_saved {
+                if i as usize == src_at {
+                    r.out.extra_saved.push((at, saved));
+                }
             }
             op.params_start = r.out.op_params.len() as u32;
             r.out.op_params.extend_from_slice(program.params_of(src_op));
@@ -363,5 +472,41 @@ mod tests {
         };
         assert_eq!(copies(&fused), 0);
         assert_eq!(copies(&separate), 2 * 2);
+    }
+
+    #[test]
+    fn a_cast_model_takes_to_f32_what_transformers_and_the_cpu_kernels_do() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.norm = crate::model::NormKind::RmsNorm;
+        t.dropout = 0.1;
+        let program = lower(&ModelSpec::Transformer(t)).unwrap();
+        let p = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, true);
+        p.validate().unwrap();
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        let dtype = |v: ValueId| p.values[v as usize].dtype;
+        // every norm and the loss read an f32 copy; the norms' outputs stay in bf16
+        for op in p
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::RmsNorm | OpKind::CrossEntropy))
+        {
+            assert_eq!(dtype(op.inputs[0]), f32, "{:?}", op.kind);
+            if op.kind == OpKind::RmsNorm {
+                assert_eq!(dtype(op.output), ValueDtype::Compute);
+            }
+        }
+        // the attention math path: one f32 copy for both matmuls, f32 softmax
+        let m = p.ops.iter().find(|o| o.kind == OpKind::Matmul).unwrap();
+        assert_eq!(dtype(m.inputs[0]), f32);
+        let softmax = p.ops.iter().find(|o| o.kind == OpKind::Softmax).unwrap();
+        assert_eq!(dtype(softmax.output), f32);
+        // three norms (two in the block, the final one), the loss and the attention's copy
+        let copies = |p: &Program| p.ops.iter().filter(|o| o.kind == OpKind::Copy).count();
+        assert_eq!(copies(&p), copies(&program) + 5);
+        // a hand-written model's norms and loss make no copies; on CUDA the kernels none
+        let plain = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, false);
+        assert_eq!(copies(&plain), copies(&program) + 1);
+        let cuda = cast_model(&program, DeviceKind::Cuda, Dtype::Bf16, false);
+        assert_eq!(copies(&cuda), copies(&program));
     }
 }

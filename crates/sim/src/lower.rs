@@ -8,6 +8,7 @@ use crate::profile::{FrameworkProfile, Lowering};
 pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
 
 pub(crate) mod lora;
+mod transformer;
 
 /// Errors lowering a model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,13 +98,20 @@ pub fn lower(model: &ModelSpec) -> Result<Program, LowerError> {
 }
 
 /// Lowers a model to a program with the module layout of `framework`: its profile's
-/// [`Lowering`] (integer and value-target dtypes, a transformer's final norm and head bias).
+/// [`Lowering`] (integer and value-target dtypes, a transformer's final norm and head bias),
+/// on a GPU (a plan's default device: what [`AttentionImpl::Sdpa`] runs there).
 pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, LowerError> {
+    lower_on(model, framework, true)
+}
+
+/// [`lower_for`] on a GPU (`gpu`) or a CPU device: the attention kernel `sdpa` takes
+/// depends on it ([`AttentionImpl::kernel`]).
+pub fn lower_on(model: &ModelSpec, framework: Framework, gpu: bool) -> Result<Program, LowerError> {
     let layout = &FrameworkProfile::of(framework).lowering;
     let p = match model {
         ModelSpec::Mlp(m) => lower_mlp(m, layout),
         ModelSpec::Cnn(c) => lower_cnn(c, layout)?,
-        ModelSpec::Transformer(t) => lower_transformer(t, layout),
+        ModelSpec::Transformer(t) => transformer::lower_transformer(t, layout, gpu),
         ModelSpec::Layers(l) => lower_layers(l, layout)?,
     };
     #[cfg(test)]
@@ -116,10 +124,26 @@ pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, Low
 /// Lowers a plan's model under its framework and precision: under `precision.autocast`, the
 /// program as `torch.autocast` runs it on the plan's device ([`crate::autocast`]).
 pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
+    let gpu = plan.device.kind == crate::plan::DeviceKind::Cuda;
     let Some(half) = plan.precision.autocast else {
-        return lower_for(&plan.model, plan.framework);
+        let program = lower_on(&plan.model, plan.framework, gpu)?;
+        // a model cast to half precision: PyTorch's kernels and `transformers`' modules
+        // still take some tensors to f32
+        let compute = plan.precision.compute;
+        if plan.framework == Framework::Pytorch
+            && compute != Dtype::F32
+            && let ModelSpec::Transformer(t) = &plan.model
+        {
+            return Ok(crate::autocast::cast_model(
+                &program,
+                plan.device.kind,
+                compute,
+                t.implementation.hf_upcasts(),
+            ));
+        }
+        return Ok(program);
     };
-    let program = lower_for(&plan.model, plan.framework)?;
+    let program = lower_on(&plan.model, plan.framework, gpu)?;
     let separate_qkv = matches!(&plan.model, ModelSpec::Transformer(t) if t.separate_qkv);
     Ok(crate::autocast::apply(
         &program,
@@ -238,282 +262,6 @@ fn lower_cnn(
     let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
     add_loss(&mut b, c.loss, logits, c.classes, layout);
     Ok(b.finish())
-}
-
-/// The sizes a transformer's ops share, and how its linear layers and norms are built.
-struct TransformerDims {
-    /// Sequence length.
-    s: u64,
-    /// Hidden size.
-    h: u64,
-    /// Key/value width (head size × key/value heads).
-    kv: u64,
-    /// Feed-forward size.
-    f: u64,
-    /// The blocks' linear layers have biases.
-    linear_bias: bool,
-    /// The query, key and value projections have biases.
-    qkv_bias: bool,
-    /// The norms have biases (layer norm).
-    norm_bias: bool,
-    norm_op: OpKind,
-}
-
-impl TransformerDims {
-    fn new(t: &TransformerSpec) -> TransformerDims {
-        let head_dim = t.hidden / t.heads;
-        TransformerDims {
-            s: t.seq_len,
-            h: t.hidden,
-            kv: head_dim * t.kv_head_count(),
-            f: t.ffn_size(),
-            linear_bias: t.linear_bias(),
-            qkv_bias: t.qkv_has_bias(),
-            norm_bias: t.norm_bias(),
-            norm_op: match t.norm {
-                NormKind::LayerNorm => OpKind::LayerNorm,
-                NormKind::RmsNorm => OpKind::RmsNorm,
-            },
-        }
-    }
-
-    /// A linear layer `fin → fout` per token, with a bias when `bias`.
-    fn linear_with(
-        &self,
-        b: &mut ProgramBuilder,
-        x: ValueId,
-        (fin, fout): (u64, u64),
-        bias: bool,
-        name: String,
-    ) -> ValueId {
-        let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
-        if bias {
-            ps.push(b.param(fout, format!("{name}.bias")));
-        }
-        b.op(OpKind::Linear, &[x], self.s * fout, &ps)
-    }
-
-    /// [`TransformerDims::linear_with`] for the projection `target` of a block, with its
-    /// LoRA adapter when `t` puts one on it (`parts`: the adapters that add into this
-    /// projection's output, for a packed one).
-    #[allow(clippy::too_many_arguments)] // a projection and the adapters on it
-    fn projection(
-        &self,
-        b: &mut ProgramBuilder,
-        t: &TransformerSpec,
-        x: ValueId,
-        (fin, fout): (u64, u64),
-        bias: bool,
-        name: String,
-        parts: &[LoraTarget],
-    ) -> ValueId {
-        let mut y = self.linear_with(b, x, (fin, fout), bias, name.clone());
-        for &target in parts {
-            y = lora::adapt(b, t, target, x, y, fout, self.s, &name);
-        }
-        y
-    }
-
-    /// The query, key and value projections as three weights (and biases) computed as one
-    /// packed output, with the adapters `parts` names.
-    fn separate_qkv(
-        &self,
-        b: &mut ProgramBuilder,
-        t: &TransformerSpec,
-        x: ValueId,
-        i: u64,
-        parts: &[LoraTarget],
-    ) -> ValueId {
-        let (h, kv) = (self.h, self.kv);
-        let widths = [("q", h), ("k", kv), ("v", kv)];
-        let mut ps: Vec<_> = widths
-            .iter()
-            .map(|&(n, w)| b.param_matrix(w, h, format!("block{i}.attn.{n}.weight")))
-            .collect();
-        if self.qkv_bias {
-            for &(n, w) in &widths {
-                ps.push(b.param(w, format!("block{i}.attn.{n}.bias")));
-            }
-        }
-        let out = h + 2 * kv;
-        let mut y = b.op(OpKind::Linear, &[x], self.s * out, &ps);
-        for &target in parts {
-            y = lora::adapt(
-                b,
-                t,
-                target,
-                x,
-                y,
-                out,
-                self.s,
-                &format!("block{i}.attn.qkv"),
-            );
-        }
-        y
-    }
-
-    /// A norm over the hidden size, per token.
-    fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
-        let mut ps = vec![b.param(self.h, format!("{name}.weight"))];
-        if self.norm_bias {
-            ps.push(b.param(self.h, format!("{name}.bias")));
-        }
-        b.op_rows(self.norm_op, &[x], self.s * self.h, &ps, self.s)
-    }
-
-    /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
-    /// fused.
-    fn attention(&self, b: &mut ProgramBuilder, t: &TransformerSpec, qkv: ValueId) -> ValueId {
-        let (s, h) = (self.s, self.h);
-        match t.attention {
-            AttentionImpl::Eager => {
-                let scores = b.op(OpKind::Matmul, &[qkv, qkv], t.heads * s * s, &[]);
-                let scaled = b.op(OpKind::Scale, &[scores], t.heads * s * s, &[]);
-                let mut probs = b.op_rows(
-                    OpKind::Softmax,
-                    &[scaled],
-                    t.heads * s * s,
-                    &[],
-                    t.heads * s,
-                );
-                if t.dropout > 0.0 {
-                    probs = b.op(OpKind::Dropout, &[probs], t.heads * s * s, &[]);
-                }
-                let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * h, &[]);
-                b.op(OpKind::Copy, &[ctx], s * h, &[])
-            }
-            AttentionImpl::Fused => {
-                b.op_rows(OpKind::FusedAttention, &[qkv], s * h, &[], t.heads * s)
-            }
-        }
-    }
-
-    /// Pre-norm block `i`: attention and feed-forward, each with a residual connection.
-    fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
-        let (s, h, f) = (self.s, self.h, self.f);
-        let n1 = self.norm(b, x, format!("block{i}.norm1"));
-        let qkv_parts = [LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V];
-        let qkv = if t.separate_qkv {
-            self.separate_qkv(b, t, n1, i, &qkv_parts)
-        } else {
-            self.projection(
-                b,
-                t,
-                n1,
-                (h, h + 2 * self.kv),
-                self.qkv_bias,
-                format!("block{i}.attn.qkv"),
-                &qkv_parts,
-            )
-        };
-        let ctx = self.attention(b, t, qkv);
-        let bias = self.linear_bias;
-        let mut o = self.projection(
-            b,
-            t,
-            ctx,
-            (h, h),
-            bias,
-            format!("block{i}.attn.out"),
-            &[LoraTarget::O],
-        );
-        if t.dropout > 0.0 {
-            o = b.op(OpKind::Dropout, &[o], s * h, &[]);
-        }
-        let x = b.op(OpKind::Add, &[x, o], s * h, &[]);
-        let n2 = self.norm(b, x, format!("block{i}.norm2"));
-        let up = [LoraTarget::Up];
-        let a = self.projection(b, t, n2, (h, f), bias, format!("block{i}.ffn.up"), &up);
-        let mut g = activation(b, t.activation, a, s * f);
-        if t.gated_ffn {
-            let gate_target = [LoraTarget::Gate];
-            let name = format!("block{i}.ffn.gate");
-            let gate = self.projection(b, t, n2, (h, f), bias, name, &gate_target);
-            g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
-        }
-        let down = [LoraTarget::Down];
-        let mut d = self.projection(b, t, g, (f, h), bias, format!("block{i}.ffn.down"), &down);
-        if t.dropout > 0.0 {
-            d = b.op(OpKind::Dropout, &[d], s * h, &[]);
-        }
-        b.op(OpKind::Add, &[x, d], s * h, &[])
-    }
-}
-
-fn lower_transformer(
-    t: &TransformerSpec,
-    layout: &Lowering,
-) -> Result<Program, trainmem_autograd::ProgramError> {
-    let dims = TransformerDims::new(t);
-    let (s, h) = (dims.s, dims.h);
-    let mut b = ProgramBuilder::new();
-    // under LoRA every parameter but the adapters' is frozen
-    b.freeze_params(t.lora.is_some());
-    let ids = ValueDtype::Fixed(layout.int_dtype);
-    let tokens = b.input(s, ids);
-    b.begin_layer("embed");
-    let tok = b.param(t.vocab * h, "embed.tokens");
-    let mut ps = vec![tok];
-    if t.learned_positions {
-        ps.push(b.param(t.position_rows() * h, "embed.positions"));
-    }
-    if t.token_types > 0 {
-        ps.push(b.param(t.token_types * h, "embed.token_types"));
-    }
-    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
-    if t.embedding_norm {
-        x = dims.norm(&mut b, x, "embed.norm".into());
-    }
-    if t.dropout > 0.0 {
-        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
-    }
-    for i in 0..t.layers {
-        b.begin_block(format!("block{i}"));
-        x = dims.block(&mut b, t, x, i);
-    }
-    b.begin_layer("head");
-    let n = if t.final_norm.unwrap_or(layout.transformer_final_norm) {
-        dims.norm(&mut b, x, "final_norm".into())
-    } else {
-        x
-    };
-    match t.kind {
-        TransformerKind::Decoder => {
-            let w = if t.tied_embeddings {
-                tok
-            } else {
-                b.param(t.vocab * h, "lm_head.weight")
-            };
-            let mut ps = vec![w];
-            if layout.lm_head_bias {
-                ps.push(b.param(t.vocab, "lm_head.bias"));
-            }
-            let logits = b.op(OpKind::Linear, &[n], s * t.vocab, &ps);
-            let targets = b.input(s, ids);
-            b.loss(OpKind::CrossEntropy, &[logits, targets]);
-        }
-        TransformerKind::Encoder => {
-            let classes = t.classes.unwrap_or(2);
-            let take = if layout.first_token_is_view {
-                OpKind::View
-            } else {
-                OpKind::Copy
-            };
-            let mut first = b.op(take, &[n], h, &[]);
-            if t.pooler {
-                let pw = b.param(h * h, "pooler.weight");
-                let pb = b.param(h, "pooler.bias");
-                let pooled = b.op(OpKind::Linear, &[first], h, &[pw, pb]);
-                first = b.op(OpKind::Tanh, &[pooled], h, &[]);
-            }
-            let w = b.param(h * classes, "classifier.weight");
-            let bb = b.param(classes, "classifier.bias");
-            let logits = b.op(OpKind::Linear, &[first], classes, &[w, bb]);
-            let targets = b.input(1, ids);
-            b.loss(OpKind::CrossEntropy, &[logits, targets]);
-        }
-    }
-    b.finish()
 }
 
 fn lower_layers(

@@ -9,7 +9,7 @@
 
 use trainmem_autograd::Framework;
 
-use crate::model::{ModelSpec, TransformerKind, TransformerSpec};
+use crate::model::{BlockLayout, ModelSpec, TransformerKind, TransformerSpec};
 use crate::profile::{FrameworkProfile, Lowering};
 
 /// `count` parameter tensors of `elems` elements each.
@@ -78,18 +78,119 @@ pub fn param_groups(
     }))
 }
 
+/// The tensors of one norm over `width` elements (a weight, and a bias under layer norm).
+fn norm_tensors(t: &TransformerSpec, width: u64) -> Vec<u64> {
+    if t.norm_bias() {
+        vec![width, width]
+    } else {
+        vec![width]
+    }
+}
+
+/// A linear layer's tensors: its `fin × fout` weight, and a bias when `bias`.
+fn linear_tensors(fin: u64, fout: u64, bias: bool, what: &str) -> Result<Vec<u64>, ParamOverflow> {
+    let mut out = vec![mul(fin, fout, what)?];
+    if bias {
+        out.push(fout);
+    }
+    Ok(out)
+}
+
+/// A dense feed-forward's tensors at inner size `f`.
+fn dense_ffn_tensors(t: &TransformerSpec, f: u64) -> Result<Vec<u64>, ParamOverflow> {
+    let (h, bias) = (t.hidden, t.ffn_has_bias());
+    let mut out = Vec::new();
+    if t.gated_ffn && t.fused_gate_up {
+        out.extend(linear_tensors(
+            h,
+            mul(2, f, "gate and input width")?,
+            bias,
+            "feed-forward",
+        )?);
+    } else {
+        out.extend(linear_tensors(h, f, bias, "feed-forward")?);
+        if t.gated_ffn {
+            out.extend(linear_tensors(h, f, bias, "feed-forward")?);
+        }
+    }
+    out.extend(linear_tensors(f, h, bias, "feed-forward")?);
+    Ok(out)
+}
+
+/// The tensors of one block of `t`, as `lower` builds it.
+fn block_tensors(t: &TransformerSpec) -> Result<Vec<u64>, ParamOverflow> {
+    let h = t.hidden;
+    let d = t.head_size();
+    let q = mul(t.heads, d, "query width")?;
+    let kv = mul(t.kv_head_count(), d, "key/value width")?;
+    let qkv_bias = t.qkv_has_bias();
+    let mut out = norm_tensors(t, h);
+    if t.separate_qkv {
+        for w in [q, kv, kv] {
+            out.push(mul(h, w, "block weight")?);
+        }
+        if qkv_bias {
+            out.extend([q, kv, kv]);
+        }
+    } else {
+        let width = add(q, mul(2, kv, "key/value width")?, "qkv width")?;
+        out.extend(linear_tensors(h, width, qkv_bias, "block weight")?);
+    }
+    if t.qk_norm {
+        out.extend(norm_tensors(t, d));
+        out.extend(norm_tensors(t, d));
+    }
+    out.extend(linear_tensors(q, h, t.linear_bias(), "block weight")?);
+    if t.post_norms {
+        out.extend(norm_tensors(t, h));
+        out.extend(norm_tensors(t, h));
+    }
+    if t.block != BlockLayout::ParallelSharedNorm {
+        out.extend(norm_tensors(t, h));
+    }
+    match &t.moe {
+        None => out.extend(dense_ffn_tensors(t, t.ffn_size())?),
+        Some(m) => {
+            let e = m.experts;
+            let fe = m.expert_ffn.unwrap_or(t.ffn_size());
+            let inner = if t.gated_ffn {
+                mul(2, fe, "expert width")?
+            } else {
+                fe
+            };
+            out.push(mul(e, h, "router")?);
+            out.push(mul(
+                mul(e, inner, "experts")?,
+                h,
+                "experts' input projections",
+            )?);
+            out.push(mul(
+                mul(e, h, "experts")?,
+                fe,
+                "experts' output projections",
+            )?);
+            if let Some(fs) = m.shared_expert_ffn {
+                out.extend(dense_ffn_tensors(t, fs)?);
+                if m.shared_expert_gate {
+                    out.push(h);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A transformer's groups, as `lower` builds it: embeddings, `layers` identical blocks,
 /// the final norm and the head.
 fn transformer_groups(
     t: &TransformerSpec,
     layout: &Lowering,
 ) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
-    let Some(head_dim) = t.hidden.checked_div(t.heads) else {
+    if t.head_size() == 0 {
         return Ok(None);
-    };
-    let (h, f) = (t.hidden, t.ffn_size());
-    let kv = mul(head_dim, t.kv_head_count(), "key/value width")?;
-    let (norm_bias, linear_bias, qkv_bias) = (t.norm_bias(), t.linear_bias(), t.qkv_has_bias());
+    }
+    let h = t.hidden;
+    let norm_bias = t.norm_bias();
     let once = |elems| ParamGroup { elems, count: 1 };
     let mut out = vec![once(mul(t.vocab, h, "token embedding")?)];
     if t.learned_positions {
@@ -104,36 +205,7 @@ fn transformer_groups(
             out.push(once(h));
         }
     }
-    // one block: norm1, qkv, attention out, norm2, ffn up (and gate), ffn down
-    let qkv = add(h, mul(2, kv, "key/value width")?, "qkv width")?;
-    let mut block: Vec<(u64, u64)> = vec![(h, h), (h, qkv), (h, h), (h, h), (h, f)];
-    if t.gated_ffn {
-        block.push((h, f));
-    }
-    block.push((f, h));
-    let mut per_block = Vec::new();
-    for (k, &(fin, fout)) in block.iter().enumerate() {
-        let norm = k == 0 || k == 3;
-        if norm {
-            per_block.push(fin);
-            if norm_bias {
-                per_block.push(fin);
-            }
-        } else if k == 1 && t.separate_qkv {
-            // the query, key and value weights (and biases) as three tensors
-            for w in [h, kv, kv] {
-                per_block.push(mul(fin, w, "block weight")?);
-            }
-            if qkv_bias {
-                per_block.extend([h, kv, kv]);
-            }
-        } else {
-            per_block.push(mul(fin, fout, "block weight")?);
-            if (k == 1 && qkv_bias) || (k != 1 && linear_bias) {
-                per_block.push(fout);
-            }
-        }
-    }
+    let per_block = block_tensors(t)?;
     let block_elems = per_block
         .iter()
         .try_fold(0u64, |acc, &e| add(acc, e, "parameters of one block"))?;
@@ -161,7 +233,7 @@ fn transformer_groups(
             if !t.tied_embeddings {
                 out.push(once(mul(t.vocab, h, "language-model head")?));
             }
-            if layout.lm_head_bias {
+            if t.head_bias.unwrap_or(layout.lm_head_bias) {
                 out.push(once(t.vocab));
             }
         }
@@ -187,7 +259,7 @@ pub fn trainable_groups(
 ) -> Result<Option<Vec<ParamGroup>>, ParamOverflow> {
     match model {
         ModelSpec::Transformer(t) if t.lora.is_some() => {
-            if t.hidden.checked_div(t.heads).is_none() {
+            if t.head_size() == 0 {
                 return Ok(None);
             }
             let mut out = Vec::new();
@@ -263,10 +335,41 @@ mod tests {
                 proptest::option::of(any::<bool>()), proptest::option::of(any::<bool>()),
                 any::<bool>(), 0u64..3, any::<bool>(),
             ),
+            features in (
+                proptest::option::of(1u64..9), 0u8..3, proptest::option::of(any::<bool>()),
+                proptest::option::of(any::<bool>()), any::<bool>(), any::<bool>(),
+                any::<bool>(), any::<bool>(), any::<bool>(),
+            ),
+            moe in proptest::option::of((
+                1u64..5, 1u64..5, proptest::option::of(1u64..20),
+                proptest::option::of(1u64..20), any::<bool>(), proptest::option::of(0.5f64..2.0),
+            )),
         ) -> TransformerSpec {
             let (max_positions, bias, qkv_bias, final_norm, embedding_norm, token_types, pooler) =
                 extra;
+            let (own_head_dim, block, ffn_bias, head_bias, post_norms, qk_norm, fused_gate_up,
+                 logit_softcap, attn_softcap) = features;
             let heads = kv * group;
+            let moe = moe.map(|(experts, k, expert_ffn, shared, gate, capacity)| MoeSpec {
+                experts,
+                top_k: k.min(experts),
+                expert_ffn,
+                shared_expert_ffn: shared,
+                shared_expert_gate: gate && shared.is_some(),
+                capacity_factor: capacity,
+            });
+            // adapters on the feed-forward of a mixture of experts are not modelled
+            let lora = lora.map(|(rank, mask)| {
+                let mut l = lora_spec(rank, mask, gated, gated && fused_gate_up);
+                if moe.is_some() {
+                    l.targets.retain(|t| matches!(t, LoraTarget::Q | LoraTarget::K
+                        | LoraTarget::V | LoraTarget::Qkv | LoraTarget::O));
+                    if l.targets.is_empty() {
+                        l.targets.push(LoraTarget::O);
+                    }
+                }
+                l
+            });
             TransformerSpec {
                 kind: if encoder { TransformerKind::Encoder } else { TransformerKind::Decoder },
                 layers,
@@ -292,15 +395,28 @@ mod tests {
                 token_types,
                 pooler,
                 separate_qkv,
-                lora: lora.map(|(rank, mask)| lora_spec(rank, mask, gated)),
+                head_dim: own_head_dim,
+                block: [BlockLayout::Sequential, BlockLayout::Parallel,
+                        BlockLayout::ParallelSharedNorm][block as usize],
+                ffn_bias,
+                head_bias,
+                post_norms,
+                qk_norm,
+                fused_gate_up: gated && fused_gate_up,
+                logit_softcap: logit_softcap.then_some(30.0),
+                attn_softcap: attn_softcap.then_some(50.0),
+                moe,
+                lora,
+                implementation: Default::default(),
             }
         }
     }
 
     /// Rank-`rank` adapters on the projections `mask` picks (q, k, v, o, up, gate, down by
     /// bit; or the packed qkv in place of q, k, v when bit 7's place is taken by q, k and v
-    /// together), skipping `gate` without a gated feed-forward.
-    fn lora_spec(rank: u64, mask: u8, gated: bool) -> LoraSpec {
+    /// together), skipping `gate` without a gated feed-forward, and the packed `gate_up` in
+    /// place of `up` and `gate` when they are one matrix (`packed_gate_up`).
+    fn lora_spec(rank: u64, mask: u8, gated: bool, packed_gate_up: bool) -> LoraSpec {
         use LoraTarget::*;
         let mut targets: Vec<LoraTarget> = [Q, K, V, O, Up, Gate, Down]
             .into_iter()
@@ -308,6 +424,10 @@ mod tests {
             .filter(|&(i, t)| mask & (1 << i) != 0 && (t != Gate || gated))
             .map(|(_, t)| t)
             .collect();
+        if packed_gate_up && targets.iter().any(|t| matches!(t, Up | Gate)) {
+            targets.retain(|t| !matches!(t, Up | Gate));
+            targets.push(GateUp);
+        }
         if mask & 0b111 == 0b111 {
             targets.retain(|t| !matches!(t, Q | K | V));
             targets.insert(0, Qkv);

@@ -37,6 +37,61 @@ fn plans_from_configs_have_the_real_models_parameter_counts() {
     assert_eq!(parameters("opt-125m.json", 2048), 125_239_296);
 }
 
+/// The families beyond the first six, each at the count `validation/hf/param_counts.py`
+/// printed for its configuration (a model built by `transformers` 5.24 on PyTorch's `meta`
+/// device, tied tensors once; the figures in `validation/hf/param_counts.md`).
+#[test]
+fn every_family_has_the_real_model_s_parameter_count() {
+    for (name, count) in [
+        ("phi-2.json", 2_779_683_840),
+        ("phi-3-mini-4k.json", 3_821_079_552),
+        ("pythia-1b.json", 1_011_781_632),
+        ("stablelm-2-1_6b.json", 1_644_515_328),
+        ("gemma-2b.json", 2_506_172_416),
+        ("gemma-2-2b.json", 2_614_341_888),
+        ("gemma-3-1b.json", 999_885_952),
+        ("falcon-7b.json", 6_921_720_704),
+        ("mixtral-8x7b.json", 46_702_792_704),
+        ("qwen1.5-moe-a2.7b.json", 14_315_784_192),
+        ("starcoder2-3b.json", 3_030_371_328),
+        ("gpt-j-6b.json", 6_050_882_784),
+        ("bloom-560m.json", 559_214_592),
+    ] {
+        assert_eq!(parameters(name, 64), count, "{name}");
+    }
+}
+
+/// Parameter tensors per model, as `transformers` builds them (the same table): the plan
+/// keeps each tensor of the real model as one, so the caching allocator rounds the same
+/// blocks.
+#[test]
+fn every_family_has_the_real_model_s_tensors() {
+    for (name, tensors) in [
+        ("gpt2.json", 148),
+        ("llama-2-7b.json", 291),
+        ("phi-2.json", 453),
+        ("phi-3-mini-4k.json", 195),
+        ("pythia-1b.json", 196),
+        ("stablelm-2-1_6b.json", 340),
+        ("gemma-2b.json", 164),
+        ("gemma-2-2b.json", 288),
+        ("gemma-3-1b.json", 340),
+        ("falcon-7b.json", 195),
+        ("mixtral-8x7b.json", 291),
+        ("qwen1.5-moe-a2.7b.json", 387),
+        ("starcoder2-3b.json", 483),
+        ("gpt-j-6b.json", 285),
+        ("bloom-560m.json", 293),
+    ] {
+        let plan = plan_from_hf(&config(name), &HfOptions::new(1, 64)).expect("plan");
+        let groups = param_groups(&plan.model, plan.framework)
+            .expect("no overflow")
+            .expect("valid model");
+        let counted = trainmem_sim::params::total_tensors(&groups).expect("fits");
+        assert_eq!(counted, tensors, "{name}");
+    }
+}
+
 /// The count does not depend on the sequence trained on (position tables keep their rows).
 #[test]
 fn the_count_does_not_depend_on_the_sequence() {

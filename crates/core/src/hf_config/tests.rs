@@ -1,4 +1,6 @@
 use super::*;
+use crate::model::{BlockLayout, LoraTarget, NormKind, TransformerKind};
+use crate::optimizer::StepImpl;
 
 fn fixture(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -131,4 +133,132 @@ fn separate_query_key_value_projections_follow_the_family() {
     );
     assert!(spec("llama-2-7b.json").separate_qkv);
     assert!(spec("opt-125m.json").separate_qkv);
+}
+
+#[test]
+fn every_family_reads_its_layout_as_plan_features() {
+    let spec = |name: &str| model_from_hf(&fixture(name), 64).expect(name);
+    let phi = spec("phi-2.json");
+    assert_eq!(phi.block, BlockLayout::ParallelSharedNorm);
+    assert_eq!((phi.linear_bias(), phi.head_bias), (true, Some(true)));
+    let phi3 = spec("phi-3-mini-4k.json");
+    assert!(phi3.fused_gate_up && !phi3.separate_qkv);
+    let neox = spec("pythia-1b.json");
+    assert_eq!(neox.block, BlockLayout::Parallel);
+    let stablelm = spec("stablelm-2-1_6b.json");
+    assert_eq!(stablelm.norm, NormKind::LayerNorm);
+    assert_eq!(
+        (stablelm.linear_bias(), stablelm.qkv_has_bias()),
+        (false, true)
+    );
+    let gemma = spec("gemma-2b.json");
+    assert_eq!((gemma.head_dim, gemma.kv_head_count()), (None, 1));
+    assert!(gemma.tied_embeddings);
+    let gemma2 = spec("gemma-2-2b.json");
+    assert_eq!(gemma2.head_dim, Some(256));
+    assert!(gemma2.post_norms && !gemma2.qk_norm);
+    assert_eq!(
+        (gemma2.attn_softcap, gemma2.logit_softcap),
+        (Some(50.0), Some(30.0))
+    );
+    assert_eq!(
+        gemma2.attention,
+        AttentionImpl::Eager,
+        "transformers runs Gemma 2 eagerly"
+    );
+    let gemma3 = spec("gemma-3-1b.json");
+    assert!(gemma3.post_norms && gemma3.qk_norm && gemma3.logit_softcap.is_none());
+    let falcon = spec("falcon-7b.json");
+    assert_eq!(falcon.block, BlockLayout::ParallelSharedNorm);
+    assert_eq!(falcon.kv_head_count(), 1);
+    let mixtral = spec("mixtral-8x7b.json");
+    let moe = mixtral.moe.as_ref().expect("experts");
+    assert_eq!((moe.experts, moe.top_k), (8, 2));
+    let qwen_moe = spec("qwen1.5-moe-a2.7b.json");
+    let moe = qwen_moe.moe.as_ref().expect("experts");
+    assert_eq!(
+        (moe.experts, moe.top_k, moe.expert_ffn),
+        (60, 4, Some(1408))
+    );
+    assert!(moe.shared_expert_gate);
+    let gptj = spec("gpt-j-6b.json");
+    assert_eq!((gptj.linear_bias(), gptj.ffn_has_bias()), (false, true));
+    let bloom = spec("bloom-560m.json");
+    assert!(bloom.embedding_norm && bloom.tied_embeddings);
+    assert_eq!(bloom.attention, AttentionImpl::Eager);
+    let starcoder = spec("starcoder2-3b.json");
+    assert_eq!(
+        (starcoder.kv_head_count(), starcoder.linear_bias()),
+        (2, true)
+    );
+}
+
+#[test]
+fn unknown_families_and_missing_fields_are_named() {
+    let unknown = model_from_hf(r#"{"model_type": "mamba"}"#, 8).expect_err("unknown");
+    let m = unknown.to_string();
+    for family in [
+        "phi3",
+        "gpt_neox",
+        "mixtral",
+        "qwen2_moe",
+        "bloom",
+        "gemma3_text",
+    ] {
+        assert!(m.contains(family), "{m}");
+    }
+    let no_experts = fixture("mixtral-8x7b.json").replace("\"num_local_experts\": 8,", "");
+    let e = model_from_hf(&no_experts, 8).expect_err("no experts");
+    assert_eq!(
+        e.to_string(),
+        "mixtral config: field `num_local_experts` is missing"
+    );
+    let per_head = fixture("stablelm-2-1_6b.json")
+        .replace("\"qk_layernorm\": false", "\"qk_layernorm\": true");
+    let e = model_from_hf(&per_head, 8).expect_err("per-head norms");
+    assert!(e.to_string().contains("qk_layernorm"), "{e}");
+}
+
+#[test]
+fn the_attention_and_optimizer_implementations_show_in_the_plan() {
+    let plan = plan_from_hf(&fixture("llama-2-7b.json"), &HfOptions::new(1, 64)).expect("plan");
+    assert_eq!(transformer(&plan).attention, AttentionImpl::Sdpa);
+    assert_eq!(plan.optimizer.implementation, StepImpl::Foreach);
+    let mut opts = HfOptions::new(1, 64);
+    opts.attention = Some(AttentionImpl::FlashAttention2);
+    opts.optimizer_impl = Some(StepImpl::Fused);
+    let plan = plan_from_hf(&fixture("llama-2-7b.json"), &opts).expect("plan");
+    let text = plan.to_toml().expect("toml");
+    assert!(text.contains("attention = \"flash_attention_2\""), "{text}");
+    assert!(text.contains("implementation = \"fused\""), "{text}");
+    assert_eq!(Plan::from_toml_str(&text).expect("reads back"), plan);
+    // BLOOM has eager attention alone in transformers
+    opts.attention = Some(AttentionImpl::Sdpa);
+    let e = plan_from_hf(&fixture("bloom-560m.json"), &opts).expect_err("no sdpa");
+    assert!(e.to_string().contains("bloom with eager"), "{e}");
+}
+
+#[test]
+fn pure_half_precision_keeps_the_optimizer_state_in_the_parameters_dtype() {
+    for (precision, dtype, master) in [
+        (HfPrecision::Bf16, Dtype::Bf16, false),
+        (HfPrecision::F16, Dtype::F16, false),
+        (HfPrecision::MixedBf16, Dtype::F32, true),
+        (HfPrecision::F32, Dtype::F32, false),
+    ] {
+        let mut opts = HfOptions::new(1, 64);
+        opts.precision = precision;
+        let plan = plan_from_hf(&fixture("gpt2.json"), &opts).expect("plan");
+        assert_eq!(plan.optimizer.state_dtype, dtype, "{precision:?}");
+        assert_eq!(plan.precision.master_weights, master, "{precision:?}");
+    }
+}
+
+#[test]
+fn peft_targets_on_a_packed_projection_adapt_it_whole() {
+    let mut opts = HfOptions::new(1, 64);
+    opts.lora = Some(LoraSpec::new(8));
+    let plan = plan_from_hf(&fixture("pythia-1b.json"), &opts).expect("plan");
+    let lora = transformer(&plan).lora.as_ref().expect("lora");
+    assert_eq!(lora.targets, vec![LoraTarget::Qkv]);
 }

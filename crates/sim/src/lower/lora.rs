@@ -30,6 +30,8 @@ pub(crate) fn adapter_tensors(t: &TransformerSpec) -> Vec<(u64, u64)> {
 /// Adds the adapter of `target` (when `t` has one) to `base`, the output of a projection
 /// of `x` named `name` whose output is `base_width` per token (the packed projection's when
 /// `target` is one of its parts), `s` tokens per sample; returns the sum (or `base`).
+/// `keep_up`: the adapter's up-projection output is kept for backward (litgpt's zero padding
+/// of a packed projection's adapted parts).
 #[allow(clippy::too_many_arguments)] // one adapter: where it reads, where it adds, its sizes
 pub(crate) fn adapt(
     b: &mut ProgramBuilder,
@@ -40,6 +42,7 @@ pub(crate) fn adapt(
     base_width: u64,
     s: u64,
     name: &str,
+    keep_up: bool,
 ) -> ValueId {
     let Some(lora) = t.lora.as_ref().filter(|l| l.targets.contains(&target)) else {
         return base;
@@ -56,6 +59,9 @@ pub(crate) fn adapt(
     let bw = b.trainable_param(fout * r, format!("{name}.lora_{tag}.b"));
     let low = b.op(OpKind::Linear, &[input], s * r, &[a]);
     let up = b.op(OpKind::Linear, &[low], s * fout, &[bw]);
+    if keep_up {
+        b.save_extra(trainmem_autograd::Saved::Output);
+    }
     let scaled = b.op(OpKind::Scale, &[up], s * fout, &[]);
     b.op(OpKind::Add, &[base, scaled], s * base_width, &[])
 }

@@ -1,0 +1,541 @@
+//! A transformer stack as PyTorch's modules run it: embeddings, `layers` blocks, the final
+//! norm and the head.
+//!
+//! A block is attention and a feed-forward, each after a norm, arranged as the plan's
+//! [`BlockLayout`] says: one after the other (each with its residual sum), or side by side
+//! reading the block's input (through two norms, or one they share) with both outputs added
+//! to it. Around that the plan's settings add what each model family has:
+//!
+//! - the query, key and value projections packed in one matrix or as three, with heads of
+//!   `head_dim` and `kv_heads` key/value heads (grouped-query attention);
+//! - norms over each head's queries and keys (`qk_norm`): the attention then reads new
+//!   queries and keys beside the values, one tensor of the packed width;
+//! - norms on the attention's and the feed-forward's outputs (`post_norms`);
+//! - a gated feed-forward with its gate and input projections as two matrices or one
+//!   (`fused_gate_up`: two views of one output);
+//! - a mixture of experts in place of the feed-forward ([`MoeSpec`]): a router and its
+//!   softmax over every token, then the routed rows (`tokens × top_k`) gathered, passed
+//!   through the experts' projections as one stack of rows (each expert's share of the rows
+//!   adds up to the same tensors), weighted and summed back; and a shared expert every token
+//!   passes through, optionally gated;
+//! - soft-capping of eager attention's scores and of the logits: a division, a tanh (its
+//!   output kept) and a multiplication of the capped tensor's size.
+//!
+//! Rotary positions, full or partial, have no parameters and keep no more than the
+//! attention keeps: the rotated queries and keys take the place of the projections' own,
+//! which the rotation frees. They are not in the program. Neither is Gemma's scaling of the
+//! embeddings by `√hidden`, which replaces the embedding's output by a tensor of the same size.
+
+use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
+
+use super::{activation, lora};
+use crate::model::*;
+use crate::profile::Lowering;
+
+/// The sizes a transformer's ops share, and how its linear layers and norms are built.
+struct TransformerDims {
+    /// Sequence length.
+    s: u64,
+    /// Hidden size.
+    h: u64,
+    /// Query width (heads × head size), the attention's output width.
+    q: u64,
+    /// Key/value width (head size × key/value heads).
+    kv: u64,
+    /// Feed-forward size.
+    f: u64,
+    /// The attention's output projection has a bias.
+    linear_bias: bool,
+    /// The query, key and value projections have biases.
+    qkv_bias: bool,
+    /// The feed-forward's linear layers have biases.
+    ffn_bias: bool,
+    /// The norms have biases (layer norm).
+    norm_bias: bool,
+    norm_op: OpKind,
+    /// Eager attention's softmax (composed of plain ops in a hand-written model).
+    softmax_op: OpKind,
+    /// The attention kernel that runs (eager or fused).
+    kernel: AttentionImpl,
+    /// Whose code runs the model.
+    implementation: Implementation,
+    /// On a GPU (else a CPU).
+    gpu: bool,
+}
+
+impl TransformerDims {
+    fn new(t: &TransformerSpec, gpu: bool) -> TransformerDims {
+        TransformerDims {
+            s: t.seq_len,
+            h: t.hidden,
+            q: t.q_width(),
+            kv: t.kv_width(),
+            f: t.ffn_size(),
+            linear_bias: t.linear_bias(),
+            qkv_bias: t.qkv_has_bias(),
+            ffn_bias: t.ffn_has_bias(),
+            norm_bias: t.norm_bias(),
+            // a hand-written RMS norm is what `rms_norm` already stands for (PyTorch's eager
+            // one is composed too)
+            norm_op: match (t.norm, t.implementation) {
+                (NormKind::LayerNorm, Implementation::Handwritten) => OpKind::LayerNormComposed,
+                (NormKind::LayerNorm, _) => OpKind::LayerNorm,
+                (NormKind::RmsNorm, _) => OpKind::RmsNorm,
+            },
+            softmax_op: match t.implementation {
+                Implementation::Handwritten => OpKind::SoftmaxComposed,
+                _ => OpKind::Softmax,
+            },
+            kernel: t.attention.kernel(gpu, t.dropout > 0.0),
+            implementation: t.implementation,
+            gpu,
+        }
+    }
+
+    /// A linear layer `fin → fout` per token, with a bias when `bias`.
+    fn linear_with(
+        &self,
+        b: &mut ProgramBuilder,
+        x: ValueId,
+        (fin, fout): (u64, u64),
+        bias: bool,
+        name: String,
+    ) -> ValueId {
+        let mut ps = vec![b.param(fin * fout, format!("{name}.weight"))];
+        if bias {
+            ps.push(b.param(fout, format!("{name}.bias")));
+        }
+        b.op(OpKind::Linear, &[x], self.s * fout, &ps)
+    }
+
+    /// [`TransformerDims::linear_with`] for the projection `target` of a block, with its
+    /// LoRA adapter when `t` puts one on it (`parts`: the adapters that add into this
+    /// projection's output, for a packed one).
+    #[allow(clippy::too_many_arguments)] // a projection and the adapters on it
+    fn projection(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        (fin, fout): (u64, u64),
+        bias: bool,
+        name: String,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let mut y = self.linear_with(b, x, (fin, fout), bias, name.clone());
+        // litgpt's adapter on a packed query-key-value projection (`LoRAQKVLinear`) computes
+        // the adapted parts as one tensor and, unless all three are adapted, pads it with
+        // zeros to the projection's width (`index_copy_`, whose backward keeps that tensor)
+        let packed_subset = self.implementation == Implementation::Litgpt
+            && t.lora.as_ref().is_some_and(|l| {
+                let adapted = |p: &LoraTarget| l.targets.contains(p);
+                parts.contains(&LoraTarget::Qkv)
+                    && !adapted(&LoraTarget::Qkv)
+                    && parts.iter().any(adapted)
+                    && !parts[1..].iter().all(adapted)
+            });
+        for &target in parts {
+            y = lora::adapt(b, t, target, x, y, fout, self.s, &name, packed_subset);
+        }
+        y
+    }
+
+    /// The query, key and value projections as three weights (and biases) computed as one
+    /// packed output, with the adapters `parts` names.
+    fn separate_qkv(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        i: u64,
+        parts: &[LoraTarget],
+    ) -> ValueId {
+        let (h, q, kv) = (self.h, self.q, self.kv);
+        let widths = [("q", q), ("k", kv), ("v", kv)];
+        let mut ps: Vec<_> = widths
+            .iter()
+            .map(|&(n, w)| b.param_matrix(w, h, format!("block{i}.attn.{n}.weight")))
+            .collect();
+        if self.qkv_bias {
+            for &(n, w) in &widths {
+                ps.push(b.param(w, format!("block{i}.attn.{n}.bias")));
+            }
+        }
+        let out = q + 2 * kv;
+        let mut y = b.op(OpKind::Linear, &[x], self.s * out, &ps);
+        for &target in parts {
+            y = lora::adapt(
+                b,
+                t,
+                target,
+                x,
+                y,
+                out,
+                self.s,
+                &format!("block{i}.attn.qkv"),
+                false,
+            );
+        }
+        y
+    }
+
+    /// A norm over `width` elements per row, `rows` rows per sample.
+    fn norm_over(
+        &self,
+        b: &mut ProgramBuilder,
+        x: ValueId,
+        (width, rows): (u64, u64),
+        name: String,
+    ) -> ValueId {
+        let mut ps = vec![b.param(width, format!("{name}.weight"))];
+        if self.norm_bias {
+            ps.push(b.param(width, format!("{name}.bias")));
+        }
+        b.op_rows(self.norm_op, &[x], rows * width, &ps, rows)
+    }
+
+    /// A norm over the hidden size, per token.
+    fn norm(&self, b: &mut ProgramBuilder, x: ValueId, name: String) -> ValueId {
+        self.norm_over(b, x, (self.h, self.s), name)
+    }
+
+    /// `cap · tanh(x / cap)` over `n` elements: tanh keeps its output.
+    fn softcap(b: &mut ProgramBuilder, x: ValueId, n: u64) -> ValueId {
+        let scaled = b.op(OpKind::Scale, &[x], n, &[]);
+        let t = b.op(OpKind::Tanh, &[scaled], n, &[]);
+        b.op(OpKind::Scale, &[t], n, &[])
+    }
+
+    /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
+    /// fused.
+    fn attention(&self, b: &mut ProgramBuilder, t: &TransformerSpec, qkv: ValueId) -> ValueId {
+        let (s, q) = (self.s, self.q);
+        let scores_n = t.heads * s * s;
+        match self.kernel {
+            AttentionImpl::Eager => {
+                let scores = b.op(OpKind::Matmul, &[qkv, qkv], scores_n, &[]);
+                let mut scaled = b.op(OpKind::Scale, &[scores], scores_n, &[]);
+                if t.attn_softcap.is_some() {
+                    scaled = Self::softcap(b, scaled, scores_n);
+                }
+                let mut probs = b.op_rows(self.softmax_op, &[scaled], scores_n, &[], t.heads * s);
+                if t.dropout > 0.0 {
+                    probs = b.op(OpKind::Dropout, &[probs], scores_n, &[]);
+                }
+                let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * q, &[]);
+                b.op(OpKind::Copy, &[ctx], s * q, &[])
+            }
+            _ if self.implementation == Implementation::Litgpt => {
+                // litgpt rotates the queries and keys into new tensors (`torch.cat` of the
+                // rotated and the unrotated part) and, with fewer key/value heads than query
+                // heads, repeats the keys and values to every query head
+                // (`repeat_interleave`): the kernel keeps three new tensors of the queries'
+                // width, the packed projection is freed. With as many key/value heads as
+                // query heads the values stay a view of the packed projection, which the
+                // kernel keeps alive beside the rotated queries and keys: one value of both
+                // sizes stands for them.
+                let kv = self.kv;
+                let read = if kv < q {
+                    3 * q
+                } else {
+                    (q + kv) + (q + 2 * kv)
+                };
+                let qkv = b.op(OpKind::Copy, &[qkv], s * read, &[]);
+                let y = b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s);
+                if self.gpu {
+                    y
+                } else {
+                    // the CPU kernel's output is laid out as its (contiguous) queries are:
+                    // back to the hidden layout takes a copy
+                    b.op(OpKind::Copy, &[y], s * q, &[])
+                }
+            }
+            _ => b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s),
+        }
+    }
+
+    /// The attention sub-layer of block `i` on its normed input `n`: projections, the
+    /// heads' query and key norms, attention and the output projection.
+    fn attention_sublayer(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        n: ValueId,
+        i: u64,
+    ) -> ValueId {
+        let (s, h, q, kv) = (self.s, self.h, self.q, self.kv);
+        let qkv_parts = [LoraTarget::Qkv, LoraTarget::Q, LoraTarget::K, LoraTarget::V];
+        let mut qkv = if t.separate_qkv {
+            self.separate_qkv(b, t, n, i, &qkv_parts)
+        } else {
+            self.projection(
+                b,
+                t,
+                n,
+                (h, q + 2 * kv),
+                self.qkv_bias,
+                format!("block{i}.attn.qkv"),
+                &qkv_parts,
+            )
+        };
+        if t.qk_norm {
+            let d = t.head_size();
+            let qn = self.norm_over(b, qkv, (d, s * t.heads), format!("block{i}.attn.q_norm"));
+            let kn = self.norm_over(
+                b,
+                qkv,
+                (d, s * t.kv_head_count()),
+                format!("block{i}.attn.k_norm"),
+            );
+            // the normed (and rotated) queries and keys beside the values
+            qkv = b.op(OpKind::Add, &[qn, kn], s * (q + 2 * kv), &[]);
+        }
+        let ctx = self.attention(b, t, qkv);
+        self.projection(
+            b,
+            t,
+            ctx,
+            (q, h),
+            self.linear_bias,
+            format!("block{i}.attn.out"),
+            &[LoraTarget::O],
+        )
+    }
+
+    /// A dense feed-forward of inner size `f` over the `s` tokens of `x`, its projections
+    /// named under `name` (with the block's LoRA adapters when `adapt`).
+    fn dense_ffn(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        x: ValueId,
+        f: u64,
+        name: &str,
+        adapt: bool,
+    ) -> ValueId {
+        let (s, h, bias) = (self.s, self.h, self.ffn_bias);
+        let targets = |target| if adapt { vec![target] } else { Vec::new() };
+        let g = if t.gated_ffn && t.fused_gate_up {
+            let gu_targets = targets(LoraTarget::GateUp);
+            let gu = self.projection(
+                b,
+                t,
+                x,
+                (h, 2 * f),
+                bias,
+                format!("{name}.gate_up"),
+                &gu_targets,
+            );
+            let gate = b.op(OpKind::View, &[gu], s * f, &[]);
+            let up = b.op(OpKind::View, &[gu], s * f, &[]);
+            let a = activation(b, t.activation, gate, s * f);
+            b.op(OpKind::Mul, &[a, up], s * f, &[])
+        } else {
+            let up_targets = targets(LoraTarget::Up);
+            let a = self.projection(b, t, x, (h, f), bias, format!("{name}.up"), &up_targets);
+            let mut g = activation(b, t.activation, a, s * f);
+            if t.gated_ffn {
+                let gate_targets = targets(LoraTarget::Gate);
+                let gate =
+                    self.projection(b, t, x, (h, f), bias, format!("{name}.gate"), &gate_targets);
+                g = b.op(OpKind::Mul, &[g, gate], s * f, &[]);
+            }
+            g
+        };
+        let down_targets = targets(LoraTarget::Down);
+        self.projection(b, t, g, (f, h), bias, format!("{name}.down"), &down_targets)
+    }
+
+    /// A mixture of experts over the normed tokens `x` of block `i`.
+    fn moe(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        m: &MoeSpec,
+        x: ValueId,
+        i: u64,
+    ) -> ValueId {
+        let (s, h) = (self.s, self.h);
+        let (e, k) = (m.experts, m.top_k);
+        let fe = m.expert_ffn.unwrap_or(self.f);
+        let rows = m.routed_rows(s);
+        let name = format!("block{i}.moe");
+        // the router and its softmax (in f32) over every token; the top-k weights
+        let router = b.param_matrix(e, h, format!("{name}.router.weight"));
+        let logits = b.op(OpKind::Linear, &[x], s * e, &[router]);
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        let probs = b.op_full(OpKind::Softmax, &[logits], s * e, 0, f32, &[], s, 0);
+        let weights = b.op(OpKind::Copy, &[probs], s * k, &[]);
+        // the routed rows, through every expert's projections as one stack of rows
+        let gathered = b.op(OpKind::Copy, &[x], rows * h, &[]);
+        let inner = if t.gated_ffn { 2 * fe } else { fe };
+        let w_in = b.param_matrix(e * inner, h, format!("{name}.experts.gate_up"));
+        let projected = b.op(OpKind::Linear, &[gathered], rows * inner, &[w_in]);
+        let mid = if t.gated_ffn {
+            let gate = b.op(OpKind::View, &[projected], rows * fe, &[]);
+            let up = b.op(OpKind::View, &[projected], rows * fe, &[]);
+            let a = activation(b, t.activation, gate, rows * fe);
+            b.op(OpKind::Mul, &[a, up], rows * fe, &[])
+        } else {
+            activation(b, t.activation, projected, rows * fe)
+        };
+        let w_out = b.param_matrix(e * h, fe, format!("{name}.experts.down"));
+        let out = b.op(OpKind::Linear, &[mid], rows * h, &[w_out]);
+        let weighted = b.op(OpKind::Mul, &[out, weights], rows * h, &[]);
+        let mut combined = b.op(OpKind::Copy, &[weighted], s * h, &[]);
+        if let Some(fs) = m.shared_expert_ffn {
+            let mut shared = self.dense_ffn(b, t, x, fs, &format!("{name}.shared"), false);
+            if m.shared_expert_gate {
+                let w = b.param_matrix(1, h, format!("{name}.shared_gate.weight"));
+                let g = b.op(OpKind::Linear, &[x], s, &[w]);
+                let g = b.op(OpKind::Sigmoid, &[g], s, &[]);
+                shared = b.op(OpKind::Mul, &[shared, g], s * h, &[]);
+            }
+            combined = b.op(OpKind::Add, &[combined, shared], s * h, &[]);
+        }
+        combined
+    }
+
+    /// The feed-forward sub-layer of block `i` on its normed input `n`.
+    fn ffn_sublayer(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        n: ValueId,
+        i: u64,
+    ) -> ValueId {
+        match &t.moe {
+            Some(m) => self.moe(b, t, m, n, i),
+            None => self.dense_ffn(b, t, n, self.f, &format!("block{i}.ffn"), true),
+        }
+    }
+
+    /// A sub-layer's output on its way to the residual sum: its post-norm, its dropout.
+    fn finish_sublayer(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        y: ValueId,
+        name: String,
+    ) -> ValueId {
+        let mut y = y;
+        if t.post_norms {
+            y = self.norm(b, y, name);
+        }
+        if t.dropout > 0.0 {
+            y = b.op(OpKind::Dropout, &[y], self.s * self.h, &[]);
+        }
+        y
+    }
+
+    /// Block `i`: attention and feed-forward with their residual sums, as `t.block` lays
+    /// them out.
+    fn block(&self, b: &mut ProgramBuilder, t: &TransformerSpec, x: ValueId, i: u64) -> ValueId {
+        let sh = self.s * self.h;
+        let n1 = self.norm(b, x, format!("block{i}.norm1"));
+        let a = self.attention_sublayer(b, t, n1, i);
+        match t.block {
+            BlockLayout::Sequential => {
+                let a = self.finish_sublayer(b, t, a, format!("block{i}.attn.post_norm"));
+                let x = b.op(OpKind::Add, &[x, a], sh, &[]);
+                let n2 = self.norm(b, x, format!("block{i}.norm2"));
+                let m = self.ffn_sublayer(b, t, n2, i);
+                let m = self.finish_sublayer(b, t, m, format!("block{i}.ffn.post_norm"));
+                b.op(OpKind::Add, &[x, m], sh, &[])
+            }
+            BlockLayout::Parallel | BlockLayout::ParallelSharedNorm => {
+                let n2 = if t.block == BlockLayout::Parallel {
+                    self.norm(b, x, format!("block{i}.norm2"))
+                } else {
+                    n1
+                };
+                let m = self.ffn_sublayer(b, t, n2, i);
+                let a = self.finish_sublayer(b, t, a, format!("block{i}.attn.post_norm"));
+                let m = self.finish_sublayer(b, t, m, format!("block{i}.ffn.post_norm"));
+                let both = b.op(OpKind::Add, &[a, m], sh, &[]);
+                b.op(OpKind::Add, &[x, both], sh, &[])
+            }
+        }
+    }
+}
+
+/// Lowers `t` under `layout`, its attention the kernel it takes on a GPU (`gpu`) or a CPU.
+pub(super) fn lower_transformer(
+    t: &TransformerSpec,
+    layout: &Lowering,
+    gpu: bool,
+) -> Result<Program, trainmem_autograd::ProgramError> {
+    let dims = TransformerDims::new(t, gpu);
+    let (s, h) = (dims.s, dims.h);
+    let mut b = ProgramBuilder::new();
+    // under LoRA every parameter but the adapters' is frozen
+    b.freeze_params(t.lora.is_some());
+    let ids = ValueDtype::Fixed(layout.int_dtype);
+    let tokens = b.input(s, ids);
+    b.begin_layer("embed");
+    let tok = b.param(t.vocab * h, "embed.tokens");
+    let mut ps = vec![tok];
+    if t.learned_positions {
+        ps.push(b.param(t.position_rows() * h, "embed.positions"));
+    }
+    if t.token_types > 0 {
+        ps.push(b.param(t.token_types * h, "embed.token_types"));
+    }
+    let mut x = b.op(OpKind::Embedding, &[tokens], s * h, &ps);
+    if t.embedding_norm {
+        x = dims.norm(&mut b, x, "embed.norm".into());
+    }
+    if t.dropout > 0.0 {
+        x = b.op(OpKind::Dropout, &[x], s * h, &[]);
+    }
+    for i in 0..t.layers {
+        b.begin_block(format!("block{i}"));
+        x = dims.block(&mut b, t, x, i);
+    }
+    b.begin_layer("head");
+    let n = if t.final_norm.unwrap_or(layout.transformer_final_norm) {
+        dims.norm(&mut b, x, "final_norm".into())
+    } else {
+        x
+    };
+    match t.kind {
+        TransformerKind::Decoder => {
+            let w = if t.tied_embeddings {
+                tok
+            } else {
+                b.param(t.vocab * h, "lm_head.weight")
+            };
+            let mut ps = vec![w];
+            if t.head_bias.unwrap_or(layout.lm_head_bias) {
+                ps.push(b.param(t.vocab, "lm_head.bias"));
+            }
+            let mut logits = b.op(OpKind::Linear, &[n], s * t.vocab, &ps);
+            if t.logit_softcap.is_some() {
+                logits = TransformerDims::softcap(&mut b, logits, s * t.vocab);
+            }
+            let targets = b.input(s, ids);
+            b.loss(OpKind::CrossEntropy, &[logits, targets]);
+        }
+        TransformerKind::Encoder => {
+            let classes = t.classes.unwrap_or(2);
+            let take = if layout.first_token_is_view {
+                OpKind::View
+            } else {
+                OpKind::Copy
+            };
+            let mut first = b.op(take, &[n], h, &[]);
+            if t.pooler {
+                let pw = b.param(h * h, "pooler.weight");
+                let pb = b.param(h, "pooler.bias");
+                let pooled = b.op(OpKind::Linear, &[first], h, &[pw, pb]);
+                first = b.op(OpKind::Tanh, &[pooled], h, &[]);
+            }
+            let w = b.param(h * classes, "classifier.weight");
+            let bb = b.param(classes, "classifier.bias");
+            let logits = b.op(OpKind::Linear, &[first], classes, &[w, bb]);
+            let targets = b.input(1, ids);
+            b.loss(OpKind::CrossEntropy, &[logits, targets]);
+        }
+    }
+    b.finish()
+}

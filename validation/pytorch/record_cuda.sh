@@ -1,0 +1,32 @@
+#!/bin/sh
+# The GPU suite in one command: `record.py --suite cuda` (sequence 1024: eager and sdpa
+# attention, f32 with foreach and fused AdamW, torch.autocast to bf16, a model cast to bf16,
+# LoRA; transformers' LLaMA and GPT-2, the hand-written GPT, litgpt's model) with a ledger per
+# run, the caching allocator's figures per phase and its memory snapshot per run, into
+# OUT/<gpu name>/ (default fixtures/pytorch-cuda/). `cargo xtask validate pytorch` reads them.
+#
+# Usage, from the repository root of a machine with a GPU and PyTorch:
+#     sh validation/pytorch/record_cuda.sh [OUT]
+# DEVICE=cpu runs the same suite on the CPU (no allocator figures or snapshots), which is how
+# it is checked without a GPU; STEPS=N records N optimizer steps (default 3); PYTHON picks the
+# interpreter (default python3). Packages missing on the machine can travel as wheels in
+# .whl/ (litgpt is pure Python): they are installed into a folder of their own first.
+set -eu
+out=${1:-fixtures/pytorch-cuda}
+device=${DEVICE:-cuda}
+python=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --upgrade \
+        --target /tmp/trainmem-site .whl/*.whl
+    PYTHONPATH=/tmp/trainmem-site${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH
+fi
+"$python" -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__, "cuda", torch.cuda.is_available())'
+snapshots=""
+if [ "$device" = cuda ]; then
+    snapshots=--snapshots
+fi
+start=$(date +%s)
+"$python" validation/pytorch/record.py --suite cuda --device "$device" $snapshots \
+    --steps "${STEPS:-3}" --out "$out"
+echo "recorded in $(( $(date +%s) - start )) s"
