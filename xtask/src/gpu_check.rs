@@ -156,7 +156,7 @@ fn flex_tracker_check(plan: &trainmem_core::Plan) -> anyhow::Result<TrackerCheck
     plan.training.epochs = plan.training.epochs.min(2);
     plan.training.steps_per_epoch = Some(plan.training.steps_per_epoch.unwrap_or(3).min(3));
     let run = trainmem_burn::run_measured_detailed(&plan, trainmem_burn::RunOptions::default())?;
-    let rows = trainmem_burn::tracker_vs_host(&run)
+    let rows = trainmem_burn::tracker_vs_host(&run, trainmem_burn::agreement::TRACKER_SLACK)
         .context("the run was not counted and tracked (is the counting allocator in?)")?;
     let mut c = TrackerCheck {
         percent: 1.0,
