@@ -197,8 +197,12 @@ fn mixed_precision() {
     assert!((1.95..2.05).contains(&pr), "parameters halve: {pr}");
     // masks, f32 norm statistics and the loss's f32 log-probabilities (vocab 16,000) do not halve
     assert!((1.5..2.05).contains(&ar), "activations about halve: {ar}");
+    // the peak, at the loss's backward, less: `transformers`' loss upcasts the logits
+    // (`logits.float()`), so the f32 log-probabilities and the two f32 logits-sized gradients
+    // there are the same in both runs (fixtures/pytorch/bf16-*: a model cast to bf16)
     let peak = |r: &SimResult| r.summary.peak_allocated as f64;
-    assert!(peak(&rf) / peak(&r) > 1.5);
+    let ratio = peak(&rf) / peak(&r);
+    assert!((1.3..2.0).contains(&ratio), "peak ratio {ratio}");
 }
 
 #[test]

@@ -651,6 +651,10 @@ def runs():
     yield "gpt2-tiny-adamw-accumulation", gpt2, "adamw", 4, 64, {"micro": 2}
     yield "llama-tiny-adamw-checkpointing", llama, "adamw", 4, 64, {"checkpointing": True}
     yield "bert-tiny-sgd-checkpointing", bert, "sgd", 4, 64, {"checkpointing": True}
+    # LLaMA with transformers' eager attention (attn_implementation="eager"): the keys and
+    # values repeated to every query head (grouped-query attention) for its matmuls
+    llama_eager = lambda: hf_model("llama", tiny_llama, 4, 64, "eager")  # noqa: E731
+    yield "llama-tiny-eager-adamw", llama_eager, "adamw", 4, 64, {}
     # BERT-large (bert-large-uncased's shape) at sequence 512 and batch 8, the largest batch
     # whose training the twin predicts to fit this 24 GiB machine (19.6 GiB; batch 9: 21.6 GiB)
     large_bert = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,

@@ -213,6 +213,14 @@ impl TransformerDims {
         let scores_n = t.heads * s * s;
         match self.kernel {
             AttentionImpl::Eager => {
+                // with fewer key/value heads than query heads, `transformers` repeats the
+                // keys and values to every query head (`repeat_kv`: two new tensors of the
+                // queries' width the matmuls keep; the projection's own are freed)
+                let qkv = if self.implementation == Implementation::Transformers && self.kv < q {
+                    b.op(OpKind::Copy, &[qkv], s * 3 * q, &[])
+                } else {
+                    qkv
+                };
                 let scores = b.op(OpKind::Matmul, &[qkv, qkv], scores_n, &[]);
                 let mut scaled = b.op(OpKind::Scale, &[scores], scores_n, &[]);
                 if t.attn_softcap.is_some() {
