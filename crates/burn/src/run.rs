@@ -1,7 +1,7 @@
 //! A real, measured burn training run driven by a plan.
 //!
 //! [`run_measured`] trains the plan's model on a burn backend (Flex on the CPU by default, CUDA
-//! with the `cuda` feature) and samples memory with a [`Probe`] at every phase boundary. The
+//! with the `cuda` feature) and samples memory with a [`Probe`](crate::Probe) at every phase boundary. The
 //! training thread carries a category tag the counting allocator reads:
 //!
 //! | phase | tag |
@@ -106,8 +106,8 @@ pub struct RunOptions<'a> {
     /// Called after every optimizer step.
     pub progress: Option<&'a mut (dyn FnMut(Progress) + Send)>,
     /// The batch source. When `None`, vector and image models read a memory-mapped fixture
-    /// data set through trainmem-loader ([`FixtureData`], generated on first use in the work
-    /// directory), and token models read a [`SyntheticSource`] seeded from the plan.
+    /// data set through trainmem-loader ([`FixtureData`](crate::data::FixtureData), generated on first use in the work
+    /// directory), and token models read a [`SyntheticSource`](crate::SyntheticSource) seeded from the plan.
     pub source: Option<Box<dyn BatchSource + Send + 'a>>,
     /// Leave burn's lazily initialised parameters alone at model construction (default
     /// `false`: every parameter is materialised under `parameter` before the `model_init`
