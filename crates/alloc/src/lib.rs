@@ -82,7 +82,7 @@
 //!   reserves address space for 9/8 of the device and grows by mapping pages (2 MiB in the
 //!   small pool, 20 MiB in the large) through [`DeviceMemory::reserve_address_space`] /
 //!   [`DeviceMemory::map`] ([`SimulatedDevice`] implements them; [`HostDevice`] and
-//!   [`CudaDevice`] answer [`DeviceError::Unavailable`]). A miss maps just enough whole pages
+//!   `CudaDevice` (feature `cuda`) answer [`DeviceError::Unavailable`]). A miss maps just enough whole pages
 //!   at the lowest place where free and unmapped blocks together have room (the growing end,
 //!   or a hole an unmap left); best fit passes over a block at the growing end when the next
 //!   block by size could grow to less; both pools split any remainder of 512 B or more.

@@ -59,7 +59,7 @@ pub fn prefetch_pages(part: &[u8]) {
 #[inline]
 unsafe fn fill_bytes(dst: *mut u8, byte: u8, n: usize) {
     let w8 = u64::from_ne_bytes([byte; 8]);
-    // SAFETY (every arm): the caller makes `dst..dst + n` writable; each store covers bytes
+    // SAFETY: (every arm) the caller makes `dst..dst + n` writable; each store covers bytes
     // inside it (the second store of a pair ends exactly at `dst + n`), unaligned stores are
     // allowed by `write_unaligned`.
     unsafe {
@@ -93,7 +93,7 @@ unsafe fn fill_bytes(dst: *mut u8, byte: u8, n: usize) {
 /// overlap.
 #[inline]
 unsafe fn copy_bytes(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY (every arm): the caller makes both ranges valid and disjoint; each load and store
+    // SAFETY: (every arm) the caller makes both ranges valid and disjoint; each load and store
     // covers bytes inside them (the second of a pair ends exactly at `n`); unaligned accesses
     // are allowed by `read_unaligned` and `write_unaligned`. Both loads of a pair happen before
     // either store, though with disjoint ranges the order does not matter.
@@ -209,22 +209,25 @@ const STREAM_MIN_PART: usize = 1024;
 unsafe fn copy_streaming(src: *const u8, dst: *mut u8, n: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     let head = dst.align_offset(32).min(n);
-    // SAFETY (every block below): all offsets stay below `n`, inside both ranges the caller
-    // vouches for; `dst + off` is 32-byte aligned after `head` (16-byte aligned is what
-    // `_mm_stream_si128` requires); `_mm_loadu_si128` accepts any alignment; SSE2 is part of
-    // every x86_64 target's baseline, and AVX is used only where the CPU reports it.
+    // SAFETY: (this block and the three below) all offsets stay below `n`, inside both ranges
+    // the caller vouches for; `dst + off` is 32-byte aligned after `head` (16-byte aligned is
+    // what `_mm_stream_si128` requires); `_mm_loadu_si128` accepts any alignment; SSE2 is part
+    // of every x86_64 target's baseline, and AVX is used only where the CPU reports it.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
     let mut off = head;
     if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: as above; the CPU reports AVX and `dst + off` is 32-byte aligned.
         off += unsafe { stream_avx(src.add(off), dst.add(off), n - off) };
     }
     while off + 16 <= n {
+        // SAFETY: as above; `off + 16 <= n` keeps both 16-byte accesses inside the ranges.
         unsafe {
             let v = _mm_loadu_si128(src.add(off).cast::<__m128i>());
             _mm_stream_si128(dst.add(off).cast::<__m128i>(), v);
         }
         off += 16;
     }
+    // SAFETY: as above; the tail `off..n` lies inside both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), n - off) };
 }
 

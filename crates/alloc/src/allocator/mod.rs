@@ -1381,11 +1381,12 @@ impl CachingAllocator<HostDevice> {
     fn slice(&self, id: BlockId, allow_owned: bool) -> Result<&[u8], AllocError> {
         match self.host_range(id, allow_owned)? {
             None => Ok(&[]),
-            // SAFETY: the block is allocated, so `[addr, addr+size)` lies inside a live segment of
-            // `self.device` (host memory from `alloc_zeroed`, hence initialised), which is only
-            // released through `&mut self`; no other live block overlaps it. The slice borrows
-            // `self`, so the block cannot be freed or handed out as `&mut` while it exists.
             Some((addr, size)) => {
+                // SAFETY: the block is allocated, so `[addr, addr+size)` lies inside a live
+                // segment of `self.device` (host memory from `alloc_zeroed`, hence initialised),
+                // which is only released through `&mut self`; no other live block overlaps it.
+                // The slice borrows `self`, so the block cannot be freed or handed out as `&mut`
+                // while it exists.
                 Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, size as usize) })
             }
         }
@@ -1394,9 +1395,9 @@ impl CachingAllocator<HostDevice> {
     fn slice_mut(&mut self, id: BlockId, allow_owned: bool) -> Result<&mut [u8], AllocError> {
         match self.host_range(id, allow_owned)? {
             None => Ok(&mut []),
-            // SAFETY: as in `slice`; in addition the slice borrows `self` mutably, so no other
-            // slice of this allocator's memory can exist at the same time.
             Some((addr, size)) => {
+                // SAFETY: as in `slice`; in addition the slice borrows `self` mutably, so no
+                // other slice of this allocator's memory can exist at the same time.
                 Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, size as usize) })
             }
         }
