@@ -207,31 +207,13 @@ fn cuda_name() -> Option<String> {
     ctx.name().ok()
 }
 
-fn slug(name: &str) -> String {
-    let s: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    s.split('-')
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("-")
-}
-
 /// The empty-cache scenario's GPU plan on trainmem-meta's cubecl model for `bytes` of device
 /// memory: reserved after the first epoch.
 fn predicted_reserved(bytes: u64) -> anyhow::Result<u64> {
     let plan = trainmem_scenarios::empty_cache_gpu_plan()?;
-    let (device, pools) = trainmem_meta::MetaDevice::cubecl(bytes);
+    let (device, _pools) = trainmem_meta::MetaDevice::cubecl(bytes);
     let run = trainmem_meta::run_plan(&plan, trainmem_burn::RunOptions::default(), device)
         .context("the empty-cache GPU plan on Meta")?;
-    drop(pools);
     reserved_after_first_epoch(&run.timeline).context("no sample in the first epoch")
 }
 
@@ -376,7 +358,9 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         ],
         seconds: started.elapsed().as_secs_f64(),
     };
-    let dir = args.out.join(slug(&device.name));
+    let dir = args
+        .out
+        .join(trainmem_scenarios::output::slug(&device.name));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("gpu-check.json");
     std::fs::write(&path, serde_json::to_string_pretty(&check)? + "\n")
@@ -423,16 +407,5 @@ fn print_summary(c: &GpuCheck) {
                 .map(|m| format!(", burn held {:.2} MiB", m as f64 / 1048576.0))
                 .unwrap_or_default()
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_names_become_folder_names() {
-        assert_eq!(slug("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3");
-        assert_eq!(slug("flex-cpu-x86_64"), "flex-cpu-x86-64");
     }
 }

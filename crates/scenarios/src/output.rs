@@ -129,8 +129,9 @@ fn run_report(r: &RunRecord) -> RunReport {
     }
 }
 
-/// A file-name-safe form of a run label.
-fn slug(label: &str) -> String {
+/// A file-name-safe form of a run label or a device name: lower-case ASCII letters and digits,
+/// every other run of characters one `-`.
+pub fn slug(label: &str) -> String {
     let mut s: String = label
         .chars()
         .map(|c| {
@@ -440,5 +441,8 @@ mod tests {
     fn slugs_are_file_safe() {
         assert_eq!(slug("Persistent workers (knob)"), "persistent-workers-knob");
         assert_eq!(slug("a/b"), "a-b");
+        // Device names, as `xtask gpu-check` names its folders.
+        assert_eq!(slug("NVIDIA H100 80GB HBM3"), "nvidia-h100-80gb-hbm3");
+        assert_eq!(slug("flex-cpu-x86_64"), "flex-cpu-x86-64");
     }
 }

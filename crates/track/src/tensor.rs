@@ -163,17 +163,21 @@ fn consumed_unique(key: u64, signature: u64) {
     });
 }
 
-/// Whether an output holding buffer `key` with shape `signature` is a new buffer at the
-/// address of an input the op consumed (see [`Stash`]).
-fn reuses_address(key: u64, signature: u64) -> bool {
-    STASH
+/// Whether an output holding buffer `key` is a new buffer at the address of an input the op
+/// consumed (see [`Stash`]); the output's shape signature is computed only when an input of
+/// that key was consumed.
+fn reuses_address(key: u64, signature: impl FnOnce() -> u64) -> bool {
+    let consumed = STASH
         .try_with(|s| {
             s.borrow()
                 .consumed
                 .iter()
-                .any(|&(k, sig)| k == key && sig != signature)
+                .find(|&&(k, _)| k == key)
+                .map(|&(_, sig)| sig)
         })
-        .unwrap_or(false)
+        .ok()
+        .flatten();
+    consumed.is_some_and(|sig| sig != signature())
 }
 
 /// The span of one op of [`crate::Tracked`]: when it ends (normally or by a panic), the
@@ -222,7 +226,7 @@ macro_rules! wrap_fn {
                 .and_then(|i| take_stashed(i.handle_key))
                 .unwrap_or_else(|| Handle::new(info.map_or(0, |i| i.handle_bytes)));
             let fresh = view_of.is_none()
-                && info.is_some_and(|i| reuses_address(i.key, shape_signature(&inner.shape())));
+                && info.is_some_and(|i| reuses_address(i.key, || shape_signature(&inner.shape())));
             let token = track(info, view_of, fresh, || {
                 dense_bytes(&inner.shape(), inner.dtype())
             });
@@ -309,44 +313,21 @@ pub(crate) fn unwrap_qparams<B: TrackableBackend>(
 pub(crate) fn unwrap_transaction<B: TrackableBackend>(
     t: TransactionPrimitive<Tracked<B>>,
 ) -> (TransactionPrimitive<B>, Vec<Option<Keep>>) {
+    fn split<P>(tensors: Vec<TrackedTensor<P>>, keep: &mut Vec<Option<Keep>>) -> Vec<P> {
+        tensors
+            .into_iter()
+            .map(|t| {
+                let (t, k) = t.into_parts();
+                keep.push(k);
+                t
+            })
+            .collect()
+    }
     let mut keep = Vec::new();
-    let mut take = |k: Option<Keep>| keep.push(k);
-    let floats = t
-        .read_floats
-        .into_iter()
-        .map(|t| {
-            let (t, k) = t.into_parts();
-            take(k);
-            t
-        })
-        .collect();
-    let qfloats = t
-        .read_qfloats
-        .into_iter()
-        .map(|t| {
-            let (t, k) = t.into_parts();
-            take(k);
-            t
-        })
-        .collect();
-    let ints = t
-        .read_ints
-        .into_iter()
-        .map(|t| {
-            let (t, k) = t.into_parts();
-            take(k);
-            t
-        })
-        .collect();
-    let bools = t
-        .read_bools
-        .into_iter()
-        .map(|t| {
-            let (t, k) = t.into_parts();
-            take(k);
-            t
-        })
-        .collect();
+    let floats = split(t.read_floats, &mut keep);
+    let qfloats = split(t.read_qfloats, &mut keep);
+    let ints = split(t.read_ints, &mut keep);
+    let bools = split(t.read_bools, &mut keep);
     (
         TransactionPrimitive::new(floats, qfloats, ints, bools),
         keep,

@@ -11,6 +11,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
+
+use super::loader::timing::Spread;
 use trainmem_burn::{RunOptions, run_measured_detailed};
 use trainmem_core::Plan;
 
@@ -29,19 +31,6 @@ pub struct TrackerBenchArgs {
     /// The largest median ratio a plan may show.
     #[arg(long, default_value_t = 1.1)]
     target: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// The process's CPU time so far (user + system, every thread), in seconds.
@@ -126,22 +115,24 @@ pub fn run(args: TrackerBenchArgs) -> anyhow::Result<ExitCode> {
             ratios.push(t.0 / b.0);
             wall.push(t.1 / b.1);
         }
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
-        let m = median(ratios);
+        let r = Spread::of(&ratios);
         println!(
-            "| {name} | {:.1} | {:.1} | {m:.3} ({lo:.3}–{hi:.3}) | {:.3} |",
-            median(bare) * 1e3,
-            median(tracked) * 1e3,
-            median(wall)
+            "| {name} | {:.1} | {:.1} | {:.3} ({:.3}–{:.3}) | {:.3} |",
+            Spread::of(&bare).median * 1e3,
+            Spread::of(&tracked).median * 1e3,
+            r.median,
+            r.min,
+            r.max,
+            Spread::of(&wall).median
         );
+        let m = r.median;
         medians.push(m);
     }
     let worst = medians.iter().copied().fold(0.0, f64::max);
     let pass = worst <= args.target;
     println!(
         "\nlargest median ratio {worst:.3}, median over the plans {:.3} (target: every plan ≤ {}): {}",
-        median(medians),
+        Spread::of(&medians).median,
         args.target,
         if pass { "PASS" } else { "FAIL" }
     );
