@@ -74,13 +74,16 @@ fn flex_handle_bytes(rank: usize) -> u64 {
 }
 
 /// Flex's tensors hold an `Arc` of their byte storage: the data's address names the buffer
-/// (views and in-place results keep the same storage); the bytes are the data's plus the
-/// storage's [`FLEX_STORAGE_HEADER`], as the host allocates them.
+/// (views and in-place results keep the same storage); the bytes are the storage's capacity
+/// plus its [`FLEX_STORAGE_HEADER`], as the host allocates them.
 fn flex_buffer(tensor: &FlexTensor) -> Option<BufferInfo> {
-    let bytes = tensor.bytes();
+    // The allocation's capacity, not the data's length: a small result can sit in a larger
+    // allocation (4 bytes of data in 16). The `Arc` is cloned for the read and dropped at once,
+    // after the op that made the tensor, so no op sees a shared storage because of it.
+    let storage = tensor.data_arc();
     Some(BufferInfo {
-        key: bytes.as_ptr() as usize as u64,
-        bytes: bytes.len() as u64 + FLEX_STORAGE_HEADER,
+        key: storage.as_ptr() as usize as u64,
+        bytes: storage.capacity() as u64 + FLEX_STORAGE_HEADER,
         handle_bytes: flex_handle_bytes(tensor.layout().num_dims()),
         handle_key: tensor.layout().strides().as_ptr() as usize as u64,
     })
