@@ -3,12 +3,14 @@
 #   cargo build --release -p xtask --features cuda
 #   cargo test --release -p trainmem-alloc --features cuda --no-run
 # then, on the GPU machine, from the repository root with target/ carried: scripts/gpu-check.sh
-# It writes fixtures/gpu-check/<device>/gpu-check.json (xtask gpu-check) and alloc-cuda.txt
-# beside it (the allocator's CUDA test). Exit status: non-zero if either failed.
+# It writes fixtures/gpu-check/<device>/gpu-check.json (xtask gpu-check), the measured
+# runs whole under runs/<scenario>/, and alloc-cuda.txt beside them (the allocator's CUDA test).
+# Exit status: non-zero if either failed. XTASK and ALLOC_TEST name the binaries when they
+# were carried elsewhere than target/release.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-xtask=target/release/xtask
+xtask=${XTASK:-target/release/xtask}
 [ -x "$xtask" ] || { echo "error: $xtask is missing: build it with --features cuda first" >&2; exit 2; }
 
 status=0
@@ -16,7 +18,7 @@ status=0
 dir=$(sed -n 's/^wrote \(.*\)\/gpu-check.json$/\1/p' /tmp/gpu-check.out | tail -n 1)
 [ -n "$dir" ] || dir=fixtures/gpu-check
 
-alloc_test=$(ls -t target/release/deps/cuda_device-* 2>/dev/null | grep -v '\.d$' | head -n 1)
+alloc_test=${ALLOC_TEST:-$(ls -t target/release/deps/cuda_device-* 2>/dev/null | grep -v '\.d$' | head -n 1)}
 if [ -n "$alloc_test" ]; then
   "$alloc_test" --nocapture 2>&1 | tee "$dir/alloc-cuda.txt" || status=1
 else

@@ -15,8 +15,11 @@
 //! script): the scenarios are measured on Flex, and item 2 compares the tracker with the
 //! counting allocator (tensor categories, 1% + 16 KiB) instead of cubecl.
 //!
-//! The file goes to `OUT/<device>/gpu-check.json` (default OUT: `fixtures/gpu-check`);
-//! `tests/tests/gpu_check.rs` reads every committed file and holds what it shows.
+//! The file goes to `OUT/<device>/gpu-check.json` (default OUT: `fixtures/gpu-check`), every
+//! measured run whole to `OUT/<device>/runs/<scenario>/<label>.json`;
+//! `tests/tests/gpu_check.rs` reads every committed file and holds what it shows, and judges
+//! the scenarios again on the committed runs (`--replay`), so the twin and the verdicts stay
+//! held to what the GPU measured between lent sessions.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,7 +29,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use trainmem_core::Category;
 use trainmem_core::timeline::{Phase, Timeline};
-use trainmem_scenarios::{Backend, ChildCommand, Ctx, Isolation, Mode, SCENARIOS};
+use trainmem_scenarios::{Backend, ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS};
 
 /// Arguments of `gpu-check`.
 #[derive(Debug, clap::Args)]
@@ -43,6 +46,11 @@ pub struct GpuCheckArgs {
     /// A folder for the runs' work files (default: a fresh one under the system temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Judge again the measured runs a device recorded (its folder, e.g.
+    /// `fixtures/gpu-check/nvidia-h100-80gb-hbm3`): nothing is trained, the twin and the
+    /// verdicts are today's, and nothing is written. Needs no GPU.
+    #[arg(long, conflicts_with = "out")]
+    replay: Option<PathBuf>,
 }
 
 /// What one device showed.
@@ -59,6 +67,14 @@ pub struct GpuCheck {
     pub not_measured: Vec<String>,
     /// Wall seconds of the whole check.
     pub seconds: f64,
+    /// The check ran to its end (a file written after each scenario says `false` until then,
+    /// so a run cut short by its time limit still leaves what it measured).
+    #[serde(default = "yes")]
+    pub complete: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The device a check ran on.
@@ -85,6 +101,12 @@ pub struct ScenarioCheck {
     pub twin_misses: Vec<String>,
     /// The tracker against the device's own count at every boundary of every measured run.
     pub tracker: TrackerCheck,
+    /// The highest bytes in use on the device over the scenario's measured runs (CUDA).
+    #[serde(default)]
+    pub device_peak_in_use: Option<u64>,
+    /// The highest bytes reserved on the device over the scenario's measured runs (CUDA).
+    #[serde(default)]
+    pub device_peak_reserved: Option<u64>,
     /// A failure that stopped the scenario.
     pub error: Option<String>,
     /// Wall seconds.
@@ -187,10 +209,19 @@ fn device_info(backend: Backend) -> DeviceInfo {
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             let total = trainmem_track::cuda::driver_free_total(0).map(|(_, t)| t);
-            DeviceInfo {
-                backend: "cuda".into(),
-                name: cuda_name().unwrap_or_else(|| "cuda-device-0".into()),
-                total_bytes: total,
+            let name = cuda_name().unwrap_or_else(|| "cuda-device-0".into());
+            if cfg!(feature = "fusion") {
+                DeviceInfo {
+                    backend: "cuda-fusion".into(),
+                    name: format!("{name} fusion"),
+                    total_bytes: total,
+                }
+            } else {
+                DeviceInfo {
+                    backend: "cuda".into(),
+                    name,
+                    total_bytes: total,
+                }
             }
         }
         _ => DeviceInfo {
@@ -220,6 +251,9 @@ fn predicted_reserved(bytes: u64) -> anyhow::Result<u64> {
 /// Runs the check.
 pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
+    if let Some(dir) = &args.replay {
+        return replay(&args, dir);
+    }
     args.backend.choice()?;
     let cuda = args.backend == Backend::Cuda;
     let device = device_info(args.backend);
@@ -243,6 +277,26 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         device.backend,
         selected.len()
     );
+    let dir = args
+        .out
+        .join(trainmem_scenarios::output::slug(&device.name));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("gpu-check.json");
+    let not_measured = if cfg!(feature = "fusion") {
+        vec![
+            "burn's `fusion` feature is on: the tracker counts fusion tensors at their dense \
+             size (a view counted again, a fused-away intermediate counted while held), so its \
+             agreement with cubecl's bytes in use is reported, not judged; the twin has no \
+             fusion model (it predicts the unfused run)"
+                .to_string(),
+        ]
+    } else {
+        vec![
+            "burn's `fusion` feature: this build trains without it (burn::backend::Cuda is \
+             CubeBackend); a build with xtask's `fusion` feature measures the fused backend"
+                .to_string(),
+        ]
+    };
     let mut scenarios = Vec::new();
     let mut empty_cache_reserved = None;
     for (i, s) in selected.iter().enumerate() {
@@ -250,6 +304,7 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         println!("[{}/{}] {}", i + 1, selected.len(), s.name);
         let mut ctx = Ctx::new(Mode::Both, args.backend, work.join(s.name), true);
         ctx.isolation = Isolation::Child(ChildCommand::this_binary()?);
+        ctx.recorded = Some(Recorded::Save(dir.join("runs").join(s.name)));
         let check = match trainmem_scenarios::execute_in(s, ctx) {
             Ok(report) => {
                 let measured: Vec<&Timeline> = report
@@ -257,6 +312,16 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
                     .iter()
                     .filter_map(|r| r.measured.as_ref())
                     .collect();
+                let peak = |f: fn(&trainmem_core::timeline::Sample) -> u64| {
+                    measured
+                        .iter()
+                        .flat_map(|t| t.samples.iter())
+                        .map(f)
+                        .max()
+                        .filter(|_| cuda)
+                };
+                let device_peak_in_use = peak(|s| s.device.peak_allocated.max(s.device.allocated));
+                let device_peak_reserved = peak(|s| s.device.peak_reserved.max(s.device.reserved));
                 if s.name == "empty-cache" && cuda {
                     empty_cache_reserved =
                         measured.first().and_then(|t| reserved_after_first_epoch(t));
@@ -295,6 +360,8 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
                         })
                         .collect(),
                     tracker,
+                    device_peak_in_use,
+                    device_peak_reserved,
                     error: None,
                     seconds: t0.elapsed().as_secs_f64(),
                 }
@@ -305,6 +372,8 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
                 verdicts: Vec::new(),
                 twin_misses: Vec::new(),
                 tracker: TrackerCheck::default(),
+                device_peak_in_use: None,
+                device_peak_reserved: None,
                 error: Some(format!("{e:#}")),
                 seconds: t0.elapsed().as_secs_f64(),
             },
@@ -322,6 +391,16 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
             println!("    error: {e}");
         }
         scenarios.push(check);
+        let partial = GpuCheck {
+            device: device.clone(),
+            scenarios: scenarios.clone(),
+            pools: Vec::new(),
+            not_measured: not_measured.clone(),
+            seconds: started.elapsed().as_secs_f64(),
+            complete: false,
+        };
+        std::fs::write(&path, serde_json::to_string_pretty(&partial)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     let pools = if cuda {
         match device.total_bytes {
@@ -351,18 +430,10 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         device: device.clone(),
         scenarios,
         pools,
-        not_measured: vec![
-            "burn's `fusion` feature: these builds train without it (burn::backend::Cuda is \
-             CubeBackend); the fused backend's buffers are not measured"
-                .into(),
-        ],
+        not_measured,
         seconds: started.elapsed().as_secs_f64(),
+        complete: true,
     };
-    let dir = args
-        .out
-        .join(trainmem_scenarios::output::slug(&device.name));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("gpu-check.json");
     std::fs::write(&path, serde_json::to_string_pretty(&check)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
     print_summary(&check);
@@ -373,8 +444,66 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         s.error.is_none()
             && s.reproduced
             && s.twin_misses.is_empty()
-            && (!cuda || s.tracker.outside == 0)
+            && (!cuda || cfg!(feature = "fusion") || s.tracker.outside == 0)
     });
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `--replay DIR`: every scenario whose runs DIR holds, judged again on them.
+fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(dir.join("gpu-check.json"))
+        .with_context(|| format!("reading {}/gpu-check.json", dir.display()))?;
+    let recorded: GpuCheck = serde_json::from_str(&text)
+        .with_context(|| format!("parsing {}/gpu-check.json", dir.display()))?;
+    let backend = if recorded.device.backend.starts_with("cuda") {
+        Backend::Cuda
+    } else {
+        Backend::Flex
+    };
+    let work = match &args.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("trainmem-gpu-replay-{}", std::process::id())),
+    };
+    let mut ok = true;
+    println!(
+        "replaying the runs of {} ({})",
+        recorded.device.name, recorded.device.backend
+    );
+    for s in SCENARIOS.iter().filter(|s| {
+        dir.join("runs").join(s.name).is_dir()
+            && (args.scenario.is_empty() || args.scenario.iter().any(|n| n == s.name))
+    }) {
+        let report = trainmem_scenarios::judge_recorded(
+            s,
+            &dir.join("runs").join(s.name),
+            backend,
+            work.join(s.name),
+        )
+        .with_context(|| format!("judging {} again", s.name))?;
+        let misses = report.twin_misses();
+        println!(
+            "{}: reproduced {} · twin misses {}",
+            s.name,
+            report.all_reproduced(),
+            misses.len()
+        );
+        for v in report.verdicts.iter().filter(|v| !v.reproduced) {
+            println!("    NO: {} ({:?})", v.name, v.source);
+        }
+        for (run, e) in &misses {
+            println!(
+                "    MISS {run} {}: measured {}, twin {}",
+                e.category.name(),
+                e.measured,
+                e.simulated
+            );
+        }
+        ok &= report.all_reproduced() && misses.is_empty();
+    }
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

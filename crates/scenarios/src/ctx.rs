@@ -128,6 +128,44 @@ impl RunRecord {
 /// tensor domain, else the plan's device).
 pub use trainmem_core::compare::comparison_domain as domain_of;
 
+/// Measured runs kept in a folder (one JSON file per run, named by the run's label): written
+/// as they are measured, or read back in their place so that a scenario is judged again on
+/// runs made elsewhere (a lent GPU's, committed under `fixtures/gpu-check/<device>/runs/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Write each measured run to `DIR/<label>.json` as well.
+    Save(PathBuf),
+    /// Read each measured run from `DIR/<label>.json` instead of training.
+    Load(PathBuf),
+}
+
+impl Recorded {
+    fn path(dir: &std::path::Path, label: &str) -> PathBuf {
+        dir.join(format!("{}.json", crate::output::slug(label)))
+    }
+
+    fn save(dir: &std::path::Path, label: &str, run: &MeasuredRun) -> Result<()> {
+        let path = Recorded::path(dir, label);
+        let fail = |detail: String| ScenarioError::Recorded {
+            path: path.clone(),
+            detail,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+        let text = serde_json::to_string(run).map_err(|e| fail(e.to_string()))?;
+        std::fs::write(&path, text).map_err(|e| fail(e.to_string()))
+    }
+
+    fn load(dir: &std::path::Path, label: &str) -> Result<MeasuredRun> {
+        let path = Recorded::path(dir, label);
+        let fail = |detail: String| ScenarioError::Recorded {
+            path: path.clone(),
+            detail,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| fail(e.to_string()))
+    }
+}
+
 /// The Meta run beside a measured run: `None` without [`Ctx::meta`], the run, or its error in
 /// words when it failed.
 type MetaOutcome = Option<std::result::Result<MeasuredRun, String>>;
@@ -152,6 +190,9 @@ pub struct Ctx {
     /// run options) and compare its tensor bytes per category at every phase boundary
     /// ([`crate::meta`]).
     pub meta: bool,
+    /// Keep every measured run in a folder, or take them from one instead of training
+    /// ([`Recorded`]).
+    pub recorded: Option<Recorded>,
     runs: Vec<RunRecord>,
     verdicts: Vec<Verdict>,
     notes: Vec<String>,
@@ -181,6 +222,7 @@ impl Ctx {
             plan_override: None,
             isolation: Isolation::InProcess,
             meta: false,
+            recorded: None,
             runs: Vec::new(),
             verdicts: Vec::new(),
             notes: Vec::new(),
@@ -326,8 +368,14 @@ impl Ctx {
             bar.set_position(step);
         };
         let mut on_step = |p: trainmem_burn::Progress| show(p.step, p.total_steps);
+        let replaying = matches!(self.recorded, Some(Recorded::Load(_)));
         let mut opts = RunOptions {
-            backend: self.backend.choice()?,
+            // A replayed run trains nothing: its backend need not be built in.
+            backend: if replaying {
+                BackendChoice::Flex
+            } else {
+                self.backend.choice()?
+            },
             work_dir: Some(self.work_dir.join("work")),
             // Traced so the tensors can be replayed through the caching allocator (the
             // scenario's memory_viz snapshot).
@@ -343,21 +391,25 @@ impl Ctx {
                 opts.source.is_some(),
             )
         });
-        let result = match &self.isolation {
-            Isolation::InProcess => {
+        let result = match (&self.recorded, &self.isolation) {
+            (Some(Recorded::Load(dir)), _) => Recorded::load(dir, label),
+            (_, Isolation::InProcess) => {
                 opts.progress = Some(&mut on_step);
                 run_measured_detailed(plan, opts).map_err(|source| ScenarioError::Measured {
                     label: label.to_string(),
                     source,
                 })
             }
-            Isolation::Child(cmd) => {
+            (_, Isolation::Child(cmd)) => {
                 let request = isolate::request_from(label, plan, self.backend, &opts)?;
                 isolate::measure_in_child(cmd, request, show)
             }
         };
         bar.finish_and_clear();
         let run = result?;
+        if let Some(Recorded::Save(dir)) = &self.recorded {
+            Recorded::save(dir, label, &run)?;
+        }
         if !run.host_counted && self.backend == Backend::Flex {
             return Err(ScenarioError::NotCounting {
                 label: label.to_string(),

@@ -79,6 +79,14 @@ pub enum ScenarioError {
          ...` or `cargo install --path crates/cli --features cuda`"
     )]
     CudaNotBuilt,
+    /// A recorded measured run could not be written or read back.
+    #[error("the recorded run {}: {detail}", path.display())]
+    Recorded {
+        /// The run's file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
     /// The caching allocator refused an operation of an allocator-level scenario.
     #[error("{context}")]
     Allocator {

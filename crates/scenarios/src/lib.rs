@@ -80,7 +80,7 @@ mod pinned_staging;
 mod retained_leak;
 mod startup;
 
-pub use ctx::{Backend, Ctx, Mode};
+pub use ctx::{Backend, Ctx, Mode, Recorded};
 use error::Result;
 pub use error::ScenarioError;
 pub use isolate::{ChildCommand, Isolation, serve_child};
@@ -306,6 +306,23 @@ pub fn execute_in(scenario: &Scenario, mut ctx: Ctx) -> Result<ScenarioReport> {
         source: Box::new(e),
     })?;
     Ok(output::build_report(scenario, ctx))
+}
+
+/// Judges `scenario` again on measured runs recorded elsewhere (`runs/<label>.json`, as
+/// [`Recorded::Save`] wrote them, for instance by `cargo xtask gpu-check` on a lent GPU):
+/// nothing is trained, the twin is simulated for `backend` (a GPU plan when it is CUDA) and
+/// the verdicts are today's. `work_dir` takes whatever the scenario writes. The recorded runs
+/// carry no allocation trace when they were trimmed for committing, and their checkpoint files
+/// stay where they were written.
+pub fn judge_recorded(
+    scenario: &Scenario,
+    runs: &Path,
+    backend: Backend,
+    work_dir: PathBuf,
+) -> Result<ScenarioReport> {
+    let mut ctx = Ctx::new(Mode::Both, backend, work_dir, false);
+    ctx.recorded = Some(Recorded::Load(runs.to_path_buf()));
+    execute_in(scenario, ctx)
 }
 
 /// Exit code when a pattern or knob did not come out as expected.
