@@ -45,6 +45,10 @@ Usage (from the repository root, in a virtual environment with requirements.txt 
     python validation/pytorch/record.py --out fixtures/pytorch
     python validation/pytorch/record.py --out /tmp/x --only autocast-gpt2 --explain autocast-gpt2-tiny-adamw
 
+Mixtures of experts (`mixtral-*`, `qwen2-moe-*`): transformers' own `MixtralForCausalLM` and
+`Qwen2MoeForCausalLM` built from small configs (4 or 8 experts, top-2; Qwen2-MoE's gated
+shared expert), their experts run by transformers' default `grouped_mm` implementation.
+
 torchvision's own ResNet-18 (`tv-resnet18-*`, beside the plain-nn `resnet18-*`) is recorded
 when torchvision is importable (requirements.txt pins it):
 
@@ -318,6 +322,12 @@ def hf_model(kind, config, batch, seq, attention=None):
     elif kind == "llama":
         cfg = transformers.LlamaConfig(**config)
         model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**config)
+        model = transformers.MixtralForCausalLM(cfg)
+    elif kind == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(**config)
+        model = transformers.Qwen2MoeForCausalLM(cfg)
     else:
         raise ValueError(kind)
     vocab = cfg.vocab_size
@@ -733,6 +743,24 @@ def runs():
         yield "litgpt-mha-tiny-adamw", lit_mha, "adamw", 4, 64, {}
     else:
         print("litgpt is not installed: litgpt-* not recorded", file=sys.stderr)
+    # mixtures of experts: transformers' own Mixtral (4 experts, top-2, each a gated
+    # feed-forward) and Qwen2-MoE (8 experts of 128, top-2, beside a gated shared expert of
+    # 256), their experts run by transformers' default experts implementation (`grouped_mm`)
+    tiny_moe = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=1024, max_position_embeddings=128,
+                    tie_word_embeddings=False, num_experts_per_tok=2)
+    tiny_mixtral = dict(tiny_moe, intermediate_size=256, num_local_experts=4)
+    tiny_qwen2_moe = dict(tiny_moe, intermediate_size=344, moe_intermediate_size=128,
+                          shared_expert_intermediate_size=256, num_experts=8)
+    mixtral = lambda: hf_model("mixtral", tiny_mixtral, 4, 64)  # noqa: E731
+    qwen2_moe = lambda: hf_model("qwen2_moe", tiny_qwen2_moe, 4, 64)  # noqa: E731
+    for opt in ["sgd", "adamw"]:
+        yield f"mixtral-tiny-{opt}", mixtral, opt, 4, 64, {}
+        yield f"qwen2-moe-tiny-{opt}", qwen2_moe, opt, 4, 64, {}
+    # LoRA on the attention of a mixture of experts (the router and experts frozen)
+    moe_qv = {"rank": 8, "alpha": 16, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
+    yield "lora-mixtral-tiny-adamw", with_lora(mixtral, moe_qv), "adamw", 4, 64, {}
+    yield "lora-qwen2-moe-tiny-adamw", with_lora(qwen2_moe, moe_qv), "adamw", 4, 64, {}
     # torch.autocast to fp16 on the CPU
     f16 = {"autocast": "float16"}
     yield "autocast-f16-mlp-adamw", (lambda: mlp(32)), "adamw", 32, 0, f16

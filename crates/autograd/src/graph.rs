@@ -287,6 +287,7 @@ impl<'p> Graph<'p> {
             }
             Saved::InputCopy(i) => self.value_bytes[op.inputs[i as usize] as usize],
             Saved::RowStats(n) => rows() * n as u64 * 4,
+            Saved::RowIndices(n) => rows() * n as u64 * 8,
             Saved::ChannelStats(n) => op.channels * n as u64 * 4,
             Saved::Nodes(n) => n as u64 * crate::op::BURN_NODE_BYTES,
             Saved::ParamCopy { k, n } => self

@@ -62,6 +62,9 @@ pub enum Saved {
     InputCopy(u8),
     /// `n` new f32 values per normalisation row (mean, rstd, logsumexp).
     RowStats(u8),
+    /// `n` new i64 indices per row of the op (its `rows_per_sample`): the positions a gather
+    /// read its rows from, or a permutation of them, kept for the scatter of its backward.
+    RowIndices(u8),
     /// `n` new f32 values per channel (batch-norm statistics; not batch-scaled).
     ChannelStats(u8),
     /// A new tensor of the output's size in the compute dtype that only the op's parameters'

@@ -305,6 +305,11 @@ pub struct MoeSpec {
     /// A sigmoid gate (`hidden × 1`) on the shared expert's output.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shared_expert_gate: bool,
+    /// The top-k routing weights are divided by their sum (Mixtral always; Qwen2-MoE with
+    /// `norm_topk_prob`): `transformers` divides in place, which keeps a copy of the weights
+    /// and their sum per token for backward.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub normalize_top_k: bool,
     /// Capacity factor: each expert processes `capacity_factor × tokens × top_k / experts`
     /// rows (padded or dropped to that); default none, as `transformers` routes (every
     /// routed token, no padding).

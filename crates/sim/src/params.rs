@@ -343,6 +343,7 @@ mod tests {
             moe in proptest::option::of((
                 1u64..5, 1u64..5, proptest::option::of(1u64..20),
                 proptest::option::of(1u64..20), any::<bool>(), proptest::option::of(0.5f64..2.0),
+                any::<bool>(),
             )),
         ) -> TransformerSpec {
             let (max_positions, bias, qkv_bias, final_norm, embedding_norm, token_types, pooler) =
@@ -350,12 +351,13 @@ mod tests {
             let (own_head_dim, block, ffn_bias, head_bias, post_norms, qk_norm, fused_gate_up,
                  logit_softcap, attn_softcap) = features;
             let heads = kv * group;
-            let moe = moe.map(|(experts, k, expert_ffn, shared, gate, capacity)| MoeSpec {
+            let moe = moe.map(|(experts, k, expert_ffn, shared, gate, capacity, normalize)| MoeSpec {
                 experts,
                 top_k: k.min(experts),
                 expert_ffn,
                 shared_expert_ffn: shared,
                 shared_expert_gate: gate && shared.is_some(),
+                normalize_top_k: normalize,
                 capacity_factor: capacity,
             });
             // adapters on the feed-forward of a mixture of experts are not modelled

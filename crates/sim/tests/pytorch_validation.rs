@@ -568,3 +568,43 @@ fn every_figure_of_every_gpu_recording_is_within_its_target() {
     }
     assert!(misses.is_empty(), "{}", misses.join("\n"));
 }
+
+/// transformers' own mixtures of experts (Mixtral, Qwen2-MoE with its gated shared expert),
+/// full fine-tunes and LoRA on their attention, are in the suite: every expert's weights,
+/// gradients and optimizer state to the byte, the routed rows' activations within target.
+#[test]
+fn mixture_of_experts_recordings_are_in_the_suite_and_within_target() {
+    let recordings = |family: &str| {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch");
+        trainmem_sim::validation::ledger_paths(&dir)
+            .expect("fixtures/pytorch")
+            .iter()
+            .map(|p| trainmem_sim::validation::load(p).expect("a recording"))
+            .filter(|r| {
+                r.hf_config
+                    .as_ref()
+                    .and_then(|c| c.get("model_type"))
+                    .and_then(|t| t.as_str())
+                    == Some(family)
+            })
+            .collect::<Vec<_>>()
+    };
+    for family in ["mixtral", "qwen2_moe"] {
+        let runs = recordings(family);
+        assert!(runs.len() >= 3, "{family}: {} recordings", runs.len());
+        assert!(
+            runs.iter().any(|r| r.lora.is_some()),
+            "{family}: no LoRA run"
+        );
+        for rec in runs {
+            let c = trainmem_sim::validation::compare(&rec).expect("comparable");
+            for state in ["parameter", "gradient"] {
+                let r = row(&c, state);
+                assert_eq!(r.predicted, r.measured, "{} {state}", c.name);
+            }
+            for r in &c.rows {
+                assert!(r.within(), "{} {}: {:+.3}", c.name, r.what, r.error());
+            }
+        }
+    }
+}

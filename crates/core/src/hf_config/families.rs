@@ -265,6 +265,7 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
                 expert_ffn: None,
                 shared_expert_ffn: None,
                 shared_expert_gate: false,
+                normalize_top_k: true,
                 capacity_factor: None,
             });
         }
@@ -290,6 +291,7 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
                 expert_ffn: Some(f.count("moe_intermediate_size")?),
                 shared_expert_ffn: Some(shared),
                 shared_expert_gate: true,
+                normalize_top_k: f.flag("norm_topk_prob", false)?,
                 capacity_factor: None,
             });
         }

@@ -174,6 +174,8 @@ fn every_family_reads_its_layout_as_plan_features() {
     let mixtral = spec("mixtral-8x7b.json");
     let moe = mixtral.moe.as_ref().expect("experts");
     assert_eq!((moe.experts, moe.top_k), (8, 2));
+    // Mixtral renormalises its top-k weights always
+    assert!(moe.normalize_top_k);
     let qwen_moe = spec("qwen1.5-moe-a2.7b.json");
     let moe = qwen_moe.moe.as_ref().expect("experts");
     assert_eq!(
@@ -181,6 +183,8 @@ fn every_family_reads_its_layout_as_plan_features() {
         (60, 4, Some(1408))
     );
     assert!(moe.shared_expert_gate);
+    // `norm_topk_prob: false`
+    assert!(!moe.normalize_top_k);
     let gptj = spec("gpt-j-6b.json");
     assert_eq!((gptj.linear_bias(), gptj.ffn_has_bias()), (false, true));
     let bloom = spec("bloom-560m.json");

@@ -533,3 +533,46 @@ fn plans_accept_expandable_segments() {
     );
     assert!(simulate(&plan("expandable_segments:Maybe"), SimOptions::default()).is_err());
 }
+
+/// Forward's activation bytes of a one-block mixture-of-experts decoder on the CPU (batch 2,
+/// 8 tokens, hidden 16, 4 experts of 32), routing each token to `top_k` experts.
+fn moe_forward_activation(top_k: u64, normalize: bool) -> u64 {
+    let text = format!(
+        "[model.transformer]\nkind = \"decoder\"\nlayers = 1\nhidden = 16\nheads = 2\n\
+         seq_len = 8\nvocab = 64\nffn = 32\ngated_ffn = true\nactivation = \"silu\"\n\
+         norm = \"rms_norm\"\nattention = \"sdpa\"\n\
+         [model.transformer.moe]\nexperts = 4\ntop_k = {top_k}\nnormalize_top_k = {normalize}\n\
+         [training]\nbatch_size = 2\nepochs = 1\nsteps_per_epoch = 1\n\
+         [optimizer]\nkind = \"sgd\"\n[device]\nkind = \"cpu\"\ncapacity = \"1GiB\"\n"
+    );
+    let plan = Plan::from_toml_str(&text).unwrap();
+    let t = simulate(&plan, SimOptions::default()).unwrap().timeline;
+    activation_at(&t, 0, Phase::Forward)
+}
+
+#[test]
+fn routed_rows_keep_their_gather_and_scatter_indices() {
+    // each token routed to one more expert adds a routed row per token (2 × 8 rows), and
+    // backward keeps for each: the gathered input (16 f32), the experts' packed gate and up
+    // projection (2 × 32 f32), the gate's activation and the gated product (32 f32 each),
+    // the experts' output (16 f32), its routing weight (1 f32), and four i64 indices: top-k's
+    // own, the permutation that sorts the rows by expert, the token each row gathers and
+    // the inverse permutation that puts the rows back in the tokens' order
+    let per_row = 16 * 4 + 2 * 32 * 4 + 32 * 4 + 32 * 4 + 16 * 4 + 4 + 4 * 8;
+    assert_eq!(
+        moe_forward_activation(2, false) - moe_forward_activation(1, false),
+        2 * 8 * per_row
+    );
+}
+
+#[test]
+fn normalized_top_k_weights_keep_a_copy_and_their_sum() {
+    // `weights /= weights.sum(-1)` in place keeps the undivided weights (top-k f32) and the
+    // sum (1 f32) per token, 2 × 8 tokens
+    for k in [1, 2, 3] {
+        assert_eq!(
+            moe_forward_activation(k, true) - moe_forward_activation(k, false),
+            2 * 8 * (k + 1) * 4
+        );
+    }
+}

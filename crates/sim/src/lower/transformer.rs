@@ -16,8 +16,9 @@
 //! - a mixture of experts in place of the feed-forward ([`MoeSpec`]): a router and its
 //!   softmax over every token, then the routed rows (`tokens × top_k`) gathered, passed
 //!   through the experts' projections as one stack of rows (each expert's share of the rows
-//!   adds up to the same tensors), weighted and summed back; and a shared expert every token
-//!   passes through, optionally gated;
+//!   adds up to the same tensors), weighted and summed back, the gathers keeping an i64
+//!   index per routed row as `transformers`' `grouped_mm` path does; and a shared expert every
+//!   token passes through, optionally gated;
 //! - soft-capping of eager attention's scores and of the logits: a division, a tanh (its
 //!   output kept) and a multiplication of the capped tensor's size.
 //!
@@ -26,7 +27,7 @@
 //! which the rotation frees. They are not in the program. Neither is Gemma's scaling of the
 //! embeddings by `√hidden`, which replaces the embedding's output by a tensor of the same size.
 
-use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
+use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, Saved, ValueDtype, ValueId};
 
 use super::{activation, lora};
 use crate::model::*;
@@ -373,9 +374,44 @@ impl TransformerDims {
         let logits = b.op(OpKind::Linear, &[x], s * e, &[router]);
         let f32 = ValueDtype::Fixed(Dtype::F32);
         let probs = b.op_full(OpKind::Softmax, &[logits], s * e, 0, f32, &[], s, 0);
-        let weights = b.op(OpKind::Copy, &[probs], s * k, &[]);
-        // the routed rows, through every expert's projections as one stack of rows
-        let gathered = b.op(OpKind::Copy, &[x], rows * h, &[]);
+        // the top-k weights in the routed rows' order; their backward scatters through i64
+        // indices the forward keeps: top-k's own (k per token) and the permutation that
+        // sorts the routed rows by expert
+        let weights = b.op_full(
+            OpKind::Copy,
+            &[probs],
+            s * k,
+            0,
+            ValueDtype::Compute,
+            &[],
+            s,
+            0,
+        );
+        b.save_extra(Saved::Indices);
+        b.save_extra(Saved::Indices);
+        if m.normalize_top_k {
+            // weights /= weights.sum(-1), in place: the division keeps the undivided weights
+            // (k f32 per token) and their sum (one per token)
+            let mut per_token = k + 1;
+            while per_token > 0 {
+                let n = per_token.min(u64::from(u8::MAX));
+                b.save_extra(Saved::RowStats(n as u8));
+                per_token -= n;
+            }
+        }
+        // the routed rows, through every expert's projections as one stack of rows: a gather
+        // that keeps, per row, the i64 index of the token it read
+        let gathered = b.op_full(
+            OpKind::Copy,
+            &[x],
+            rows * h,
+            0,
+            ValueDtype::Compute,
+            &[],
+            rows,
+            0,
+        );
+        b.save_extra(Saved::RowIndices(1));
         let inner = if t.gated_ffn { 2 * fe } else { fe };
         let w_in = b.param_matrix(e * inner, h, format!("{name}.experts.gate_up"));
         let projected = b.op(OpKind::Linear, &[gathered], rows * inner, &[w_in]);
@@ -390,7 +426,19 @@ impl TransformerDims {
         let w_out = b.param_matrix(e * h, fe, format!("{name}.experts.down"));
         let out = b.op(OpKind::Linear, &[mid], rows * h, &[w_out]);
         let weighted = b.op(OpKind::Mul, &[out, weights], rows * h, &[]);
-        let mut combined = b.op(OpKind::Copy, &[weighted], s * h, &[]);
+        // back to the tokens' order (a gather through the inverse permutation, which it
+        // keeps: an i64 per routed row) and summed over each token's k rows
+        let mut combined = b.op_full(
+            OpKind::Copy,
+            &[weighted],
+            s * h,
+            0,
+            ValueDtype::Compute,
+            &[],
+            rows,
+            0,
+        );
+        b.save_extra(Saved::RowIndices(1));
         if let Some(fs) = m.shared_expert_ffn {
             let mut shared = self.dense_ffn(b, t, x, fs, &format!("{name}.shared"), false);
             if m.shared_expert_gate {
