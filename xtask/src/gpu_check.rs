@@ -492,7 +492,7 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
             misses.len()
         );
         for v in report.verdicts.iter().filter(|v| !v.reproduced) {
-            println!("    NO: {} ({:?})", v.name, v.source);
+            println!("    NO: {} ({:?}): {}", v.name, v.source, v.detail);
         }
         for (run, e) in &misses {
             println!(

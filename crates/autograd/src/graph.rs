@@ -281,6 +281,7 @@ impl<'p> Graph<'p> {
             Saved::FloatMask => self.value_bytes[op.output as usize],
             Saved::ForParams => self.value_bytes[op.output as usize],
             Saved::Indices => out_elems * 8,
+            Saved::IndicesI32 => out_elems * 4,
             Saved::InputSized(i) => {
                 let v = op.inputs[i as usize] as usize;
                 self.program.values[v].elems(batch, scale) * 4

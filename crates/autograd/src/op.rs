@@ -55,6 +55,9 @@ pub enum Saved {
     FloatMask,
     /// New i64 indices, one per output element.
     Indices,
+    /// New i32 indices, one per output element (burn's integer element on cubecl backends:
+    /// `CubeBackend<R, f32, i32, u8>`).
+    IndicesI32,
     /// A new tensor the size of input `i` (e.g. log-probabilities), in f32.
     InputSized(u8),
     /// A new tensor with the size and dtype of input `i` (burn's MSE keeps `logits −

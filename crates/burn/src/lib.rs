@@ -86,3 +86,11 @@ pub use run::{
     BackendChoice, MeasuredRun, Progress, RunOptions, run_measured, run_measured_detailed,
     run_on_backend,
 };
+
+/// `Ok` when CUDA device `index` can train (the driver library loads and has the device), or
+/// what is missing, in words (trainmem-track's check, before burn's CUDA backend is touched:
+/// without a driver it panics).
+#[cfg(feature = "cuda")]
+pub fn cuda_device_available(index: usize) -> Result<(), String> {
+    trainmem_track::cuda::device_available(index)
+}

@@ -256,13 +256,21 @@ impl AttentionImpl {
         }
     }
 
-    /// The kernel that runs on a GPU (`gpu`) or a CPU, with attention dropout or without:
+    /// The kernel that runs on a GPU (`gpu`) or a CPU, with attention dropout or without,
+    /// for f32 queries with grouped keys and values handed to SDPA as they are (`f32_gqa`,
+    /// `enable_gqa`) or not:
     /// [`AttentionImpl::Eager`] or [`AttentionImpl::Fused`].
-    pub fn kernel(self, gpu: bool, dropout: bool) -> AttentionImpl {
+    ///
+    /// On a GPU, PyTorch's SDPA has no fused kernel for f32 grouped-query attention (its
+    /// flash kernel takes half precision only, its memory-efficient kernel no `enable_gqa`),
+    /// so it runs the math kernel, which saves what the eager attention saves (measured on an
+    /// H100: LLaMA's activations with `sdpa` equal `eager`'s to the byte).
+    pub fn kernel(self, gpu: bool, dropout: bool, f32_gqa: bool) -> AttentionImpl {
         match self {
             AttentionImpl::Eager => AttentionImpl::Eager,
             AttentionImpl::Fused | AttentionImpl::FlashAttention2 => AttentionImpl::Fused,
             AttentionImpl::Sdpa if !gpu && dropout => AttentionImpl::Eager,
+            AttentionImpl::Sdpa if gpu && f32_gqa => AttentionImpl::Eager,
             AttentionImpl::Sdpa => AttentionImpl::Fused,
         }
     }

@@ -62,7 +62,10 @@ impl Backend {
         match self {
             Backend::Flex => Ok(BackendChoice::Flex),
             #[cfg(feature = "cuda")]
-            Backend::Cuda => Ok(BackendChoice::Cuda { index: 0 }),
+            Backend::Cuda => match trainmem_burn::cuda_device_available(0) {
+                Ok(()) => Ok(BackendChoice::Cuda { index: 0 }),
+                Err(detail) => Err(ScenarioError::NoCudaDevice { detail }),
+            },
             #[cfg(not(feature = "cuda"))]
             Backend::Cuda => Err(ScenarioError::CudaNotBuilt),
         }

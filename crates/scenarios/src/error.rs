@@ -79,6 +79,12 @@ pub enum ScenarioError {
          ...` or `cargo install --path crates/cli --features cuda`"
     )]
     CudaNotBuilt,
+    /// `--backend cuda` on a machine where CUDA cannot run.
+    #[error("--backend cuda: {detail}")]
+    NoCudaDevice {
+        /// What is missing.
+        detail: String,
+    },
     /// A recorded measured run could not be written or read back.
     #[error("the recorded run {}: {detail}", path.display())]
     Recorded {

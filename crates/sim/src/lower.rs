@@ -107,11 +107,23 @@ pub fn lower_for(model: &ModelSpec, framework: Framework) -> Result<Program, Low
 /// [`lower_for`] on a GPU (`gpu`) or a CPU device: the attention kernel `sdpa` takes
 /// depends on it ([`AttentionImpl::kernel`]).
 pub fn lower_on(model: &ModelSpec, framework: Framework, gpu: bool) -> Result<Program, LowerError> {
+    lower_in(model, framework, gpu, false)
+}
+
+/// [`lower_on`] with the attention's precision: `f32_attention` when the queries are f32
+/// (no autocast, an f32 model), which decides SDPA's kernel on a GPU
+/// ([`AttentionImpl::kernel`]).
+pub fn lower_in(
+    model: &ModelSpec,
+    framework: Framework,
+    gpu: bool,
+    f32_attention: bool,
+) -> Result<Program, LowerError> {
     let layout = &FrameworkProfile::of(framework).lowering;
     let p = match model {
         ModelSpec::Mlp(m) => lower_mlp(m, layout),
         ModelSpec::Cnn(c) => lower_cnn(c, layout)?,
-        ModelSpec::Transformer(t) => transformer::lower_transformer(t, layout, gpu),
+        ModelSpec::Transformer(t) => transformer::lower_transformer(t, layout, gpu, f32_attention),
         ModelSpec::Layers(l) => lower_layers(l, layout)?,
     };
     #[cfg(test)]
@@ -126,7 +138,8 @@ pub fn lower_on(model: &ModelSpec, framework: Framework, gpu: bool) -> Result<Pr
 pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
     let gpu = plan.device.kind == crate::plan::DeviceKind::Cuda;
     let Some(half) = plan.precision.autocast else {
-        let program = lower_on(&plan.model, plan.framework, gpu)?;
+        let f32_attention = plan.precision.compute == Dtype::F32;
+        let program = lower_in(&plan.model, plan.framework, gpu, f32_attention)?;
         // a model cast to half precision: PyTorch's kernels and `transformers`' modules
         // still take some tensors to f32
         let compute = plan.precision.compute;

@@ -536,15 +536,59 @@ fn handwritten_and_litgpt_models_keep_what_their_code_keeps() {
     }
 }
 
+/// What the GPU recordings show that the twin does not predict yet, one `run figure` per
+/// line (`fixtures/pytorch-cuda/nvidia-h100-80gb-hbm3/`, recorded on a lent H100 on
+/// 2026-11-27; RESULTS.md "PyTorch on an H100" says what each is). The list must be exactly
+/// what the comparison finds: a figure brought within target, or a new miss, changes it.
+const GPU_MISSES: &[&str] = &[
+    "autocast-gpt2-small-sdpa-adamw-fused activation",
+    "autocast-gpt2-small-sdpa-adamw-fused gradient",
+    "autocast-gpt2-small-sdpa-adamw-fused optimizer_state",
+    "autocast-gpt2-small-sdpa-adamw-fused peak allocated",
+    "autocast-gpt2-small-sdpa-adamw-fused peak reserved",
+    "autocast-handwritten-gpt-small-sdpa-adamw-fused activation",
+    "autocast-handwritten-gpt-small-sdpa-adamw-fused gradient",
+    "autocast-handwritten-gpt-small-sdpa-adamw-fused optimizer_state",
+    "autocast-llama-small-eager-adamw gradient",
+    "autocast-llama-small-eager-adamw peak allocated",
+    "autocast-llama-small-eager-adamw peak reserved",
+    "autocast-llama-small-sdpa-adamw-fused gradient",
+    "autocast-llama-small-sdpa-adamw-fused peak allocated",
+    "autocast-llama-small-sdpa-adamw-fused peak reserved",
+    "bf16-llama-small-sdpa-adamw peak allocated",
+    "gpt2-small-eager-adamw gradient",
+    "gpt2-small-eager-adamw optimizer_state",
+    "gpt2-small-eager-adamw peak allocated",
+    "handwritten-gpt-small-adamw gradient",
+    "handwritten-gpt-small-adamw optimizer_state",
+    "handwritten-gpt-small-adamw peak allocated",
+    "handwritten-gpt-small-adamw peak reserved",
+    "litgpt-llama-small-adamw-fused gradient",
+    "litgpt-llama-small-adamw-fused optimizer_state",
+    "litgpt-llama-small-adamw-fused parameter",
+    "litgpt-llama-small-adamw-fused peak allocated",
+    "llama-small-eager-adamw peak allocated",
+    "llama-small-sdpa-adamw peak allocated",
+    "llama-small-sdpa-adamw-fused peak allocated",
+    "lora-autocast-llama-small-sdpa-adamw activation",
+    "lora-autocast-llama-small-sdpa-adamw peak allocated",
+    "lora-autocast-llama-small-sdpa-adamw peak reserved",
+    "lora-litgpt-llama-small-adamw parameter",
+    "lora-litgpt-llama-small-adamw peak allocated",
+];
+
 /// The GPU recordings (`fixtures/pytorch-cuda/<device>/`, written by
 /// `validation/pytorch/record_cuda.sh` on a lent GPU), where any have been made: every figure
 /// within its target (model state 0.1%, activations 3%, the allocator's peak allocated bytes
-/// 2% and peak reserved bytes 5%), each with the allocator's figures at every phase boundary.
+/// 2% and peak reserved bytes 5%) but those [`GPU_MISSES`] lists, each recording with the
+/// allocator's figures at every phase boundary and its parameters counted exactly.
 #[test]
-fn every_figure_of_every_gpu_recording_is_within_its_target() {
+fn every_figure_of_every_gpu_recording_is_within_its_target_or_listed() {
+    use std::collections::BTreeSet;
     use trainmem_sim::validation::ledger_paths;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pytorch-cuda");
-    let mut misses = Vec::new();
+    let mut misses = BTreeSet::new();
+    let mut recordings = 0;
     for path in ledger_paths(&dir).expect("readable") {
         let rec = load(&path).expect("recording reads");
         assert!(rec.on_cuda(), "{}", rec.name);
@@ -554,19 +598,22 @@ fn every_figure_of_every_gpu_recording_is_within_its_target() {
         for what in ["peak allocated", "peak reserved"] {
             assert!(c.rows.iter().any(|r| r.what == what), "{}: {what}", c.name);
         }
+        recordings += 1;
         for r in c.rows.iter().filter(|r| !r.within()) {
-            misses.push(format!(
-                "{} {}: PyTorch {} twin {} ({:+.2}%, target {:.1}%)",
-                c.name,
-                r.what,
-                r.measured,
-                r.predicted,
-                100.0 * r.error(),
-                100.0 * r.target
-            ));
+            misses.insert(format!("{} {}", c.name, r.what));
         }
     }
-    assert!(misses.is_empty(), "{}", misses.join("\n"));
+    assert!(
+        recordings >= 13,
+        "the H100's suite is committed ({recordings})"
+    );
+    let listed: BTreeSet<String> = GPU_MISSES.iter().map(|s| s.to_string()).collect();
+    let closed: Vec<_> = listed.difference(&misses).collect();
+    let new: Vec<_> = misses.difference(&listed).collect();
+    assert!(
+        closed.is_empty() && new.is_empty(),
+        "within target now (remove from GPU_MISSES): {closed:#?}\nnew misses: {new:#?}"
+    );
 }
 
 /// transformers' own mixtures of experts (Mixtral, Qwen2-MoE with its gated shared expert),

@@ -39,9 +39,35 @@ use burn_cubecl::tensor::CubeTensor;
 use crate::buffer::{BufferInfo, TrackableBackend};
 use crate::memory::{DeviceFigures, MemoryBackend};
 
+/// Whether the CUDA driver library can be loaded (cudarc panics on first use otherwise).
+pub fn driver_present() -> bool {
+    // SAFETY: this only asks libloading to open the driver library by its usual names (running
+    // its initialisers, as any first CUDA call does); no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// `Ok` when CUDA device `index` can be used, or what is missing, in words: the driver
+/// library, or the device.
+pub fn device_available(index: usize) -> Result<(), String> {
+    if !driver_present() {
+        return Err(
+            "the CUDA driver library (libcuda) is not installed or not on the library \
+                    path: this machine has no usable NVIDIA GPU"
+                .into(),
+        );
+    }
+    match driver_free_total(index) {
+        Some(_) => Ok(()),
+        None => Err(format!("the CUDA driver has no device {index}")),
+    }
+}
+
 /// Free and total bytes of a device according to the driver, or `None` when the driver (or
 /// the device) is unavailable.
 pub fn driver_free_total(index: usize) -> Option<(u64, u64)> {
+    if !driver_present() {
+        return None;
+    }
     let ctx = cudarc::driver::CudaContext::new(index).ok()?;
     let (free, total) = ctx.mem_get_info().ok()?;
     Some((free as u64, total as u64))

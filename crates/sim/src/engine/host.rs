@@ -64,6 +64,8 @@ pub struct HostMoment {
     pub checkpoint_bytes: u64,
     /// Metric scalars kept so far.
     pub scalars: u64,
+    /// The framework's records held in host memory (the tensors are on a GPU).
+    pub records: crate::engine::runner::HostRecords,
     /// An epoch is in progress (between its start and its end).
     pub epoch_open: bool,
     /// Batches taken from the loader since the run started (all epochs).
@@ -83,6 +85,7 @@ impl HostMoment {
             batch_on_host: false,
             checkpoint_bytes: 0,
             scalars: 0,
+            records: crate::engine::runner::HostRecords::default(),
             epoch_open: false,
             batches_loaded: 0,
             epoch_batches_taken: 0,
@@ -279,6 +282,8 @@ impl HostModel {
             c.add(Category::Input, self.dataset_bytes);
         }
         c.add(Category::Other, m.checkpoint_bytes + 8 * m.scalars);
+        c.add(Category::Parameter, m.records.param_records);
+        c.add(Category::OptimizerState, m.records.optimizer_records);
         if let Some(d) = device_tensors {
             for (cat, b) in d.iter() {
                 if cat != Category::Cache {

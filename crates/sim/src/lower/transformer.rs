@@ -65,7 +65,7 @@ struct TransformerDims {
 }
 
 impl TransformerDims {
-    fn new(t: &TransformerSpec, gpu: bool) -> TransformerDims {
+    fn new(t: &TransformerSpec, gpu: bool, f32_attention: bool) -> TransformerDims {
         TransformerDims {
             s: t.seq_len,
             h: t.hidden,
@@ -87,7 +87,15 @@ impl TransformerDims {
                 Implementation::Handwritten => OpKind::SoftmaxComposed,
                 _ => OpKind::Softmax,
             },
-            kernel: t.attention.kernel(gpu, t.dropout > 0.0),
+            kernel: t.attention.kernel(
+                gpu,
+                t.dropout > 0.0,
+                // transformers hands grouped keys and values to SDPA (`enable_gqa`); litgpt
+                // repeats them to every query head first, which the fused kernels take
+                f32_attention
+                    && t.kv_head_count() < t.heads
+                    && t.implementation == Implementation::Transformers,
+            ),
             implementation: t.implementation,
             gpu,
         }
@@ -515,13 +523,15 @@ impl TransformerDims {
     }
 }
 
-/// Lowers `t` under `layout`, its attention the kernel it takes on a GPU (`gpu`) or a CPU.
+/// Lowers `t` under `layout`, its attention the kernel it takes on a GPU (`gpu`) or a CPU,
+/// in f32 (`f32_attention`) or half precision.
 pub(super) fn lower_transformer(
     t: &TransformerSpec,
     layout: &Lowering,
     gpu: bool,
+    f32_attention: bool,
 ) -> Result<Program, trainmem_autograd::ProgramError> {
-    let dims = TransformerDims::new(t, gpu);
+    let dims = TransformerDims::new(t, gpu, f32_attention);
     let (s, h) = (dims.s, dims.h);
     let mut b = ProgramBuilder::new();
     // under LoRA every parameter but the adapters' is frozen

@@ -1,10 +1,10 @@
 //! burn 0.21's profile (burn-autodiff, burn-nn, burn-optim; the Flex CPU backend), as
 //! measured with trainmem-burn (see its `burn_facts` docs and `twin_check`).
 
-use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
+use trainmem_autograd::{Dtype, OpKind, Saved, SavedTable, ValueDtype};
 
 use super::{
-    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile,
+    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile, GpuRules,
     KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRecords, OptimizerRules,
     ParamUpdate, RetainGraph, StateDtype, Vocabulary,
 };
@@ -92,6 +92,23 @@ pub const PARAM_BOOKKEEPING: u64 = 1_500;
 ///   copy of every parameter in f32 (no optimizer state) while the recorder writes it.
 /// * gemm's thread-local packing buffer is kernel scratch for the whole run
 ///   ([`crate::engine::kernel_scratch`]).
+///
+/// On a GPU (burn's CUDA backend, `CubeBackend<CudaRuntime, f32, i32, u8>`; measured on a lent
+/// H100 with trainmem-track, whose device bytes equal cubecl's bytes in use at every phase
+/// boundary: fixtures/gpu-check/):
+///
+/// * A cubecl element-wise op writes its result into an operand it uniquely owns, the right
+///   one too when the left is shared. burn-nn's MSE computes `logits - targets` while the
+///   training loop holds the logits, so the difference is written into the target's buffer:
+///   the target stays alive (`input`) as the tensor `square` saves, and no new difference is
+///   made ([`GPU_SAVED`]).
+/// * Max pooling keeps its indices as the backend's `i32` integers (4 bytes each; Flex's
+///   kernel makes `i64`).
+/// * Plain SGD's `param - grad · lr`, for a parameter a kept graph still references, is
+///   written into the gradient's buffer (`grad · lr` was computed in place there): the new
+///   parameter keeps the `gradient` tag.
+/// * burn's own records (the `Param` wrappers, burn-optim's per-parameter records) are host
+///   memory: on a GPU they are not device bytes.
 pub const PROFILE: FrameworkProfile = FrameworkProfile {
     name: "burn",
     lowering: Lowering {
@@ -133,8 +150,19 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         kernel_scratch: KernelScratch::GemmPacking,
         dropout_float_noise: false,
     },
+    gpu: GpuRules {
+        saved: GPU_SAVED,
+        sgd_rewrite_in_gradient: true,
+    },
     vocabulary: Vocabulary {
         stop_the_leak: " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \
                         the list to stop it.",
     },
 };
+
+/// What burn's CUDA kernels save differently from [`SavedTable::burn`] (see [`PROFILE`]).
+pub const GPU_SAVED: &[(OpKind, &[Saved])] = &[
+    // the difference lives in the target's buffer
+    (OpKind::MseLoss, &[Saved::Input(1)]),
+    (OpKind::MaxPool2d, &[Saved::Input(0), Saved::IndicesI32]),
+];

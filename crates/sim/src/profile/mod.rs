@@ -39,6 +39,8 @@ pub struct FrameworkProfile {
     pub metrics: MetricsRules,
     /// What changes when the tensors live on a CPU device.
     pub cpu: CpuRules,
+    /// What changes when the tensors live on a GPU.
+    pub gpu: GpuRules,
     /// The framework's words, for explanations.
     pub vocabulary: Vocabulary,
 }
@@ -210,6 +212,21 @@ pub struct CpuRules {
     pub dropout_float_noise: bool,
 }
 
+/// What changes when a run's tensors live on a GPU (the framework's GPU backend's kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuRules {
+    /// Ops whose GPU kernels save something else than the framework's table says: each
+    /// replaces the op's entry on a GPU device.
+    pub saved: &'static [(
+        trainmem_autograd::OpKind,
+        &'static [trainmem_autograd::Saved],
+    )],
+    /// Plain SGD writes a parameter it cannot update in place (a kept graph references the
+    /// old one) into its gradient's buffer, which keeps its `gradient` tag (otherwise: a new
+    /// buffer made inside the step, [`OptimizerRules::param_update`]).
+    pub sgd_rewrite_in_gradient: bool,
+}
+
 /// Kernel scratch a CPU backend keeps for a thread's whole life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelScratch {
@@ -243,7 +260,7 @@ impl FrameworkProfile {
 
     /// The saved-tensor table on a `device` of this kind: the framework's table, with the
     /// ops whose CPU kernels save something else ([`CpuRules::dropout_float_noise`]) changed
-    /// on a CPU device.
+    /// on a CPU device, and those of [`GpuRules::saved`] on a GPU.
     pub fn saved_table_on(&self, device: DeviceKind) -> SavedTable {
         let mut table = self.saved_table();
         if device == DeviceKind::Cpu && self.cpu.dropout_float_noise {
@@ -251,6 +268,11 @@ impl FrameworkProfile {
                 trainmem_autograd::OpKind::Dropout,
                 vec![trainmem_autograd::Saved::FloatMask],
             );
+        }
+        if device != DeviceKind::Cpu {
+            for &(op, saved) in self.gpu.saved {
+                table.set(op, saved.to_vec());
+            }
         }
         table
     }

@@ -3,7 +3,7 @@
 use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
 
 use super::{
-    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile,
+    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile, GpuRules,
     KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRules, ParamUpdate, RetainGraph,
     StateDtype, Vocabulary,
 };
@@ -59,6 +59,10 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         checkpoint_record_f32: false,
         kernel_scratch: KernelScratch::None,
         dropout_float_noise: true,
+    },
+    gpu: GpuRules {
+        saved: &[],
+        sgd_rewrite_in_gradient: false,
     },
     vocabulary: Vocabulary {
         stop_the_leak: " Keep scalars (`loss.item()`), detach, or clear the list to stop it.",

@@ -43,6 +43,7 @@ impl Runner<'_> {
         self.sample(Phase::Start);
         self.begin(Phase::ModelInit);
         self.state.construct(&mut self.store, &self.spec)?;
+        self.host.moment.records = self.state.host_records;
         self.sample(Phase::ModelInit);
         Ok(())
     }

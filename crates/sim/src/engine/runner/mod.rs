@@ -29,6 +29,8 @@ mod step;
 mod summary;
 mod zero;
 
+pub use model_state::HostRecords;
+
 use trainmem_autograd::{Program, TensorStore};
 
 use super::host::{HostModel, HostMoment};

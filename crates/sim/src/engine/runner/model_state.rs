@@ -39,6 +39,8 @@ pub(super) struct ModelState {
     pub(super) ddp_buckets: Vec<TensorId>,
     /// The optimizer's bookkeeping, from the first step on.
     optimizer_records: Option<TensorId>,
+    /// The framework's records kept in host memory while the tensors are on a GPU.
+    pub(super) host_records: HostRecords,
     /// Per parameter: a graph kept without backward references it (the weight of a linear
     /// layer whose input requires grad).
     saved_by_graph: Vec<bool>,
@@ -135,6 +137,7 @@ impl ModelState {
             state_ready: false,
             ddp_buckets: Vec::new(),
             optimizer_records: None,
+            host_records: HostRecords::default(),
             saved_by_graph: saved_by_graph(spec.program),
             shapes: if opt.kind == OptimizerKind::Adafactor {
                 crate::param_shapes::matrix_shapes(spec.program)
@@ -169,8 +172,13 @@ impl ModelState {
         let per_tensor = spec.profile.bookkeeping.per_param_tensor;
         if per_tensor > 0 && !program.params.is_empty() {
             let b = per_tensor * program.params.len() as u64;
-            let t = store.alloc(b, Category::Parameter)?;
-            self.beside_params.push(t);
+            // the framework's records are host memory: device bytes only on a CPU device
+            if spec.cpu {
+                let t = store.alloc(b, Category::Parameter)?;
+                self.beside_params.push(t);
+            } else {
+                self.host_records.param_records = b;
+            }
         }
         let shared = self.opt.shared_state_bytes();
         if shared > 0 {
@@ -244,7 +252,11 @@ impl ModelState {
         {
             let trainable = spec.program.params.iter().filter(|p| !p.frozen).count();
             let b = (records.bytes)(self.opt.kind, trainable as u64);
-            self.optimizer_records = Some(store.alloc(b, Category::OptimizerState)?);
+            if spec.cpu {
+                self.optimizer_records = Some(store.alloc(b, Category::OptimizerState)?);
+            } else {
+                self.host_records.optimizer_records = b;
+            }
         }
         Ok(())
     }
@@ -254,11 +266,16 @@ impl ModelState {
     /// exist), the weights they reference. The new buffer is allocated inside the step
     /// (`optimizer_state`); the old one is freed, or returned with its parameter's layer
     /// (it stays with the kept graphs until they are released).
+    ///
+    /// Under [`crate::profile::GpuRules::sgd_rewrite_in_gradient`] on a GPU, plain SGD writes
+    /// such a parameter into its gradient's buffer (`grads`: the parameters' gradients), which
+    /// stays a `gradient` tensor.
     pub(super) fn rewrite_params(
         &mut self,
         store: &mut TensorStore<SimMemory>,
         spec: &RunSpec<'_>,
         kept_graphs: bool,
+        grads: &[Option<TensorId>],
     ) -> Result<Vec<(u32, TensorId)>, SimOom> {
         let mut pinned = Vec::new();
         if spec.profile.optimizer.param_update != ParamUpdate::WhenUniquelyOwned {
@@ -271,7 +288,16 @@ impl ModelState {
                 continue;
             }
             let old = self.params[i];
-            let new = store.alloc(store.size(old), Category::OptimizerState)?;
+            let into_gradient = !spec.cpu
+                && spec.profile.gpu.sgd_rewrite_in_gradient
+                && self.opt.kind == OptimizerKind::Sgd;
+            let new = match grads.get(i).copied().flatten() {
+                Some(g) if into_gradient => {
+                    store.retain(g);
+                    g
+                }
+                _ => store.alloc(store.size(old), Category::OptimizerState)?,
+            };
             self.params[i] = new;
             if pin {
                 pinned.push((spec.program.params[i].layer, old));
@@ -371,4 +397,14 @@ impl ModelState {
             store.release(t);
         }
     }
+}
+
+/// The framework's records (parameter wrappers, the optimizer's per-parameter records) in
+/// host memory, when the tensors are on a GPU: bytes per category of the host side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostRecords {
+    /// Beside the parameters, from construction on (`parameter`).
+    pub param_records: u64,
+    /// The optimizer's, from the first step on (`optimizer_state`).
+    pub optimizer_records: u64,
 }

@@ -20,10 +20,14 @@ impl Runner<'_> {
             &self.autograd.graph.param_grads,
         )?;
         self.state.ensure_records(&mut self.store, &self.spec)?;
+        self.host.moment.records = self.state.host_records;
         let kept_graphs = self.keeps_graphs_without_backward();
-        let pinned = self
-            .state
-            .rewrite_params(&mut self.store, &self.spec, kept_graphs)?;
+        let pinned = self.state.rewrite_params(
+            &mut self.store,
+            &self.spec,
+            kept_graphs,
+            &self.autograd.graph.param_grads,
+        )?;
         self.retention.pin(pinned);
         step_temporaries(
             &mut self.store,

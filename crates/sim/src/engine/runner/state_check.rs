@@ -36,7 +36,8 @@ pub(super) struct StateFigures {
     pub(super) tensors: u64,
     /// Steady-state bytes: parameters (with master weights), gradients, optimizer state.
     pub(super) steady: ModelStateBytes,
-    /// The framework's per-tensor bookkeeping made with the parameters.
+    /// The framework's per-tensor bookkeeping made with the parameters (device bytes: 0 on
+    /// a GPU, where the records are host memory).
     pub(super) bookkeeping: u64,
     /// Optimizer state made at construction (eager allocation).
     pub(super) eager_state: u64,
@@ -108,11 +109,13 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
         "optimizer-state bytes",
     )?;
     let tensors = total_tensors(&groups)?;
-    let bookkeeping = mul(
-        profile.bookkeeping.per_param_tensor,
-        tensors,
-        "bookkeeping bytes",
-    )?;
+    // the framework's records are host memory: device bytes only on a CPU device
+    let per_tensor = if plan.device.kind == crate::plan::DeviceKind::Cpu {
+        profile.bookkeeping.per_param_tensor
+    } else {
+        0
+    };
+    let bookkeeping = mul(per_tensor, tensors, "bookkeeping bytes")?;
     let eager_state = if state_made_at_construction(&opt, profile) {
         steady.optimizer_state
     } else {
