@@ -151,6 +151,7 @@ mod config;
 mod cuda;
 mod device;
 mod error;
+mod fast_hash;
 mod host;
 mod label;
 pub mod pytorch;

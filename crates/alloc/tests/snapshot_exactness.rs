@@ -109,3 +109,36 @@ fn verification_finds_no_divergence_on_any_shared_snapshot() {
         }
     }
 }
+
+/// One preparation serves every replay explain makes of a trace: the recorded configuration
+/// replayed before and after another setting (and on a device of exactly the recorded peak)
+/// reaches the recorded peak each time, from the same prepared ops.
+#[test]
+fn one_prepared_trace_replays_to_the_recorded_peak_again_and_again() {
+    use trainmem_alloc::AllocatorConfig;
+    use trainmem_alloc::pytorch::replay::{Scenario, prepare_trace, run_prepared};
+    let Some(dir) = snapshots_dir() else { return };
+    for &(file, peak) in FILES {
+        let Ok(bytes) = std::fs::read(dir.join(file)) else {
+            continue;
+        };
+        let snap = pickle::from_bytes(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let p = prepare_trace(&snap, 0).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(p.recorded.peak_reserved, peak, "{file}");
+        let recorded = Scenario::recorded();
+        let expandable = Scenario::with_config(
+            "expandable_segments:True",
+            AllocatorConfig::parse("expandable_segments:True").unwrap(),
+        );
+        let first = run_prepared(&p, 80 << 30, &recorded).unwrap();
+        let other = run_prepared(&p, 80 << 30, &expandable).unwrap();
+        let again = run_prepared(&p, 80 << 30, &recorded).unwrap();
+        let capped = run_prepared(&p, peak, &recorded).unwrap();
+        assert_eq!(first.peak_reserved, peak, "{file}");
+        assert_eq!(first, again, "{file}");
+        assert_eq!(first.cuda_mallocs, p.recorded.segment_allocs, "{file}");
+        // on exactly the recorded peak the run fits
+        assert!(capped.fits(), "{file}");
+        assert!(other.peak_reserved > 0 && other.fits(), "{file}");
+    }
+}

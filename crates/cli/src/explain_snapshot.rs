@@ -41,7 +41,7 @@ pub fn run(args: &ExplainArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<Exit
         write(files::REPORT_TXT, text.as_bytes())?;
         write(files::REPORT_JSON, json.as_bytes())?;
         write_timeline_exports(&write, &ex.timeline)?;
-        let annotated = annotate(f, &ex)?;
+        let annotated = annotate(&f, bytes, &ex)?;
         write(ANNOTATED_PICKLE, &annotated)?;
         if !args.json {
             eprintln!(

@@ -4,19 +4,21 @@
 //! between all the entries that have it; the tables keep that sharing, so a snapshot of a
 //! million events with fifty frames each costs its distinct frames, not fifty million.
 //!
-//! The pickle is read by the safe tree reader ([`read_tree`]): nothing in it is executed, and
-//! code-running opcodes are refused. The tree is kept, so the same file can be written back
-//! with a category set on every trace event and block ([`FramedSnapshot::annotated`], which
-//! consumes it) and
-//! everything else as recorded (frames, `external_annotations`, `compile_context`, ...).
+//! The pickle is read in one pass by the safe pickle reader (the machine behind
+//! [`read_tree`]): nothing in it is executed, code-running opcodes are refused, nesting is
+//! capped and cycles are refused. Each `frames` list becomes a stack id as it is read, and
+//! the trace entries are read straight from the reader's flat arena into [`TraceEvent`]s; no
+//! tree is kept. [`FramedSnapshot::annotated`] writes the same file back (given its bytes)
+//! with a category set on every trace event and block and everything else as recorded
+//! (frames, `external_annotations`, `compile_context`, ...).
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde_pickle::{HashableValue, Value};
 
 use super::model::{Action, Frame, MemorySnapshot, TraceEvent, UNKNOWN_CATEGORY};
+use super::pickle::arena::{Arena, Kind, Val, read_arena};
 use super::pickle::tree::{PyValue, TreeError, read_tree};
 use super::pickle::tree_write::write_tree;
 use super::pickle::{PickleError, from_value};
@@ -30,6 +32,18 @@ pub enum FramedError {
     /// The pickle is not a snapshot, or a field is malformed.
     #[error(transparent)]
     Snapshot(#[from] PickleError),
+    /// The bytes given to [`FramedSnapshot::annotated`] are not those the snapshot was read
+    /// from.
+    #[error(
+        "the pickle to annotate is not the snapshot that was explained: its traces hold \
+         {found:?} entries per device, the snapshot read {read:?}"
+    )]
+    NotTheSnapshotRead {
+        /// Trace entries per device in the bytes given.
+        found: Vec<usize>,
+        /// Trace entries per device in the snapshot read.
+        read: Vec<usize>,
+    },
 }
 
 /// The id of the empty stack (an entry recorded without frames).
@@ -47,146 +61,60 @@ pub struct FramedSnapshot {
     pub event_stacks: Vec<Vec<u32>>,
     /// Per segment, per block: the block's stack id.
     pub block_stacks: Vec<Vec<u32>>,
-    /// Frames in a form not read (not a dict with a string `filename` and `name`): left out.
+    /// Frames in a form not read (not a dict with a string `filename` and `name`, counted
+    /// once per dict; anything else, once per list it is in): left out.
     pub unreadable_frames: u64,
-    tree: PyValue,
-}
-
-/// A hasher for the addresses of shared nodes (a multiply-xorshift mix of the one word).
-#[derive(Default)]
-struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = n as u64;
-    }
-}
-
-/// Node address → what was found there.
-type ByNode<V> = HashMap<usize, V, BuildHasherDefault<PtrHasher>>;
-
-#[derive(Default)]
-struct Interner {
-    frames: Vec<Frame>,
-    frame_ids: HashMap<(String, i64, String), u32>,
-    by_node: ByNode<Option<u32>>,
-    stacks: Vec<Vec<u32>>,
-    stack_ids: HashMap<Vec<u32>, u32>,
-    by_list: ByNode<u32>,
-    unreadable: u64,
-}
-
-impl Interner {
-    fn new() -> Self {
-        let mut i = Interner::default();
-        i.stacks.push(Vec::new());
-        i.stack_ids.insert(Vec::new(), NO_STACK);
-        i
-    }
-
-    fn frame(&mut self, f: &PyValue) -> Option<u32> {
-        let PyValue::Dict(d) = f else {
-            self.unreadable += 1;
-            return None;
-        };
-        let ptr = Rc::as_ptr(d) as usize;
-        if let Some(id) = self.by_node.get(&ptr) {
-            return *id;
-        }
-        let text = |k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
-        let id = match (text("filename"), text("name")) {
-            (Some(filename), Some(name)) => {
-                let line = f
-                    .get("line")
-                    .and_then(|l| l.as_int())
-                    .and_then(|l| i64::try_from(l).ok())
-                    .unwrap_or(0);
-                let key = (filename, line, name);
-                let next = self.frames.len() as u32;
-                let id = *self.frame_ids.entry(key.clone()).or_insert(next);
-                if id == next {
-                    self.frames.push(Frame {
-                        filename: key.0,
-                        line: key.1,
-                        name: key.2,
-                    });
-                }
-                Some(id)
-            }
-            _ => None,
-        };
-        if id.is_none() {
-            self.unreadable += 1;
-        }
-        self.by_node.insert(ptr, id);
-        id
-    }
-
-    fn stack(&mut self, entry: &PyValue) -> u32 {
-        let Some(PyValue::List(l)) = entry.get("frames") else {
-            return NO_STACK;
-        };
-        let ptr = Rc::as_ptr(&l) as usize;
-        if let Some(&id) = self.by_list.get(&ptr) {
-            return id;
-        }
-        let ids: Vec<u32> = l.borrow().iter().filter_map(|f| self.frame(f)).collect();
-        let next = self.stacks.len() as u32;
-        let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
-        if id == next {
-            self.stacks.push(ids);
-        }
-        self.by_list.insert(ptr, id);
-        id
-    }
 }
 
 const MAX_DEPTH: usize = 64;
 
-/// A tree value as a serde-pickle value (for the existing field readers), without `frames`
-/// keys (the stacks are read separately) below the top when `strip_frames`.
-fn to_serde(v: &PyValue, depth: usize) -> Value {
+/// An arena value as a serde-pickle value (for the existing field readers), without
+/// `frames` keys (the stacks are read separately).
+fn to_serde(a: &Arena<'_>, v: Val, depth: usize) -> Value {
     if depth > MAX_DEPTH {
         return Value::None;
     }
     match v {
-        PyValue::None | PyValue::Bytes(_) => Value::None,
-        PyValue::Bool(b) => Value::Bool(*b),
-        PyValue::Int(i) => i64::try_from(*i).map_or(Value::None, Value::I64),
-        PyValue::Float(f) => Value::F64(*f),
-        PyValue::Str(s) => Value::String(s.to_string()),
-        PyValue::List(l) => {
-            Value::List(l.borrow().iter().map(|x| to_serde(x, depth + 1)).collect())
-        }
-        PyValue::Tuple(t) => Value::Tuple(t.iter().map(|x| to_serde(x, depth + 1)).collect()),
-        PyValue::Dict(d) => {
-            let mut m = BTreeMap::new();
-            for (k, x) in d.borrow().iter() {
-                let key = match k {
-                    PyValue::Str(s) if &**s == "frames" => continue,
-                    PyValue::Str(s) => HashableValue::String(s.to_string()),
-                    PyValue::Int(i) => match i64::try_from(*i) {
-                        Ok(i) => HashableValue::I64(i),
-                        Err(_) => continue,
-                    },
-                    PyValue::Bool(b) => HashableValue::Bool(*b),
-                    _ => continue,
-                };
-                m.insert(key, to_serde(x, depth + 1));
+        Val::None | Val::Bytes(_) => Value::None,
+        Val::Bool(b) => Value::Bool(b),
+        Val::Int(i) => Value::I64(i),
+        Val::Big(_) => a
+            .as_int(v)
+            .and_then(|i| i64::try_from(i).ok())
+            .map_or(Value::None, Value::I64),
+        Val::Float(f) => Value::F64(f),
+        Val::Str(_) => Value::String(a.as_str(v).unwrap_or_default().to_string()),
+        Val::Node(_) => {
+            let Some(node) = a.node(v) else {
+                return Value::None;
+            };
+            let items = node.items.iter().map(|&x| to_serde(a, x, depth + 1));
+            match node.kind {
+                Kind::List => Value::List(items.collect()),
+                Kind::Tuple => Value::Tuple(items.collect()),
+                Kind::Dict => {
+                    let mut m = BTreeMap::new();
+                    for p in node.items.chunks_exact(2) {
+                        let key = match p[0] {
+                            k @ Val::Str(_) => match a.as_str(k) {
+                                Some("frames") => continue,
+                                Some(s) => HashableValue::String(s.to_string()),
+                                None => continue,
+                            },
+                            k @ (Val::Int(_) | Val::Big(_)) => {
+                                match a.as_int(k).and_then(|i| i64::try_from(i).ok()) {
+                                    Some(i) => HashableValue::I64(i),
+                                    None => continue,
+                                }
+                            }
+                            Val::Bool(b) => HashableValue::Bool(b),
+                            _ => continue,
+                        };
+                        m.insert(key, to_serde(a, p[1], depth + 1));
+                    }
+                    Value::Dict(m)
+                }
             }
-            Value::Dict(m)
         }
     }
 }
@@ -198,60 +126,159 @@ fn invalid(at: &str, message: impl Into<String>) -> PickleError {
     }
 }
 
-fn uint(e: &PyValue, key: &str, at: &str, required: bool) -> Result<u64, PickleError> {
-    match e.get(key) {
-        None | Some(PyValue::None) if !required => Ok(0),
-        None => Err(invalid(&format!("{at}.{key}"), "missing")),
-        Some(v) => v
-            .as_int()
-            .and_then(|i| u64::try_from(i).ok())
-            .ok_or_else(|| {
-                invalid(
-                    &format!("{at}.{key}"),
-                    format!("expected an integer from 0 to 2^64-1, found {}", v.kind()),
-                )
-            }),
+/// The keys of a trace entry that are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Other,
+    Action,
+    Addr,
+    DeviceFree,
+    Size,
+    Stream,
+    TimeUs,
+    Category,
+    Frames,
+}
+
+impl Key {
+    fn of(s: &str) -> Key {
+        match s {
+            "action" => Key::Action,
+            "addr" => Key::Addr,
+            "device_free" => Key::DeviceFree,
+            "size" => Key::Size,
+            "stream" => Key::Stream,
+            "time_us" => Key::TimeUs,
+            "category" => Key::Category,
+            "frames" => Key::Frames,
+            _ => Key::Other,
+        }
     }
 }
 
-fn event(e: &PyValue, at: &str) -> Result<TraceEvent, PickleError> {
-    if !matches!(e, PyValue::Dict(_)) {
-        return Err(invalid(at, format!("expected a dict, found {}", e.kind())));
-    }
-    let action = match e.get("action") {
-        Some(PyValue::Str(s)) => Action::parse(&s),
-        Some(other) => {
-            return Err(invalid(
-                &format!("{at}.action"),
-                format!("expected a string, found {}", other.kind()),
-            ));
+/// Reads trace entries out of an arena.
+struct Entries<'x, 'a> {
+    arena: &'x Arena<'a>,
+    /// The key each of the arena's strings is.
+    keys: Vec<Key>,
+}
+
+/// The fields of one entry, each the last value under its key.
+#[derive(Default)]
+struct Fields {
+    action: Option<Val>,
+    addr: Option<Val>,
+    device_free: Option<Val>,
+    size: Option<Val>,
+    stream: Option<Val>,
+    time_us: Option<Val>,
+    category: Option<Val>,
+    frames: Option<Val>,
+}
+
+impl Entries<'_, '_> {
+    fn fields(&self, pairs: &[Val]) -> Fields {
+        let mut f = Fields::default();
+        for p in pairs.chunks_exact(2) {
+            let Val::Str(k) = p[0] else { continue };
+            let slot = match self.keys.get(k as usize).copied().unwrap_or(Key::Other) {
+                Key::Other => continue,
+                Key::Action => &mut f.action,
+                Key::Addr => &mut f.addr,
+                Key::DeviceFree => &mut f.device_free,
+                Key::Size => &mut f.size,
+                Key::Stream => &mut f.stream,
+                Key::TimeUs => &mut f.time_us,
+                Key::Category => &mut f.category,
+                Key::Frames => &mut f.frames,
+            };
+            *slot = Some(p[1]);
         }
-        None => return Err(invalid(&format!("{at}.action"), "missing")),
-    };
-    let required = matches!(
-        action,
-        Action::Alloc | Action::FreeRequested | Action::FreeCompleted
-    ) || action.is_segment_event();
-    let addr_key = if action == Action::Oom {
-        "device_free"
-    } else {
-        "addr"
-    };
-    let time_us = match e.get("time_us") {
-        None | Some(PyValue::None) => None,
-        Some(_) => Some(uint(e, "time_us", at, false)?),
-    };
-    Ok(TraceEvent {
-        addr: uint(e, addr_key, at, required)?,
-        size: uint(e, "size", at, required)?,
-        stream: uint(e, "stream", at, false)?,
-        time_us,
-        frames: Vec::new(),
-        category: e
-            .get("category")
-            .and_then(|c| c.as_str().map(str::to_string)),
-        action,
-    })
+        f
+    }
+
+    fn uint(
+        &self,
+        v: Option<Val>,
+        key: &str,
+        at: &str,
+        required: bool,
+    ) -> Result<u64, PickleError> {
+        match v {
+            None | Some(Val::None) if !required => Ok(0),
+            None => Err(invalid(&format!("{at}.{key}"), "missing")),
+            Some(v) => self
+                .arena
+                .as_int(v)
+                .and_then(|i| u64::try_from(i).ok())
+                .ok_or_else(|| {
+                    invalid(
+                        &format!("{at}.{key}"),
+                        format!(
+                            "expected an integer from 0 to 2^64-1, found {}",
+                            self.arena.kind(v)
+                        ),
+                    )
+                }),
+        }
+    }
+
+    /// The entry `e` as an event with its stack id; `at` names it in messages.
+    fn event(&self, e: Val, at: &str) -> Result<(TraceEvent, u32), PickleError> {
+        let Some(pairs) = self.arena.pairs(e) else {
+            return Err(invalid(
+                at,
+                format!("expected a dict, found {}", self.arena.kind(e)),
+            ));
+        };
+        let f = self.fields(pairs);
+        let action = match f.action {
+            Some(v @ Val::Str(_)) => Action::parse(self.arena.as_str(v).unwrap_or_default()),
+            Some(other) => {
+                return Err(invalid(
+                    &format!("{at}.action"),
+                    format!("expected a string, found {}", self.arena.kind(other)),
+                ));
+            }
+            None => return Err(invalid(&format!("{at}.action"), "missing")),
+        };
+        let required = matches!(
+            action,
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+        ) || action.is_segment_event();
+        let (addr, addr_key) = if action == Action::Oom {
+            (f.device_free, "device_free")
+        } else {
+            (f.addr, "addr")
+        };
+        let time_us = match f.time_us {
+            None | Some(Val::None) => None,
+            t => Some(self.uint(t, "time_us", at, false)?),
+        };
+        let ev = TraceEvent {
+            addr: self.uint(addr, addr_key, at, required)?,
+            size: self.uint(f.size, "size", at, required)?,
+            stream: self.uint(f.stream, "stream", at, false)?,
+            time_us,
+            frames: Vec::new(),
+            category: f
+                .category
+                .and_then(|c| self.arena.as_str(c))
+                .map(str::to_string),
+            action,
+        };
+        Ok((ev, f.frames.map_or(NO_STACK, |v| self.arena.stack_of(v))))
+    }
+}
+
+/// The items of a list or tuple (none for `None`).
+fn items_of<'x>(a: &'x Arena<'_>, v: Option<Val>, at: &str) -> Result<&'x [Val], PickleError> {
+    match v {
+        None => Ok(&[]),
+        Some(v) => a
+            .items(v)
+            .ok_or_else(|| invalid(at, format!("expected a list, found {}", a.kind(v)))),
+    }
 }
 
 fn list_of(v: Option<PyValue>, at: &str) -> Result<Vec<PyValue>, PickleError> {
@@ -266,29 +293,36 @@ fn list_of(v: Option<PyValue>, at: &str) -> Result<Vec<PyValue>, PickleError> {
 impl FramedSnapshot {
     /// Reads a snapshot pickle with its stacks.
     pub fn read(bytes: &[u8]) -> Result<Self, FramedError> {
-        let tree = read_tree(bytes)?;
-        if !matches!(tree, PyValue::Dict(_)) {
+        let (mut arena, root) = read_arena(bytes, true)?;
+        let interned = arena.stacks.take();
+        if arena.pairs(root).is_none() {
             return Err(PickleError::NotASnapshot.into());
         }
-        let Some(traces) = tree.get("device_traces") else {
+        let Some(traces) = arena.get(root, "device_traces") else {
             return Err(PickleError::NoDeviceTraces.into());
         };
-        let mut interner = Interner::new();
+        let entries = Entries {
+            keys: arena.strs.iter().map(|s| Key::of(s)).collect(),
+            arena: &arena,
+        };
         let mut device_traces = Vec::new();
         let mut event_stacks = Vec::new();
-        for (d, trace) in list_of(Some(traces), "device_traces")?.iter().enumerate() {
+        for (d, &trace) in items_of(&arena, Some(traces), "device_traces")?
+            .iter()
+            .enumerate()
+        {
             let at = format!("device_traces[{d}]");
-            let entries = list_of(Some(trace.clone()), &at)?;
-            let mut events = Vec::with_capacity(entries.len());
-            let mut stacks = Vec::with_capacity(entries.len());
-            for (k, e) in entries.iter().enumerate() {
+            let list = items_of(&arena, Some(trace), &at)?;
+            let mut events = Vec::with_capacity(list.len());
+            let mut stacks = Vec::with_capacity(list.len());
+            for (k, &e) in list.iter().enumerate() {
                 // the entry's place is spelled out only for a message
-                let ev = match event(e, "") {
-                    Ok(ev) => ev,
-                    Err(_) => event(e, &format!("{at}[{k}]"))?,
+                let (ev, stack) = match entries.event(e, "") {
+                    Ok(x) => x,
+                    Err(_) => entries.event(e, &format!("{at}[{k}]"))?,
                 };
                 events.push(ev);
-                stacks.push(interner.stack(e));
+                stacks.push(stack);
             }
             device_traces.push(events);
             event_stacks.push(stacks);
@@ -300,25 +334,37 @@ impl FramedSnapshot {
             Value::List(Vec::new()),
         );
         for key in ["segments", "allocator_settings"] {
-            if let Some(v) = tree.get(key) {
-                top.insert(HashableValue::String(key.into()), to_serde(&v, 0));
+            if let Some(v) = arena.get(root, key) {
+                top.insert(HashableValue::String(key.into()), to_serde(&arena, v, 0));
             }
         }
         let mut snapshot = from_value(&Value::Dict(top))?;
         snapshot.device_traces = device_traces;
         let mut block_stacks = Vec::new();
-        for seg in list_of(tree.get("segments"), "segments")? {
-            let blocks = list_of(seg.get("blocks"), "segments[].blocks")?;
-            block_stacks.push(blocks.iter().map(|b| interner.stack(b)).collect());
+        for &seg in items_of(&arena, arena.get(root, "segments"), "segments")? {
+            let blocks = items_of(&arena, arena.get(seg, "blocks"), "segments[].blocks")?;
+            block_stacks.push(
+                blocks
+                    .iter()
+                    .map(|&b| {
+                        arena
+                            .get(b, "frames")
+                            .map_or(NO_STACK, |f| arena.stack_of(f))
+                    })
+                    .collect(),
+            );
         }
+        let (frames, stacks, unreadable_frames) = match interned {
+            Some(s) => (s.frames, s.stacks, s.unreadable),
+            None => (Vec::new(), vec![Vec::new()], 0),
+        };
         Ok(FramedSnapshot {
             snapshot,
-            frames: interner.frames,
-            stacks: interner.stacks,
+            frames,
+            stacks,
             event_stacks,
             block_stacks,
-            unreadable_frames: interner.unreadable,
-            tree,
+            unreadable_frames,
         })
     }
 
@@ -331,15 +377,20 @@ impl FramedSnapshot {
             .filter_map(|&f| self.frames.get(f as usize))
     }
 
-    /// The snapshot as read, with `category` set on trace events and blocks: `event(device,
-    /// index)` and `block(segment, index)` name each one's category (None: `"unknown"`).
-    /// At least one event is `"unknown"` (the `snapshot`-time entry PyTorch's viewer needs is
-    /// added when every event has a category), so pytorch.org/memory_viz draws it.
+    /// The snapshot as read from `bytes` (the pickle this snapshot was read from; others are
+    /// refused when their traces differ in length), with `category` set on trace events and
+    /// blocks: `event(device, index)` and `block(segment, index)` name each one's category
+    /// (None: `"unknown"`). At least one event is `"unknown"` (the `snapshot`-time entry
+    /// PyTorch's viewer needs is added when every event has a category), so
+    /// pytorch.org/memory_viz draws it. The pickle is read again, as a tree that keeps every
+    /// key: explaining alone never pays for it.
     pub fn annotated(
-        self,
+        &self,
+        bytes: &[u8],
         mut event: impl FnMut(usize, usize) -> Option<String>,
         mut block: impl FnMut(usize, usize) -> Option<String>,
     ) -> Result<Vec<u8>, FramedError> {
+        let tree = read_tree(bytes)?;
         let mut any_unknown = false;
         let mut categorise = |v: &PyValue, c: Option<String>| {
             let c = c.unwrap_or_else(|| {
@@ -348,16 +399,22 @@ impl FramedSnapshot {
             });
             v.set("category", PyValue::str(&c));
         };
-        let traces = list_of(self.tree.get("device_traces"), "device_traces")?;
-        for (d, trace) in traces.iter().enumerate() {
-            for (k, e) in list_of(Some(trace.clone()), "device_traces[]")?
-                .iter()
-                .enumerate()
-            {
+        let traces = list_of(tree.get("device_traces"), "device_traces")?;
+        let mut lists = Vec::with_capacity(traces.len());
+        for trace in &traces {
+            lists.push(list_of(Some(trace.clone()), "device_traces[]")?);
+        }
+        let found: Vec<usize> = lists.iter().map(Vec::len).collect();
+        let read: Vec<usize> = self.snapshot.device_traces.iter().map(Vec::len).collect();
+        if found != read {
+            return Err(FramedError::NotTheSnapshotRead { found, read });
+        }
+        for (d, entries) in lists.iter().enumerate() {
+            for (k, e) in entries.iter().enumerate() {
                 categorise(e, event(d, k));
             }
         }
-        for (s, seg) in list_of(self.tree.get("segments"), "segments")?
+        for (s, seg) in list_of(tree.get("segments"), "segments")?
             .iter()
             .enumerate()
         {
@@ -383,6 +440,117 @@ impl FramedSnapshot {
             marker.set("category", PyValue::str(UNKNOWN_CATEGORY));
             first.borrow_mut().push(marker);
         }
-        Ok(write_tree(&self.tree)?)
+        Ok(write_tree(&tree)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    fn list(v: Vec<PyValue>) -> PyValue {
+        PyValue::List(Rc::new(RefCell::new(v)))
+    }
+
+    fn dict(v: Vec<(&str, PyValue)>) -> PyValue {
+        let d = PyValue::Dict(Rc::default());
+        for (k, x) in v {
+            d.set(k, x);
+        }
+        d
+    }
+
+    fn frame(line: i64) -> PyValue {
+        dict(vec![
+            ("filename", PyValue::str("model.py")),
+            ("line", PyValue::Int(i128::from(line))),
+            ("name", PyValue::str("forward")),
+        ])
+    }
+
+    fn entry(addr: i128, frames: PyValue) -> PyValue {
+        dict(vec![
+            ("action", PyValue::str("alloc")),
+            ("addr", PyValue::Int(addr)),
+            ("size", PyValue::Int(512)),
+            ("frames", frames),
+        ])
+    }
+
+    fn lines(f: &FramedSnapshot, stack: u32) -> Vec<i64> {
+        f.stack(stack).map(|fr| fr.line).collect()
+    }
+
+    #[test]
+    fn stacks_written_in_several_batches_and_shared_lists_come_back_whole() {
+        // three frames, first met in a short stack; then a stack of 2,500 of them, which the
+        // writer appends in batches of 1,000 (the first interned as it is read, the others
+        // added to it), shared by a second entry; and a stack of one frame (APPEND)
+        let fs: Vec<PyValue> = (0..3).map(frame).collect();
+        let long: Vec<PyValue> = (0..2_500).map(|i| fs[i % 3].clone()).collect();
+        let shared = list(long);
+        let top = dict(vec![(
+            "device_traces",
+            list(vec![list(vec![
+                entry(0x1000, list(fs.clone())),
+                entry(0x2000, shared.clone()),
+                entry(0x3000, shared),
+                entry(0x4000, list(vec![fs[2].clone()])),
+                entry(0x5000, list(vec![])),
+            ])]),
+        )]);
+        let f = FramedSnapshot::read(&write_tree(&top).unwrap()).unwrap();
+        let s = &f.event_stacks[0];
+        assert_eq!(lines(&f, s[0]), vec![0, 1, 2]);
+        let want: Vec<i64> = (0..2_500).map(|i| i % 3).collect();
+        assert_eq!(lines(&f, s[1]), want);
+        assert_eq!(s[1], s[2]);
+        assert_eq!(lines(&f, s[3]), vec![2]);
+        assert_eq!(s[4], NO_STACK);
+        assert_eq!((f.frames.len(), f.stacks.len()), (3, 4));
+        assert_eq!(f.unreadable_frames, 0);
+    }
+
+    #[test]
+    fn nesting_and_cycles_are_refused_while_stacks_are_interned() {
+        // frames nested 1,500 lists deep
+        let mut deep = frame(1);
+        for _ in 0..1_500 {
+            deep = list(vec![deep]);
+        }
+        let top = dict(vec![(
+            "device_traces",
+            list(vec![list(vec![entry(0x1000, deep)])]),
+        )]);
+        let bytes = write_tree(&top).unwrap();
+        let e = FramedSnapshot::read(&bytes).err().unwrap().to_string();
+        assert!(e.contains("nested more than 1000"), "{e}");
+        // a frames list that holds itself: l = []; l.append(l)
+        let cycle = [
+            0x80, 0x04, b'}', b'(', 0x8c, 6, b'f', b'r', b'a', b'm', b'e', b's', b']', b'q', 0,
+            b'h', 0, b'a', b'u', b'.',
+        ];
+        let e = FramedSnapshot::read(&cycle).err().unwrap().to_string();
+        assert!(e.contains("cyclic"), "{e}");
+    }
+
+    #[test]
+    fn only_the_bytes_read_are_annotated() {
+        let one = |n: usize| {
+            let entries = (0..n).map(|i| entry(0x1000 * (i as i128 + 1), list(vec![])));
+            dict(vec![("device_traces", list(vec![list(entries.collect())]))])
+        };
+        let (a, b) = (write_tree(&one(2)).unwrap(), write_tree(&one(3)).unwrap());
+        let f = FramedSnapshot::read(&a).unwrap();
+        let out = f.annotated(&a, |_, _| None, |_, _| None).unwrap();
+        let back = FramedSnapshot::read(&out).unwrap();
+        assert_eq!(back.snapshot.device_traces[0].len(), 2);
+        let e = f.annotated(&b, |_, _| None, |_, _| None).unwrap_err();
+        assert!(
+            matches!(&e, FramedError::NotTheSnapshotRead { found, read } if found == &[3] && read == &[2]),
+            "{e}"
+        );
     }
 }

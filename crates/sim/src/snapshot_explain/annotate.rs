@@ -5,10 +5,15 @@ use trainmem_alloc::pytorch::framed::{FramedError, FramedSnapshot};
 
 use super::SnapshotExplanation;
 
-/// The annotated pickle: events of the explained device get their allocation's category,
-/// blocks live at the end theirs; everything else (other devices, segment events) is
-/// `"unknown"`. Frames and every other key are kept as recorded.
-pub fn annotate(f: FramedSnapshot, ex: &SnapshotExplanation) -> Result<Vec<u8>, FramedError> {
+/// The annotated pickle: `bytes` (the pickle `f` was read from) with the events of the
+/// explained device given their allocation's category and the blocks live at the end
+/// theirs; everything else (other devices, segment events) is `"unknown"`. Frames and every
+/// other key are kept as recorded.
+pub fn annotate(
+    f: &FramedSnapshot,
+    bytes: &[u8],
+    ex: &SnapshotExplanation,
+) -> Result<Vec<u8>, FramedError> {
     let mut at_end = std::collections::HashMap::new();
     for a in ex.allocations.iter().filter(|a| a.free_at.is_none()) {
         at_end.insert(a.addr, a.category.name().to_string());
@@ -21,6 +26,7 @@ pub fn annotate(f: FramedSnapshot, ex: &SnapshotExplanation) -> Result<Vec<u8>, 
         .collect();
     let device = ex.device;
     f.annotated(
+        bytes,
         |d, k| {
             if d != device {
                 return None;

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use trainmem_alloc::pytorch::Action;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
-use trainmem_alloc::pytorch::replay::prepare;
+use trainmem_alloc::pytorch::replay::{PreparedTrace, prepare_trace};
 use trainmem_core::Category;
 use trainmem_core::timeline::{Timeline, TimelineMeta};
 
@@ -268,14 +268,13 @@ fn moment(
 /// The allocator at entry `at` of a replay from the rebuilt start state (with the
 /// recording's peak reserved bytes), and after each entry of `ends` (ascending).
 fn allocator_share(
-    f: &FramedSnapshot,
-    device: usize,
+    prepared: &PreparedTrace,
     at: usize,
     ends: &[usize],
 ) -> Result<(AllocatorShare, Vec<timeline::ReplayedAt>), String> {
-    let mut r = prepare(&f.snapshot, device, u64::MAX / 4, None).map_err(|e| e.to_string())?;
-    let ops = std::mem::take(&mut r.ops);
-    let rep = &mut r.replayer;
+    let mut rep = prepared
+        .replayer(u64::MAX / 4, None)
+        .map_err(|e| e.to_string())?;
     let mut share = None;
     let mut samples = Vec::with_capacity(ends.len());
     let mut peak = timeline::ReplayedAt::default();
@@ -289,7 +288,7 @@ fn allocator_share(
         *peak = timeline::ReplayedAt::default();
         now
     };
-    for (origin, op) in ops {
+    for (origin, op) in prepared.ops.iter().cloned() {
         let index = match origin {
             trainmem_alloc::pytorch::replay::Origin::Entry { index, .. } => index,
             _ => 0,
@@ -309,7 +308,7 @@ fn allocator_share(
         samples.push(sample(rep.allocator(), &mut peak));
     }
     let mut s = share.unwrap_or_else(|| snapshot_share(rep.allocator()));
-    s.peak_reserved = r.recorded.peak_reserved;
+    s.peak_reserved = prepared.recorded.peak_reserved;
     Ok((s, samples))
 }
 
@@ -434,12 +433,17 @@ pub fn explain_snapshot(
         peak_share_by_lifetime: share(total - by_frames),
     };
     let (steps, growth) = steps::steps(f, &lt, &curve, &mut names);
-    let recorded_capacity = trainmem_alloc::pytorch::replay::recorded(&f.snapshot, device)
-        .ok()
-        .and_then(|r| r.oom_capacity);
+    // the trace is prepared for replays once: the allocator's share and every replayed
+    // remedy start from it
+    let prepared = prepare_trace(&f.snapshot, device).map_err(|e| e.to_string());
+    let recorded_capacity = prepared.as_ref().ok().and_then(|p| p.recorded.oom_capacity);
     let capacity = opts.capacity.or(recorded_capacity);
     let ends = timeline::sample_ends(&lt);
-    let (allocator, replayed) = match allocator_share(f, device, peak_at, &ends) {
+    let share = prepared
+        .as_ref()
+        .map_err(String::clone)
+        .and_then(|p| allocator_share(p, peak_at, &ends));
+    let (allocator, replayed) = match share {
         Ok((s, r)) => (Some(s), Some(r)),
         Err(e) => {
             notes.push(format!(
@@ -501,7 +505,7 @@ pub fn explain_snapshot(
         entry_allocation,
         timeline,
     };
-    ex.remedies = remedies::remedies(f, &ex, opts.replay_remedies);
+    ex.remedies = remedies::remedies(&ex, prepared.as_ref().ok().filter(|_| opts.replay_remedies));
     Ok(ex)
 }
 

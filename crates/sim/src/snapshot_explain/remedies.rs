@@ -4,9 +4,7 @@
 
 use serde::Serialize;
 use trainmem_alloc::AllocatorConfig;
-use trainmem_alloc::pytorch::Action;
-use trainmem_alloc::pytorch::framed::FramedSnapshot;
-use trainmem_alloc::pytorch::replay::{Scenario, run_scenario};
+use trainmem_alloc::pytorch::replay::{PreparedTrace, Scenario, run_prepared};
 use trainmem_core::Category;
 
 use super::SnapshotExplanation;
@@ -52,11 +50,12 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / GIB)
 }
 
-/// The remedies, most bytes saved first.
-pub fn remedies(f: &FramedSnapshot, ex: &SnapshotExplanation, replay: bool) -> Vec<Remedy> {
+/// The remedies, most bytes saved first; the allocator settings are replayed on `prepared`
+/// (the explained device's trace, prepared for replays) when given.
+pub fn remedies(ex: &SnapshotExplanation, prepared: Option<&PreparedTrace>) -> Vec<Remedy> {
     let mut out = Vec::new();
     let peak_reserved = ex.allocator.map(|a| a.peak_reserved);
-    if replay && let Some(recorded_peak) = peak_reserved {
+    if let (Some(p), Some(recorded_peak)) = (prepared, peak_reserved) {
         // savings on a device with room to spare (a capped replay would cap its peak too);
         // fitting on the capacity asked about, in a second replay
         let unbounded = u64::MAX / 4;
@@ -75,21 +74,34 @@ pub fn remedies(f: &FramedSnapshot, ex: &SnapshotExplanation, replay: bool) -> V
                 tries.push((conf.to_string(), s));
             }
         }
-        let has_snapshots = f.snapshot.device_traces[ex.device]
-            .iter()
-            .any(|e| e.action == Action::Snapshot);
-        if has_snapshots {
+        if !p.snapshot_points.is_empty() {
             let mut s = Scenario::recorded();
             s.name = "empty_cache() at each recorded snapshot point".into();
             s.empty_cache_at_snapshots = true;
             tries.push((s.name.clone(), s));
         }
-        for (name, s) in tries {
-            if let Ok(o) = run_scenario(&f.snapshot, ex.device, unbounded, &s) {
-                let saved = recorded_peak.saturating_sub(o.peak_reserved);
+        // each setting is a full replay of its own: they run side by side
+        let replay = |s: &Scenario| {
+            run_prepared(p, unbounded, s).ok().map(|o| {
                 let fits = ex
                     .capacity
-                    .map(|c| run_scenario(&f.snapshot, ex.device, c, &s).is_ok_and(|o| o.fits()));
+                    .map(|c| run_prepared(p, c, s).is_ok_and(|o| o.fits()));
+                (o, fits)
+            })
+        };
+        let outcomes: Vec<_> = std::thread::scope(|scope| {
+            let running: Vec<_> = tries
+                .iter()
+                .map(|(_, s)| scope.spawn(|| replay(s)))
+                .collect();
+            running
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        for ((name, _), outcome) in tries.into_iter().zip(outcomes) {
+            if let Some((o, fits)) = outcome {
+                let saved = recorded_peak.saturating_sub(o.peak_reserved);
                 out.push(Remedy {
                     name,
                     kind: RemedyKind::Replayed,

@@ -313,7 +313,7 @@ fn the_annotated_pickle_carries_every_category_and_unknown() {
         },
     )
     .unwrap();
-    let out = annotate(f, &ex).unwrap();
+    let out = annotate(&f, &b.bytes, &ex).unwrap();
     assert_eq!(
         trainmem_alloc::pytorch::pickle::first_unsupported_opcode(&out),
         None

@@ -16,6 +16,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub(crate) mod arena;
 mod opcodes;
 mod read;
 pub mod tree;

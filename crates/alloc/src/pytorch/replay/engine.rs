@@ -3,7 +3,7 @@
 //! replay goes on after one) and the live bytes per label. The allocator can be read between
 //! ops (statistics, snapshots), so a caller can sample it wherever its trace has a boundary.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -14,6 +14,7 @@ use crate::block::{Block, BlockId};
 use crate::config::AllocatorConfig;
 use crate::device::{DeviceMemory, SimulatedDevice};
 use crate::error::AllocError;
+use crate::fast_hash::{FastMap, FastSet};
 use crate::label::Label;
 use crate::stream::StreamId;
 
@@ -136,8 +137,8 @@ struct LiveBlock {
 pub struct Replayer<D: DeviceMemory> {
     alloc: CachingAllocator<D>,
     policy: ReplayPolicy,
-    live: HashMap<u64, LiveBlock>,
-    failed: HashSet<u64>,
+    live: FastMap<u64, LiveBlock>,
+    failed: FastSet<u64>,
     label_bytes: BTreeMap<String, u64>,
     counts: Counts,
     ooms: Vec<OomEvent>,
@@ -161,8 +162,8 @@ impl<D: DeviceMemory> Replayer<D> {
         Replayer {
             alloc,
             policy: ReplayPolicy::STRICT,
-            live: HashMap::new(),
-            failed: HashSet::new(),
+            live: FastMap::default(),
+            failed: FastSet::default(),
             label_bytes: BTreeMap::new(),
             counts: Counts::default(),
             ooms: Vec::new(),

@@ -6,6 +6,7 @@ use std::collections::hash_map::Entry;
 
 use super::error::ReplayError;
 use super::op::{Op, Origin};
+use crate::fast_hash::FastMap;
 use crate::label::Label;
 use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
 
@@ -58,7 +59,7 @@ pub fn seeded_ops(
         },
         ..SnapshotTraceInfo::default()
     };
-    let mut ids: HashMap<u64, u64> = live
+    let mut ids: FastMap<u64, u64> = live
         .iter()
         .enumerate()
         .map(|(i, &a)| (a, i as u64))

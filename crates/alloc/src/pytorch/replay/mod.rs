@@ -44,8 +44,9 @@ pub use from_snapshot::{SnapshotTraceInfo, free_action, ops_from_trace, seeded_o
 pub use jsonl::{JsonLines, parse_line};
 pub use op::{Op, Origin};
 pub use snapshot_replay::{
-    RecordedFigures, SnapshotReplay, device_trace, prepare, recorded, run_config,
+    PreparedTrace, RecordedFigures, SnapshotReplay, device_trace, prepare, prepare_trace, recorded,
+    run_config,
 };
 pub use start_state::{StartState, StartStateError, start_state};
 pub use verify::{Agreement, Divergence, Verification, verify};
-pub use what_if::{Outcome, Scenario, run_scenario};
+pub use what_if::{Outcome, Scenario, run_prepared, run_scenario};

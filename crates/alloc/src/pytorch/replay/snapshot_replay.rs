@@ -127,6 +127,86 @@ pub fn device_trace(
         .ok_or(ReplayError::NoSuchDevice { device, devices })
 }
 
+/// A snapshot's trace made ready to replay, once, for as many replays as asked: the start
+/// state rebuilt with the run's own rules, the ops, the recording's own figures. Each
+/// [`replayer`](PreparedTrace::replayer) is seeded afresh; the ops are applied from here
+/// (cloned one at a time), so several configurations replay one preparation.
+pub struct PreparedTrace {
+    /// The trace's ops, in order.
+    pub ops: Vec<(Origin, Op)>,
+    /// What the trace held.
+    pub info: SnapshotTraceInfo,
+    /// The rebuilt start state.
+    pub start: StartState,
+    /// The recording's own figures.
+    pub recorded: RecordedFigures,
+    /// The run's own configuration.
+    own: AllocatorConfig,
+    /// The recorded `segment_alloc`s (size, address), in order.
+    planned: Vec<(u64, u64)>,
+    /// The device replayed.
+    pub device: usize,
+    /// Trace entries of the recorded `snapshot` points, ascending.
+    pub snapshot_points: Vec<usize>,
+}
+
+impl PreparedTrace {
+    /// The run's own configuration (from `allocator_settings`).
+    pub fn own_config(&self) -> &AllocatorConfig {
+        &self.own
+    }
+
+    /// A replayer seeded with the start state on a simulated device of `capacity` bytes,
+    /// under `config` (`None`: the run's own, with new segments at the recorded addresses).
+    pub fn replayer(
+        &self,
+        capacity: u64,
+        config: Option<AllocatorConfig>,
+    ) -> Result<Replayer<SimulatedDevice>, ReplayError> {
+        let mut sim = SimulatedDevice::new(capacity);
+        if config.is_none() {
+            sim = sim.with_planned_addresses(self.planned.iter().copied());
+        }
+        let config = config.unwrap_or_else(|| self.own.clone());
+        let (alloc, blocks) = CachingAllocator::from_state(sim, config, &self.start.seed)?;
+        Ok(Replayer::seeded(alloc, &blocks))
+    }
+}
+
+/// Prepares `device`'s trace of `snapshot` for replays (see [`PreparedTrace`]).
+pub fn prepare_trace(
+    snapshot: &MemorySnapshot,
+    device: usize,
+) -> Result<PreparedTrace, ReplayError> {
+    let trace = device_trace(snapshot, device)?;
+    let own = run_config(snapshot)?;
+    let start = start_state(snapshot, device, trace, &own)?;
+    let recorded = RecordedFigures::from_trace(&start, trace);
+    let planned = trace
+        .iter()
+        .filter(|e| e.action == Action::SegmentAlloc)
+        .map(|e| (e.size, e.addr))
+        .collect();
+    let snapshot_points = trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Snapshot)
+        .map(|(index, _)| index)
+        .collect();
+    let (ops, mut info) = seeded_ops(trace, device, &start.live);
+    info.devices = snapshot.device_traces.len();
+    Ok(PreparedTrace {
+        ops,
+        info,
+        start,
+        recorded,
+        own,
+        planned,
+        device,
+        snapshot_points,
+    })
+}
+
 /// Prepares the replay of `device`'s trace on a simulated device of `capacity` bytes, from
 /// the start state rebuilt with the run's own rules. `config` is the configuration to
 /// replay under (`None`: the run's own, with new segments at the recorded addresses).
@@ -136,26 +216,13 @@ pub fn prepare(
     capacity: u64,
     config: Option<AllocatorConfig>,
 ) -> Result<SnapshotReplay, ReplayError> {
-    let trace = device_trace(snapshot, device)?;
-    let own = run_config(snapshot)?;
-    let start = start_state(snapshot, device, trace, &own)?;
-    let recorded = RecordedFigures::from_trace(&start, trace);
-    let mut sim = SimulatedDevice::new(capacity);
-    if config.is_none() {
-        let plan = trace
-            .iter()
-            .filter(|e| e.action == Action::SegmentAlloc)
-            .map(|e| (e.size, e.addr));
-        sim = sim.with_planned_addresses(plan);
-    }
-    let (alloc, blocks) = CachingAllocator::from_state(sim, config.unwrap_or(own), &start.seed)?;
-    let (ops, mut info) = seeded_ops(trace, device, &start.live);
-    info.devices = snapshot.device_traces.len();
+    let p = prepare_trace(snapshot, device)?;
+    let replayer = p.replayer(capacity, config)?;
     Ok(SnapshotReplay {
-        replayer: Replayer::seeded(alloc, &blocks),
-        ops,
-        info,
-        start,
-        recorded,
+        replayer,
+        ops: p.ops,
+        info: p.info,
+        start: p.start,
+        recorded: p.recorded,
     })
 }

@@ -11,11 +11,12 @@
 //! like a block of its rounded size followed by a larger free block; the rebuild takes the
 //! rounded size. (Blocks still live at the end have their exact size from `segments`.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::from_snapshot::free_action;
 use crate::allocator::{SeedBlock, SeedSegment, SeedState};
 use crate::config::AllocatorConfig;
+use crate::fast_hash::FastMap;
 use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
 use crate::size::{PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size};
 use crate::snapshot::BlockState;
@@ -171,7 +172,7 @@ fn undo_trace(
     trace: &[TraceEvent],
 ) -> Result<Undone, StartStateError> {
     let mut segments = BTreeMap::new();
-    let mut live: HashMap<u64, StartBlock> = HashMap::new();
+    let mut live: FastMap<u64, StartBlock> = FastMap::default();
     for s in snapshot
         .segments
         .iter()

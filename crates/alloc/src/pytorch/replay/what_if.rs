@@ -7,9 +7,9 @@ use serde::Serialize;
 use super::engine::Applied;
 use super::error::ReplayError;
 use super::op::{Op, Origin};
-use super::snapshot_replay::{device_trace, prepare};
+use super::snapshot_replay::{PreparedTrace, prepare_trace};
 use crate::config::AllocatorConfig;
-use crate::pytorch::model::{Action, MemorySnapshot};
+use crate::pytorch::model::MemorySnapshot;
 
 /// One way to replay a snapshot.
 #[derive(Clone, Debug, PartialEq)]
@@ -81,21 +81,15 @@ impl Outcome {
     }
 }
 
-/// The ops with an `empty_cache` added at each recorded `snapshot` entry.
+/// The ops with an `empty_cache` added at each of `points` (trace entries, ascending).
 fn with_empty_cache_at_snapshots(
-    ops: Vec<(Origin, Op)>,
-    snapshot: &MemorySnapshot,
+    ops: &[(Origin, Op)],
+    points: &[usize],
     device: usize,
-) -> Result<Vec<(Origin, Op)>, ReplayError> {
-    let trace = device_trace(snapshot, device)?;
-    let mut points = trace
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.action == Action::Snapshot)
-        .map(|(index, _)| index)
-        .peekable();
-    let mut out = Vec::with_capacity(ops.len());
-    for (at, op) in ops {
+) -> Vec<(Origin, Op)> {
+    let mut points = points.iter().copied().peekable();
+    let mut out = Vec::with_capacity(ops.len() + points.len());
+    for (at, op) in ops.iter().cloned() {
         if let Origin::Entry { index, .. } = at {
             while let Some(p) = points.next_if(|&p| p < index) {
                 out.push((Origin::Entry { device, index: p }, Op::EmptyCache));
@@ -104,7 +98,7 @@ fn with_empty_cache_at_snapshots(
         out.push((at, op));
     }
     out.extend(points.map(|p| (Origin::Entry { device, index: p }, Op::EmptyCache)));
-    Ok(out)
+    out
 }
 
 /// Replays `device`'s trace of `snapshot` under `scenario` on a simulated device of
@@ -115,11 +109,20 @@ pub fn run_scenario(
     capacity: u64,
     scenario: &Scenario,
 ) -> Result<Outcome, ReplayError> {
+    run_prepared(&prepare_trace(snapshot, device)?, capacity, scenario)
+}
+
+/// [`run_scenario`] on a trace prepared once ([`prepare_trace`]) for several scenarios.
+pub fn run_prepared(
+    prepared: &PreparedTrace,
+    capacity: u64,
+    scenario: &Scenario,
+) -> Result<Outcome, ReplayError> {
     let mut out = Outcome {
         name: scenario.name.clone(),
         ..Outcome::default()
     };
-    let mut replay = match prepare(snapshot, device, capacity, scenario.config.clone()) {
+    let mut r = match prepared.replayer(capacity, scenario.config.clone()) {
         Ok(r) => r,
         Err(ReplayError::Seed(crate::allocator::SeedError::Device { .. })) => {
             out.start_does_not_fit = true;
@@ -128,20 +131,25 @@ pub fn run_scenario(
         Err(e) => return Err(e),
     };
     if let Some(f) = scenario.memory_fraction {
-        let alloc = replay.replayer.allocator_mut();
-        alloc
+        r.allocator_mut()
             .set_memory_fraction(f)
             .map_err(ReplayError::Settings)?;
     }
-    let mut ops = std::mem::take(&mut replay.ops);
-    if scenario.empty_cache_at_snapshots {
-        ops = with_empty_cache_at_snapshots(ops, snapshot, device)?;
-    }
-    let r = &mut replay.replayer;
+    let with_empty_cache;
+    let ops = if scenario.empty_cache_at_snapshots {
+        with_empty_cache = with_empty_cache_at_snapshots(
+            &prepared.ops,
+            &prepared.snapshot_points,
+            prepared.device,
+        );
+        &with_empty_cache
+    } else {
+        &prepared.ops
+    };
     let mut peak = r.allocator().memory_reserved();
     out.unused_at_peak = peak - r.allocator().memory_allocated();
     out.largest_free_at_peak = r.allocator().largest_free_block();
-    for (at, op) in ops {
+    for (at, op) in ops.iter().cloned() {
         let size = match op {
             Op::Alloc { size, .. } => size,
             _ => 0,
