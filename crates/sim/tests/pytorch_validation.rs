@@ -575,6 +575,18 @@ const GPU_MISSES: &[&str] = &[
     "lora-autocast-llama-small-sdpa-adamw peak reserved",
     "lora-litgpt-llama-small-adamw parameter",
     "lora-litgpt-llama-small-adamw peak allocated",
+    "lora-mixtral-tiny-adamw peak allocated",
+    "lora-mixtral-tiny-adamw peak reserved",
+    "lora-qwen2-moe-tiny-adamw peak allocated",
+    "lora-qwen2-moe-tiny-adamw peak reserved",
+    "mixtral-tiny-adamw peak allocated",
+    "mixtral-tiny-adamw peak reserved",
+    "mixtral-tiny-sgd peak allocated",
+    "mixtral-tiny-sgd peak reserved",
+    "qwen2-moe-tiny-adamw peak allocated",
+    "qwen2-moe-tiny-adamw peak reserved",
+    "qwen2-moe-tiny-sgd peak allocated",
+    "qwen2-moe-tiny-sgd peak reserved",
 ];
 
 /// The GPU recordings (`fixtures/pytorch-cuda/<device>/`, written by
