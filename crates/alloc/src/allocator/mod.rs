@@ -2,7 +2,6 @@
 //! the rules it applies on every request. See the crate documentation for the rules.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::block::{Block, BlockId};
@@ -34,32 +33,8 @@ const NONE: u32 = u32::MAX;
 
 static NEXT_OWNER: AtomicU32 = AtomicU32::new(1);
 
-/// A hasher for 512-aligned addresses (a multiply-xorshift mix; no per-op allocation).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8)) ^ u64::from(*b);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type AddrMap = HashMap<u64, u32, BuildHasherDefault<AddrHasher>>;
+/// Block ids by address (the crate's word hasher: no per-op allocation).
+type AddrMap = crate::fast_hash::FastMap<u64, u32>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NodeState {
