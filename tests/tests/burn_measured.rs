@@ -468,6 +468,93 @@ fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
 }
 
 #[test]
+fn the_data_sets_own_mapped_pages_are_measured_and_a_host_backend_hands_nothing_over() {
+    let _turn = serial();
+    let mut p = plan(8);
+    p.data.samples = 256;
+    p.loader.workers = 2;
+    let mapped = run(&p);
+    p.data.storage = trainmem_sim::plan::DataStorage::Preload;
+    let pre = run(&p);
+    let data = 256 * (256 * 4 + 8);
+    let data_rss = |r: &MeasuredRun| -> Vec<u64> {
+        r.timeline
+            .samples
+            .iter()
+            .map(|s| s.host.data_file_rss.expect("the data files are watched"))
+            .collect()
+    };
+    // Mapped: the data set's own pages start (near) empty and reach the bytes read (all 256
+    // samples); every page of the two files at most (the .npy headers round each file up).
+    let m = data_rss(&mapped);
+    let grown = m.iter().max().expect("samples") - m[0];
+    assert!(m[0] < data / 4, "resident at start: {}", m[0]);
+    assert!(
+        grown as f64 >= 0.9 * data as f64,
+        "grew {grown} for {data} bytes read"
+    );
+    assert!(
+        grown <= data + 3 * 4096,
+        "grew {grown}: more than the files"
+    );
+    // It is a part of RssFile, never more.
+    for s in &mapped.timeline.samples {
+        assert!(s.host.data_file_rss <= Some(s.host.file_rss));
+    }
+    // Preloaded: the pages read while loading are not touched again as the epoch goes.
+    let q = data_rss(&pre);
+    let spread = q.iter().max().expect("samples") - q.iter().min().expect("samples");
+    assert!(
+        spread < data / 10,
+        "preloaded: mapped pages moved by {spread}"
+    );
+    // Flex keeps a batch's host buffers as its tensors: nothing is handed to a device.
+    for r in [&mapped, &pre] {
+        for s in &r.timeline.samples {
+            assert!(
+                s.host.handed_to_device.is_zero(),
+                "{:?}",
+                s.host.handed_to_device
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batch_uploaded_to_a_device_marks_its_host_buffers_handed_over_until_freed() {
+    use trainmem_burn::{Batch, ExampleShape};
+    let _turn = serial();
+    let device = Default::default();
+    let shape = ExampleShape::Regression {
+        input: 100,
+        output: 10,
+    };
+    let handed = || trainmem_probe::handed_to_device_bytes(Category::Input);
+    let before = handed();
+    let build = |uploads: bool| {
+        let _tag = trainmem_probe::CategoryScope::enter(Category::Input);
+        Batch::<burn::backend::Flex>::from_host(
+            &shape,
+            4,
+            vec![0.5; 400],
+            vec![0.25; 40],
+            &device,
+            uploads,
+        )
+        .expect("a well-formed batch")
+    };
+    // As if uploaded: Flex keeps the very buffers, so they stay marked while the batch lives.
+    let batch = build(true);
+    assert_eq!(handed(), before + 4 * (400 + 40));
+    drop(batch);
+    assert_eq!(handed(), before, "freed: no longer counted apart");
+    // A host backend's batch is not marked.
+    let batch = build(false);
+    assert_eq!(handed(), before);
+    drop(batch);
+}
+
+#[test]
 fn pinned_staging_bytes_are_reported_pinned_or_failed() {
     let _turn = serial();
     let mut p = plan(4);

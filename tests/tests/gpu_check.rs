@@ -82,9 +82,7 @@ const CUDA_GAPS: &[&str] = &[
     "fused per-batch-plateau: MISS outputs kept for an epoch-end metric (knob) optimizer_state",
     "fused pinned-staging: MISS pin_memory = false (knob) optimizer_state",
     "fused pinned-staging: MISS pinned staging optimizer_state",
-    "fused pinned-staging: NO the staging pool stays resident after the epoch (Simulated)",
     "fused pinned-staging: NO without pinning nothing stays behind after the epoch (Measured)",
-    "fused pinned-staging: NO without pinning nothing stays behind after the epoch (Simulated)",
     "fused retained-leak: MISS outputs cleared every 2 steps gradient",
     "fused retained-leak: MISS outputs cleared every 2 steps optimizer_state",
     "fused retained-leak: MISS outputs kept with their graph gradient",
@@ -93,9 +91,7 @@ const CUDA_GAPS: &[&str] = &[
     "fused retained-leak: MISS with the fix: outputs not kept optimizer_state",
     "memmap-vs-preload: NO mmap: page cache (RssFile) grows with the bytes read (Measured)",
     "memmap-vs-preload: NO preload: anonymous memory holds the data set from the start (Measured)",
-    "pinned-staging: NO the staging pool stays resident after the epoch (Simulated)",
     "pinned-staging: NO without pinning nothing stays behind after the epoch (Measured)",
-    "pinned-staging: NO without pinning nothing stays behind after the epoch (Simulated)",
 ];
 
 fn root() -> PathBuf {

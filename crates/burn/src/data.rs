@@ -222,6 +222,11 @@ impl FixtureData {
         &mut self.loader
     }
 
+    /// The data set's files (features, then labels).
+    pub fn files(&self) -> Vec<PathBuf> {
+        vec![self.dir.join("features.npy"), self.dir.join("labels.npy")]
+    }
+
     /// The directory holding the fixture files.
     pub fn dir(&self) -> &Path {
         &self.dir

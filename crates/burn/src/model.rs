@@ -162,12 +162,18 @@ impl<B: Backend> Batch<B> {
     /// Builds a batch from flat host data: `inputs` holds `batch × shape.input_len()` values,
     /// `targets` holds `batch × shape.target_len()` values (class and token ids as exact
     /// small non-negative floats).
+    ///
+    /// With `uploads` (the backend keeps tensors in device memory) each host buffer is marked
+    /// as handed to the device backend ([`trainmem_probe::mark_handed_to_device`]) as it goes
+    /// in, so the host bytes the backend keeps after the copy are told apart from the ones the
+    /// program holds. On a host backend the buffers become the tensors and are not marked.
     pub fn from_host(
         shape: &ExampleShape,
         batch: usize,
         inputs: Vec<f32>,
         targets: Vec<f32>,
         device: &B::Device,
+        uploads: bool,
     ) -> Result<Batch<B>, BurnRunError> {
         let want_in = batch * shape.input_len();
         let want_t = batch * shape.target_len();
@@ -178,13 +184,20 @@ impl<B: Backend> Batch<B> {
                 targets.len()
             )));
         }
+        fn hand_over<T>(v: &Vec<T>, uploads: bool) {
+            if uploads {
+                trainmem_probe::mark_handed_to_device(v);
+            }
+        }
         let floats = |v: Vec<f32>| {
             let n = v.len();
+            hand_over(&v, uploads);
             Tensor::<B, 1>::from_data(TensorData::new(v, [n]), device)
         };
         let ids = |v: Vec<f32>| {
             let n = v.len();
             let ids: Vec<i32> = v.into_iter().map(|x| x as i32).collect();
+            hand_over(&ids, uploads);
             Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), device)
         };
         Ok(match shape {

@@ -48,6 +48,16 @@ pub struct ProbeSample {
     pub host_peak: Option<CategoryArray>,
     /// Peak of all host categories together since the previous sample.
     pub host_total_peak: Option<u64>,
+    /// Live host bytes per category handed to a device backend for an upload and not freed by
+    /// it yet (part of `host`; see [`trainmem_probe::mark_handed_to_device`]); `None` when no
+    /// counting allocator is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_handed_to_device: Option<CategoryArray>,
+    /// Resident bytes of the data set's memory-mapped files (their mappings' share of RssFile,
+    /// [`trainmem_probe::mapped::mapped_rss`]); `None` when the run reads no data files or
+    /// `/proc/self/smaps` is unavailable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_file_rss: Option<u64>,
     /// The OS view of this process's memory; `None` where `/proc` is unavailable.
     pub rss: Option<ProcStatus>,
     /// Device figures; `None` on CPU backends.
@@ -101,6 +111,7 @@ pub struct Probe<B: MemoryBackend> {
     samples: Vec<ProbeSample>,
     loader: Option<trainmem_loader::MemoryWatch>,
     loader_samples: Vec<trainmem_loader::LoaderMemory>,
+    data_files: Option<Vec<std::path::PathBuf>>,
 }
 
 impl<B: MemoryBackend> Probe<B> {
@@ -127,6 +138,7 @@ impl<B: MemoryBackend> Probe<B> {
             samples: Vec::with_capacity(samples),
             loader: None,
             loader_samples: Vec::new(),
+            data_files: None,
         }
     }
 
@@ -135,6 +147,12 @@ impl<B: MemoryBackend> Probe<B> {
     pub fn watch_loader(&mut self, watch: trainmem_loader::MemoryWatch) {
         self.loader = Some(watch);
         self.loader_samples.reserve(self.samples.capacity());
+    }
+
+    /// Reads the resident bytes of the data set's files (their own mappings) at every later
+    /// sample too ([`ProbeSample::data_file_rss`]).
+    pub fn watch_data_files(&mut self, files: Vec<std::path::PathBuf>) {
+        self.data_files = Some(files);
     }
 
     /// The loader readings, one per sample since [`Self::watch_loader`].
@@ -161,17 +179,22 @@ impl<B: MemoryBackend> Probe<B> {
         micro_batch: Option<u32>,
     ) -> Result<&ProbeSample, BurnRunError> {
         B::sync(&self.device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
-        let (host, host_peak, host_total_peak) = if self.counting {
+        let (host, host_peak, host_total_peak, host_handed_to_device) = if self.counting {
             let snap = trainmem_probe::snapshot();
             trainmem_probe::reset_peaks();
             (
                 Some(snap.live.map(|v| v as u64)),
                 Some(snap.peak.map(|v| v as u64)),
                 Some(snap.total_peak as u64),
+                Some(snap.handed_to_device.map(|v| v as u64)),
             )
         } else {
-            (None, None, None)
+            (None, None, None, None)
         };
+        let data_file_rss = self
+            .data_files
+            .as_deref()
+            .and_then(|files| trainmem_probe::mapped::mapped_rss(files).ok());
         let tracked = B::tracked_bytes();
         if tracked.is_some() {
             trainmem_track::reset_peaks();
@@ -185,6 +208,8 @@ impl<B: MemoryBackend> Probe<B> {
             host,
             host_peak,
             host_total_peak,
+            host_handed_to_device,
+            data_file_rss,
             rss: trainmem_probe::rss::read().ok(),
             device: B::device_memory(&self.device),
             tracked,

@@ -2,7 +2,10 @@
 //!
 //! * `host.categories`: live bytes per category from the counting allocator (all zero, with
 //!   the note `host_categories = unavailable`, when no counting allocator is installed);
-//! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`;
+//! * `host.handed_to_device`: the part of those bytes handed to a device backend for an upload
+//!   and still held by it (trainmem-probe's mark, set where a batch is uploaded);
+//! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`, and
+//!   `host.data_file_rss`: the data set's own mappings' share of RssFile (`/proc/self/smaps`);
 //! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
 //!   `cache = reserved - allocated`; the per-category split of device bytes is not observable
 //!   there and stays zero (a backend that attributes its own tensors, trainmem-meta, fills
@@ -23,6 +26,10 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
     if let Some(h) = s.host {
         host.categories = CategoryBytes(h);
     }
+    if let Some(h) = s.host_handed_to_device {
+        host.handed_to_device = CategoryBytes(h);
+    }
+    host.data_file_rss = s.data_file_rss;
     if let Some(rss) = s.rss {
         host.anon_rss = rss.rss_anon;
         host.file_rss = rss.rss_file + rss.rss_shmem;
@@ -138,6 +145,12 @@ mod tests {
             host: Some(host),
             host_peak: Some(host),
             host_total_peak: Some(100),
+            host_handed_to_device: Some({
+                let mut h = [0u64; 8];
+                h[Category::Input.index()] = 60;
+                h
+            }),
+            data_file_rss: Some(12),
             rss: Some(ProcStatus {
                 vm_rss: 70,
                 rss_anon: 40,
@@ -161,6 +174,8 @@ mod tests {
         let t = to_sample(&s);
         assert_eq!(t.host.categories.get(Category::Parameter), 100);
         assert_eq!((t.host.anon_rss, t.host.file_rss), (40, 30));
+        assert_eq!(t.host.handed_to_device.get(Category::Input), 60);
+        assert_eq!((t.host.data_file_rss, t.host.data_rss()), (Some(12), 12));
         assert_eq!((t.device.allocated, t.device.reserved), (300, 1000));
         assert_eq!(t.device.categories.get(Category::Cache), 700);
         assert_eq!((t.step, t.epoch, t.micro_batch), (3, 1, Some(2)));

@@ -208,6 +208,7 @@ where
     let mut probe = Probe::<B>::with_capacity(device, expected_samples);
     if let Data::Loader(f) = &data {
         probe.watch_loader(f.loader().memory_watch());
+        probe.watch_data_files(f.files());
     }
     B::seed(device, plan.seed);
     let trace = TraceGuard::start(opts.trace_allocations)?;
@@ -254,6 +255,9 @@ struct Trainer<'p, B: AutodiffBackend + MemoryBackend> {
     kept: Kept<B>,
     checkpoints: Vec<PathBuf>,
     step: u64,
+    /// The backend keeps tensors in device memory (it reports device figures): a batch's host
+    /// buffers are handed to it for an upload, not kept as the tensors.
+    uploads: bool,
 }
 
 impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
@@ -283,6 +287,7 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
                 host.inputs,
                 host.targets,
                 &self.device,
+                self.uploads,
             )?;
             cast_batch(batch, self.settings.half)
         };
@@ -458,7 +463,9 @@ where
         param_bytes,
         lazy_at_init,
     } = set_up::<B>(plan, &mut opts, &settings, &device)?;
+    let uploads = B::device_memory(&device).is_some();
     let mut trainer = Trainer {
+        uploads,
         plan,
         device,
         settings,

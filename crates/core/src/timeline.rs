@@ -146,6 +146,11 @@ impl CategoryBytes {
     /// All zero.
     pub const ZERO: CategoryBytes = CategoryBytes([0; 8]);
 
+    /// Whether every category holds zero bytes.
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+
     /// Bytes of one category.
     pub fn get(&self, c: Category) -> u64 {
         self.0[c.index()]
@@ -229,12 +234,37 @@ pub struct HostBytes {
     pub anon_rss: u64,
     /// File-backed resident memory (RssFile): page cache of memory-mapped files.
     pub file_rss: u64,
+    /// Live bytes per category of buffers handed to a device backend for an upload and not yet
+    /// freed by it; already included in `categories`. A device backend may keep the host side
+    /// of an upload alive after the copy (cubecl-cuda holds it until the copy is fenced, up to
+    /// 64 uploads or 64 MiB later), which the program no longer holds. Zero on host backends.
+    #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
+    pub handed_to_device: CategoryBytes,
+    /// Resident bytes of the memory-mapped data set's own mappings: its share of `file_rss`,
+    /// without the binary's and libraries' pages. `Some(0)` when the data set is not mapped;
+    /// `None` where it was not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_file_rss: Option<u64>,
 }
 
 impl HostBytes {
     /// Total resident memory (anonymous + file-backed).
     pub fn rss(&self) -> u64 {
         self.anon_rss + self.file_rss
+    }
+
+    /// Live bytes of `category` the program itself holds: those handed to a device backend for
+    /// an upload taken out.
+    pub fn held(&self, category: Category) -> u64 {
+        self.categories
+            .get(category)
+            .saturating_sub(self.handed_to_device.get(category))
+    }
+
+    /// Resident bytes of the memory-mapped data set: [`HostBytes::data_file_rss`] where
+    /// measured, else the whole `file_rss`.
+    pub fn data_rss(&self) -> u64 {
+        self.data_file_rss.unwrap_or(self.file_rss)
     }
 }
 

@@ -20,7 +20,7 @@
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,10 +33,15 @@ const N: usize = Category::ALL.len();
 /// Smallest header in front of each block; the tag byte is its last byte.
 const HEADER: usize = 8;
 
+/// Bit of the tag byte set on a block handed to a device backend ([`mark_handed_to_device`]);
+/// the low bits keep the category.
+const HANDED: u8 = 0x80;
+
 static LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static PEAK: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static ALLOCATED: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static HANDED_LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static TOTAL_LIVE: AtomicUsize = AtomicUsize::new(0);
 static TOTAL_PEAK: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
@@ -86,7 +91,10 @@ fn record_alloc(tag: u8, size: usize) {
 }
 
 fn record_dealloc(tag: u8, size: usize) {
-    let i = usize::from(tag).min(N - 1);
+    let i = usize::from(tag & !HANDED).min(N - 1);
+    if tag & HANDED != 0 {
+        HANDED_LIVE[i].fetch_sub(size, Ordering::Relaxed);
+    }
     LIVE[i].fetch_sub(size, Ordering::Relaxed);
     TOTAL_LIVE.fetch_sub(size, Ordering::Relaxed);
 }
@@ -106,6 +114,9 @@ unsafe fn tag_block(base: *mut u8, offset: usize, layout: Layout) -> *mut u8 {
     // the block `System` just returned (the caller's contract).
     unsafe {
         let user = base.add(offset);
+        if PROBING.load(Ordering::Relaxed) {
+            LAST_PROBED.store(user as usize, Ordering::Relaxed);
+        }
         user.sub(1).write(tag);
         record_alloc(tag, layout.size());
         crate::trace::record(user, layout.size(), false, tag);
@@ -149,7 +160,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe {
             let tag = ptr.sub(1).read();
             record_dealloc(tag, layout.size());
-            crate::trace::record(ptr, layout.size(), true, tag);
+            crate::trace::record(ptr, layout.size(), true, tag & !HANDED);
             System.dealloc(ptr.sub(offset), outer);
         }
     }
@@ -178,7 +189,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
             let user = base.add(offset);
             let old_tag = user.sub(1).read();
             record_dealloc(old_tag, layout.size());
-            crate::trace::record(ptr, layout.size(), true, old_tag);
+            crate::trace::record(ptr, layout.size(), true, old_tag & !HANDED);
             user.sub(1).write(tag);
             record_alloc(tag, new_size);
             crate::trace::record(user, new_size, false, tag);
@@ -236,6 +247,10 @@ pub struct AllocSnapshot {
     pub allocated: [u64; N],
     /// Number of allocations per category (cumulative, never reset).
     pub allocations: [u64; N],
+    /// Live bytes per category whose block was handed to a device backend
+    /// ([`mark_handed_to_device`]); already included in `live`.
+    #[serde(default)]
+    pub handed_to_device: [usize; N],
     /// Live bytes, all categories together.
     pub total_live: usize,
     /// Peak of `total_live` since the start or the last [`reset_peaks`].
@@ -266,6 +281,7 @@ pub fn snapshot() -> AllocSnapshot {
         peak: [0; N],
         allocated: [0; N],
         allocations: [0; N],
+        handed_to_device: [0; N],
         total_live: TOTAL_LIVE.load(Ordering::Relaxed),
         total_peak: TOTAL_PEAK.load(Ordering::Relaxed),
     };
@@ -274,6 +290,7 @@ pub fn snapshot() -> AllocSnapshot {
         s.peak[i] = PEAK[i].load(Ordering::Relaxed);
         s.allocated[i] = ALLOCATED[i].load(Ordering::Relaxed);
         s.allocations[i] = COUNT[i].load(Ordering::Relaxed);
+        s.handed_to_device[i] = HANDED_LIVE[i].load(Ordering::Relaxed);
     }
     s
 }
@@ -286,7 +303,79 @@ pub fn snapshot() -> AllocSnapshot {
 pub unsafe fn block_category(ptr: *const u8) -> Category {
     // SAFETY: the caller guarantees `ptr` is a live block from this allocator, whose header
     // byte just before `ptr` holds the tag.
-    category_from_u8(unsafe { ptr.sub(1).read() })
+    category_from_u8(unsafe { ptr.sub(1).read() } & !HANDED)
+}
+
+/// Set while [`counting_is_global`] checks which allocator serves the global heap: every
+/// block [`CountingAlloc`] hands out meanwhile stores its address in [`LAST_PROBED`].
+static PROBING: AtomicBool = AtomicBool::new(false);
+static LAST_PROBED: AtomicUsize = AtomicUsize::new(0);
+/// 0: not checked yet, 1: the global allocator is a [`CountingAlloc`], 2: it is not.
+static GLOBAL: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the process's `#[global_allocator]` is a [`CountingAlloc`], so that every `Vec`'s
+/// buffer carries a tag header. Checked once by allocating a probe box and seeing whether a
+/// `CountingAlloc` handed out its address (a concurrent allocation can only make the check
+/// answer "no", never a wrong "yes": two live blocks never share an address).
+fn counting_is_global() -> bool {
+    match GLOBAL.load(Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let mut yes = false;
+    for _ in 0..8 {
+        PROBING.store(true, Ordering::SeqCst);
+        let probe = std::hint::black_box(Box::new(0u64));
+        PROBING.store(false, Ordering::SeqCst);
+        let addr = std::ptr::from_ref::<u64>(&probe) as usize;
+        if LAST_PROBED.load(Ordering::SeqCst) == addr {
+            yes = true;
+            break;
+        }
+    }
+    GLOBAL.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+    yes
+}
+
+/// Marks the buffer of `v` as handed to a device backend for an upload: its bytes stay counted
+/// under their category, and are also counted in [`handed_to_device_bytes`] until the block is
+/// freed (or reallocated), by whichever thread.
+///
+/// This is how a measured run tells a device backend's hold on uploaded host data apart from
+/// the bytes the program itself keeps: cubecl-cuda, for one, keeps the host buffer of every
+/// upload alive in a pending-drop queue until its copy is fenced, up to 64 uploads or 64 MiB
+/// later. Call it just before moving the vector into the backend (e.g. into burn's
+/// `TensorData`). It does nothing when no [`CountingAlloc`] is the global allocator, for an
+/// empty or zero-sized-element vector, and for a block already marked. Returns whether it
+/// marked the block.
+pub fn mark_handed_to_device<T>(v: &Vec<T>) -> bool {
+    let size = v.capacity() * std::mem::size_of::<T>();
+    if size == 0 || !counting_is_global() {
+        return false;
+    }
+    let user = v.as_ptr().cast::<u8>().cast_mut();
+    // SAFETY: the global allocator is a `CountingAlloc` (checked above), so the vector's
+    // buffer (non-empty: `size > 0`) is a live block it handed out, with the tag byte just
+    // before the pointer, inside the same block; `&v` keeps the block alive and unshared by
+    // other writers while the byte is read and rewritten.
+    unsafe {
+        let tag_at = user.sub(1);
+        let tag = tag_at.read();
+        if tag & HANDED != 0 {
+            return false;
+        }
+        let i = usize::from(tag).min(N - 1);
+        HANDED_LIVE[i].fetch_add(size, Ordering::Relaxed);
+        tag_at.write(tag | HANDED);
+    }
+    true
+}
+
+/// Live bytes under `category` whose block was marked [`mark_handed_to_device`] and is not
+/// freed yet.
+pub fn handed_to_device_bytes(category: Category) -> usize {
+    HANDED_LIVE[category.index()].load(Ordering::Relaxed)
 }
 
 #[cfg(test)]
@@ -335,5 +424,14 @@ mod tests {
         }
         assert_eq!(live_bytes(Category::Cache), before);
         assert!(is_installed());
+    }
+
+    #[test]
+    fn nothing_is_marked_when_the_global_allocator_does_not_count() {
+        // This unit-test binary does not install `CountingAlloc` globally (other tests here
+        // call one directly), so a `Vec`'s buffer has no tag header to mark.
+        let v = vec![1u8; 64];
+        assert!(!mark_handed_to_device(&v));
+        assert_eq!(handed_to_device_bytes(Category::Other), 0);
     }
 }

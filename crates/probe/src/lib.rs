@@ -16,12 +16,17 @@
 //! * [`CountingAlloc`]: a `#[global_allocator]` wrapper over the system allocator that keeps
 //!   live and peak bytes per category ([`live_bytes`], [`peak_bytes`], [`total_live_bytes`],
 //!   [`snapshot`], [`reset_peaks`]).
+//! * [`mark_handed_to_device`], [`handed_to_device_bytes`]: a buffer handed to a device
+//!   backend for an upload stays counted under its category and is also counted apart until
+//!   the backend frees it, so a backend's hold on uploaded host data shows on its own.
 //! * [`start_trace`] / [`stop_trace`]: an optional, bounded, allocation-free record of
 //!   allocations and frees above a size threshold (address, size, category, thread), for
 //!   replaying a real run's allocation sizes through a caching-allocator model.
 //! * [`heap::retain_freed_heap`]: keep the memory a process frees in its heap for reuse
 //!   (glibc's trim and mmap thresholds), for binaries that build and free large structures
 //!   repeatedly.
+//! * [`mapped::mapped_rss`]: the resident bytes of particular mapped files (a data set's share
+//!   of `RssFile`), from `/proc/self/smaps`.
 //! * [`rss`]: the resident-set breakdown the OS reports (`/proc/self/status`: VmRSS, RssAnon,
 //!   RssFile, RssShmem, VmHWM, VmPeak) and the VmHWM reset.
 //!
@@ -108,13 +113,14 @@
 
 mod counting;
 pub mod heap;
+pub mod mapped;
 pub mod rss;
 mod tag;
 mod trace;
 
 pub use counting::{
-    AllocSnapshot, CountingAlloc, block_category, is_installed, live_bytes, peak_bytes, reset_peak,
-    reset_peaks, snapshot, total_live_bytes,
+    AllocSnapshot, CountingAlloc, block_category, handed_to_device_bytes, is_installed, live_bytes,
+    mark_handed_to_device, peak_bytes, reset_peak, reset_peaks, snapshot, total_live_bytes,
 };
 pub use rss::{ProcStatus, RssError};
 pub use tag::{CategoryScope, current_category, set_thread_category};

@@ -26,6 +26,15 @@ fn bytes_in(t: &Timeline, domain: Domain, i: usize, category: Option<Category>) 
     }
 }
 
+/// Host `input` bytes the program holds at sample `i`: the loader's batches in flight and in
+/// hand, and the data set when preloaded. They live on the host whatever device holds the
+/// tensors. Bytes a device backend still keeps after uploading a batch (the host side of the
+/// copy, [`trainmem_sim::timeline::HostBytes::handed_to_device`]) are not the program's and are
+/// left out.
+pub fn host_input(t: &Timeline, i: usize) -> u64 {
+    t.samples[i].host.held(Category::Input)
+}
+
 /// Indices of the samples taken after `phase`, in order.
 pub fn points(t: &Timeline, phase: Phase) -> Vec<usize> {
     t.indices_at(phase)

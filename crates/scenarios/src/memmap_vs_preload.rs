@@ -4,19 +4,12 @@
 
 use trainmem_sim::Plan;
 use trainmem_sim::plan::DataStorage;
-use trainmem_sim::timeline::{Domain, Phase, Timeline};
+use trainmem_sim::timeline::{Phase, Timeline};
 
-use super::checks::index_of;
+use super::checks::{host_input, index_of};
 use super::ctx::{Ctx, Judgement};
 use super::error::Result;
 use super::report::{Figure, VerdictKind};
-
-/// Host `input` bytes at sample `i`: the loader's batches and the data set live on the host
-/// whatever device holds the tensors.
-fn host_input(t: &Timeline, i: usize) -> u64 {
-    t.categories(i, Domain::Host)
-        .get(trainmem_probe::Category::Input)
-}
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -51,11 +44,14 @@ fn bytes_read(plan: &Plan) -> u64 {
 /// RSS figures of one timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RssView {
-    /// RssFile at the start sample.
+    /// The data set's resident mapped bytes at the start sample: its own mappings' share of
+    /// RssFile where the run measured it ([`HostBytes::data_rss`]), else the whole RssFile.
+    ///
+    /// [`HostBytes::data_rss`]: trainmem_sim::timeline::HostBytes::data_rss
     file_start: u64,
-    /// RssFile after the first batch was loaded, minus at start.
+    /// The same after the first batch was loaded, minus at start.
     file_first_batch: i64,
-    /// Highest RssFile up to the last epoch end, minus at start.
+    /// Its highest value up to the last epoch end, minus at start.
     file_growth: i64,
     /// RssAnon at the start sample, over the process's RssAnon when the run began (its
     /// baseline, when recorded): what the run itself made resident before training.
@@ -73,10 +69,10 @@ fn rss_view(t: &Timeline) -> Option<RssView> {
         .iter()
         .position(|s| s.phase == Phase::BatchLoaded)?;
     let end = t.samples.iter().rposition(|s| s.phase == Phase::EpochEnd)?;
-    let file_start = t.samples[start].host.file_rss;
+    let file_start = t.samples[start].host.data_rss();
     let file_max = t.samples[start..=end]
         .iter()
-        .map(|s| s.host.file_rss)
+        .map(|s| s.host.data_rss())
         .max()
         .unwrap_or(0);
     let input_peak = (0..t.samples.len())
@@ -85,7 +81,7 @@ fn rss_view(t: &Timeline) -> Option<RssView> {
         .unwrap_or(0);
     Some(RssView {
         file_start,
-        file_first_batch: t.samples[first].host.file_rss as i64 - file_start as i64,
+        file_first_batch: t.samples[first].host.data_rss() as i64 - file_start as i64,
         file_growth: file_max as i64 - file_start as i64,
         anon_start: t.samples[start].host.anon_rss as i64
             - t.meta.baseline.map_or(0, |b| b.anon_rss) as i64,
@@ -107,7 +103,7 @@ fn expect_mapped(t: &Timeline, plan: &Plan) -> Judgement {
     Judgement::new(
         grows && lazy && not_heap,
         format!(
-            "RssFile grows by {} bytes over the epoch (at least 90% of the {read} bytes read), \
+            "the data set's RssFile grows by {} bytes over the epoch (at least 90% of the {read} bytes read), \
              by {} bytes at the first batch (under half of the {data}-byte data set: mapped as \
              read, not up front); input bytes peak at {} (under half the data set)",
             v.file_growth, v.file_first_batch, v.input_peak
@@ -115,9 +111,12 @@ fn expect_mapped(t: &Timeline, plan: &Plan) -> Judgement {
         vec![
             Figure::bytes("data set bytes", data),
             Figure::bytes("bytes read", read),
-            Figure::bytes("RssFile at start", v.file_start),
-            Figure::delta("RssFile growth at the first batch", v.file_first_batch),
-            Figure::delta("RssFile growth over the epoch", v.file_growth),
+            Figure::bytes("data set RssFile at start", v.file_start),
+            Figure::delta(
+                "data set RssFile growth at the first batch",
+                v.file_first_batch,
+            ),
+            Figure::delta("data set RssFile growth over the epoch", v.file_growth),
             Figure::bytes("input peak", v.input_peak),
         ],
     )
@@ -135,15 +134,15 @@ fn expect_preloaded(t: &Timeline, plan: &Plan) -> Judgement {
     Judgement::new(
         heap && no_cache,
         format!(
-            "input bytes at start are {} (at least 95% of the {data}-byte data set); RssFile \
-             grows by {} bytes over the epoch (under 10% of the data set)",
+            "input bytes at start are {} (at least 95% of the {data}-byte data set); the data \
+             set's RssFile grows by {} bytes over the epoch (under 10% of the data set)",
             v.input_start, v.file_growth
         ),
         vec![
             Figure::bytes("data set bytes", data),
             Figure::bytes("input at start", v.input_start),
             Figure::delta("RssAnon at start, over the run's baseline", v.anon_start),
-            Figure::delta("RssFile growth over the epoch", v.file_growth),
+            Figure::delta("data set RssFile growth over the epoch", v.file_growth),
         ],
     )
 }
@@ -190,14 +189,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 ok,
                 format!(
                     "RssAnon at start (over each run's baseline) is {anon} bytes higher preloaded \
-                     than mapped, and RssFile \
-                     grows {file} bytes more mapped than preloaded (each at least 90% of the \
-                     {data}-byte data set)"
+                     than mapped, and the data set's RssFile grows {file} bytes more mapped than \
+                     preloaded (each at least 90% of the {data}-byte data set)"
                 ),
                 vec![
                     Figure::bytes("data set bytes", data),
                     Figure::delta("RssAnon at start, preload - mmap", anon),
-                    Figure::delta("RssFile growth, mmap - preload", file),
+                    Figure::delta("data set RssFile growth, mmap - preload", file),
                 ],
             )
         },

@@ -4,19 +4,12 @@
 //! allows; without pinning nothing stays behind.
 
 use trainmem_sim::Plan;
-use trainmem_sim::timeline::{Domain, Phase, Source, Timeline};
+use trainmem_sim::timeline::{Phase, Source, Timeline};
 
-use super::checks::index_of;
+use super::checks::{host_input, index_of};
 use super::ctx::{Ctx, Judgement};
 use super::error::Result;
 use super::report::{Figure, VerdictKind};
-
-/// Host `input` bytes at sample `i`: the loader's batches and the data set live on the host
-/// whatever device holds the tensors.
-fn host_input(t: &Timeline, i: usize) -> u64 {
-    t.categories(i, Domain::Host)
-        .get(trainmem_probe::Category::Input)
-}
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

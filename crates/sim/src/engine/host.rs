@@ -307,6 +307,10 @@ impl HostModel {
             anon_rss: c.total(),
             file_rss,
             categories: c,
+            // The host side of uploads is not modelled: what the program holds is the twin's.
+            handed_to_device: CategoryBytes::ZERO,
+            // The only file pages the twin maps are the data set's.
+            data_file_rss: Some(file_rss),
         }
     }
 }

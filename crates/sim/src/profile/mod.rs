@@ -197,8 +197,9 @@ pub struct CpuRules {
     /// not a host copy beside a device copy.
     pub batch_is_host_batch: bool,
     /// Vector and image models read their data through trainmem-loader (its epoch order,
-    /// pinned staging pool and queue shape: [`crate::engine::host::HostModel`]); token
-    /// models read a synthetic source without a sampler.
+    /// pinned staging pool and queue shape: [`crate::engine::host::HostModel`]), on a GPU
+    /// too: the host side is the same whatever device holds the tensors; token models read a
+    /// synthetic source without a sampler.
     pub trainmem_loader: bool,
     /// A checkpoint is written from an f32 copy of every parameter (no optimizer state),
     /// held as a `temporary` tensor while the recorder writes it (otherwise: parameters

@@ -86,9 +86,9 @@ fn host_model(spec: &RunSpec<'_>, machine: &Machine) -> HostModel {
     );
     let kernel_scratch = profile.kernel_scratch_bytes(plan, machine);
     let host = HostModel::new(plan, sample_bytes, kernel_scratch);
-    if profile.cpu.trainmem_loader && spec.cpu && !matches!(plan.model, ModelSpec::Transformer(_)) {
-        // vector and image models are read through trainmem-loader (token models from a
-        // synthetic source without a sampler)
+    if profile.cpu.trainmem_loader && !matches!(plan.model, ModelSpec::Transformer(_)) {
+        // vector and image models are read through trainmem-loader, whatever device holds
+        // the tensors (token models from a synthetic source without a sampler)
         with_trainmem_loader(host, plan)
     } else {
         host
