@@ -93,7 +93,7 @@ pub struct Scenario {
     pub name: &'static str,
     /// The pattern, in one line.
     pub description: &'static str,
-    /// The source articles (seeds/) that document it.
+    /// The published articles that document the pattern.
     pub sources: &'static str,
     /// Which bytes cause it and what removes it, in paragraphs.
     pub explanation: &'static [&'static str],
@@ -122,7 +122,7 @@ pub fn empty_cache_gpu_plan() -> Result<Plan> {
     Ok(empty_cache::gpu_plan(&plan))
 }
 
-/// The catalogue (DESIGN.md), in its order.
+/// The catalogue, in the order the reports list it (ARCHITECTURE.md says how to add one).
 pub const SCENARIOS: &[Scenario] = &[
     scenario!(
         "epoch-spike",
