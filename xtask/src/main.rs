@@ -14,6 +14,7 @@ mod bench;
 mod gen_data;
 mod gpu_check;
 mod meta;
+mod unused_deps;
 mod validate;
 
 /// Host bytes per category for measured scenario runs (trainmem-probe's counting allocator).
@@ -45,6 +46,8 @@ enum Command {
     /// Compare the twin with recorded real runs (`validate pytorch`).
     #[command(subcommand)]
     Validate(validate::ValidateCommand),
+    /// Check that every dependency a workspace member declares is named in its code.
+    UnusedDeps,
 }
 
 /// The workspace's target directory (`CARGO_TARGET_DIR` when set).
@@ -72,6 +75,18 @@ fn main() -> ExitCode {
         Command::Validate(cmd) => validate::run(cmd),
         Command::Meta(args) => meta::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
+        Command::UnusedDeps => {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or_else(|| std::path::Path::new("."));
+            unused_deps::run(root).map(|clean| {
+                if clean {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            })
+        }
     };
     match result {
         Ok(code) => code,
