@@ -267,9 +267,26 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                 let three_layers =
                     named(".attn.q.weight") || (separate_qkv && named(".attn.qkv.weight"));
                 if three_layers {
-                    // the key and value projections cast the input again and keep their copies
-                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
-                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                    // the key and value projections cast the input again and keep their
+                    // copies for their weights' gradients: none for a frozen weight (LoRA's
+                    // base), whose projection keeps nothing of its input
+                    let src = r.src;
+                    let params = src.params_of(&op);
+                    let trains = |k: usize| {
+                        params
+                            .get(k)
+                            .is_some_and(|&w| !src.params[w as usize].frozen)
+                    };
+                    let (key, value) = if named(".attn.q.weight") {
+                        (trains(1), trains(2))
+                    } else {
+                        (trains(0), trains(0))
+                    };
+                    for keeps in [key, value] {
+                        if keeps {
+                            r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                        }
+                    }
                 }
             }
             let out_v = op.output as usize;
@@ -489,6 +506,23 @@ mod tests {
         };
         assert_eq!(copies(&fused), 0);
         assert_eq!(copies(&separate), 2 * 2);
+        // LoRA's frozen base: the key and value projections keep no copies (the adapters'
+        // own linear layers keep theirs)
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
+        t.separate_qkv = true;
+        t.lora = Some(crate::model::LoraSpec {
+            rank: 8,
+            alpha: Some(16.0),
+            targets: vec![crate::model::LoraTarget::Q, crate::model::LoraTarget::V],
+            dropout: 0.0,
+        });
+        let lora = apply(
+            &lower(&ModelSpec::Transformer(t)).unwrap(),
+            DeviceKind::Cuda,
+            Dtype::Bf16,
+            true,
+        );
+        assert_eq!(copies(&lora), 0);
     }
 
     #[test]
