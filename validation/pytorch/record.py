@@ -593,7 +593,8 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         described["device"] = {"type": "cuda", "name": props.name,
-                               "total_memory": props.total_memory}
+                               "total_memory": props.total_memory,
+                               "capability": [props.major, props.minor]}
         versions["cuda"] = torch.version.cuda
     if autocast is not None:
         described["autocast"] = {"device_type": device, "dtype": autocast}
@@ -813,6 +814,61 @@ def cuda_runs():
             (lambda: litgpt_model(4, seq, lora=True, **lit)), "adamw", 4, seq, {}
 
 
+def probe_blas_workspaces():
+    """The device memory cuBLAS takes through the caching allocator, measured in a process
+    that has not used CUDA yet: `memory_allocated` before and after each step minus the
+    bytes of the tensors the step made (rounded to the allocator's 512-byte blocks). The
+    steps: a matmul on this thread (its cuBLAS handle's workspace), a linear layer with a
+    bias on a 2-D input (`addmm` through cuBLASLt: its workspace), the backward of a matmul
+    (the autograd engine's device thread: a handle and workspace of its own), the same
+    again (nothing new), and `empty_cache` (the workspaces stay)."""
+    cuda = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+
+    def block(t):
+        return -(-t.untyped_storage().nbytes() // 512) * 512
+
+    steps = []
+
+    def step(name, made, before):
+        torch.cuda.synchronize()
+        now = torch.cuda.memory_allocated()
+        steps.append({"step": name, "allocated": now,
+                      "untracked": now - before - sum(block(t) for t in made)})
+        return now
+
+    a = torch.randn(256, 256, device=cuda)
+    b = torch.randn(256, 256, device=cuda)
+    bias = torch.randn(256, device=cuda)
+    torch.cuda.synchronize()
+    now = torch.cuda.memory_allocated()
+    c = a @ b
+    now = step("matmul (this thread)", [c], now)
+    d = torch.nn.functional.linear(a, b, bias)
+    now = step("linear with a bias (addmm)", [d], now)
+    w = b.clone().requires_grad_(True)
+    now = step("clone", [w], now)
+    (a @ w).sum().backward()
+    now = step("backward of a matmul (autograd's thread)", [w.grad], now)
+    w.grad = None
+    torch.cuda.synchronize()
+    now = torch.cuda.memory_allocated()
+    (a @ w).sum().backward()
+    now = step("the same backward again", [w.grad], now)
+    del c, d
+    torch.cuda.empty_cache()
+    step("empty_cache", [], torch.cuda.memory_allocated())
+    return {
+        "device": {"type": "cuda", "name": props.name, "total_memory": props.total_memory,
+                   "capability": [props.major, props.minor]},
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
+        "env": {k: os.environ.get(k) for k in
+                ["CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE",
+                 "TORCH_CUBLASLT_UNIFIED_WORKSPACE"]},
+        "steps": steps,
+    }
+
+
 def device_slug(device):
     """The folder a device's recordings go in: its name, lower case, words joined by `-`."""
     if device == "cpu":
@@ -838,6 +894,9 @@ def main():
                         help="intra-op threads (the storages recorded do not depend on it)")
     parser.add_argument("--explain", default=None,
                         help="print the storages live at the highest total of this run")
+    parser.add_argument("--probe-blas", action="store_true",
+                        help="with --device cuda, in a process that has not used CUDA: "
+                             "measure cuBLAS's workspaces (probes/blas-workspaces.json) and stop")
     args = parser.parse_args()
     out = args.out
     if args.device == "cuda":
@@ -845,6 +904,17 @@ def main():
             sys.exit("--device cuda: no GPU is visible to torch")
         out = os.path.join(out, device_slug("cuda"))
     os.makedirs(out, exist_ok=True)
+    if args.probe_blas:
+        if args.device != "cuda":
+            sys.exit("--probe-blas measures a GPU: give --device cuda")
+        # in a folder of its own: `cargo xtask validate` reads the ledgers beside it
+        os.makedirs(os.path.join(out, "probes"), exist_ok=True)
+        path = os.path.join(out, "probes", "blas-workspaces.json")
+        with open(path, "w") as f:
+            json.dump(probe_blas_workspaces(), f, indent=1)
+            f.write("\n")
+        print(f"cuBLAS workspaces -> {path}", file=sys.stderr)
+        return
     torch.set_num_threads(args.threads)
     suite = runs() if args.suite == "cpu" else cuda_runs()
     for name, build, opt, batch, seq, extra in suite:

@@ -4,6 +4,8 @@
 # LoRA; transformers' LLaMA and GPT-2, the hand-written GPT, litgpt's model) with a ledger per
 # run, the caching allocator's figures per phase and its memory snapshot per run, into
 # OUT/<gpu name>/ (default fixtures/pytorch-cuda/). `cargo xtask validate pytorch` reads them.
+# Before it, cuBLAS's workspaces measured in a fresh process (OUT/<gpu name>/probes/); after
+# it, the live storages at each phase's peak of the runs the twin misses (OUT/explain-*.txt).
 #
 # Usage, from the repository root of a machine with a GPU and PyTorch:
 #     sh validation/pytorch/record_cuda.sh [OUT]
@@ -27,6 +29,20 @@ if [ "$device" = cuda ]; then
     snapshots=--snapshots
 fi
 start=$(date +%s)
+if [ "$device" = cuda ]; then
+    # cuBLAS's workspaces, in a process of its own that has not used CUDA yet (the twin
+    # models 32 MiB per thread on compute capability 9.0, 1 MiB more for cuBLASLt)
+    "$python" validation/pytorch/record.py --device cuda --probe-blas --out "$out"
+fi
 "$python" validation/pytorch/record.py --suite cuda --device "$device" $snapshots \
     --steps "${STEPS:-3}" --out "$out"
+# the storages live at the highest total of each phase (the op that made each, its dtype
+# and shape) of the runs whose activations the twin does not predict yet: autocast's GPT
+# runs and LoRA under autocast (not read by `cargo xtask validate`)
+for run in autocast-gpt2-small-sdpa-adamw-fused autocast-handwritten-gpt-small-sdpa-adamw-fused \
+    lora-autocast-llama-small-sdpa-adamw; do
+    "$python" validation/pytorch/record.py --suite cuda --device "$device" --steps 1 \
+        --only "$run" --explain "$run" --out /tmp/trainmem-explain 2> "$out/explain-$run.txt" \
+        || echo "explain $run failed (see $out/explain-$run.txt)"
+done
 echo "recorded in $(( $(date +%s) - start )) s"

@@ -121,6 +121,8 @@ impl TensorId {
 struct Slot<H> {
     handle: Option<H>,
     size: u64,
+    /// The bytes asked for (before the memory's rounding).
+    requested: u64,
     category: Category,
     refs: u32,
 }
@@ -132,6 +134,8 @@ pub struct TensorStore<M: TensorMemory> {
     slots: Vec<Slot<M::Handle>>,
     free_slots: Vec<u32>,
     live: [u64; 8],
+    /// Live bytes per category as asked for (a framework's `nbytes`), before rounding.
+    requested: [u64; 8],
     total: u64,
     peak: u64,
     peak_breakdown: [u64; 8],
@@ -147,6 +151,7 @@ impl<M: TensorMemory> TensorStore<M> {
             slots: Vec::new(),
             free_slots: Vec::new(),
             live: [0; 8],
+            requested: [0; 8],
             total: 0,
             peak: 0,
             peak_breakdown: [0; 8],
@@ -172,6 +177,7 @@ impl<M: TensorMemory> TensorStore<M> {
         let slot = Slot {
             handle: Some(a.handle),
             size: a.size,
+            requested: bytes,
             category,
             refs: 1,
         };
@@ -186,6 +192,7 @@ impl<M: TensorMemory> TensorStore<M> {
             }
         };
         self.live[category.index()] += a.size;
+        self.requested[category.index()] += bytes;
         self.total += a.size;
         if self.total > self.window_peak {
             self.window_peak = self.total;
@@ -214,6 +221,7 @@ impl<M: TensorMemory> TensorStore<M> {
                 self.mem.free(h);
             }
             self.live[s.category.index()] -= s.size;
+            self.requested[s.category.index()] -= s.requested;
             self.total -= s.size;
             self.free_slots.push(id.0);
         }
@@ -232,6 +240,12 @@ impl<M: TensorMemory> TensorStore<M> {
     /// Live bytes per category, indexed by [`Category::index`].
     pub fn live_by_category(&self) -> [u64; 8] {
         self.live
+    }
+
+    /// Live bytes per category as the tensors asked for them (a framework's `nbytes`:
+    /// before the memory rounds them to its blocks), indexed by [`Category::index`].
+    pub fn live_requested_by_category(&self) -> [u64; 8] {
+        self.requested
     }
 
     /// Live bytes of one category.
@@ -297,6 +311,34 @@ mod tests {
         assert_eq!(s.live_tensors(), 0);
         assert_eq!(s.take_window_peak(), 140);
         assert_eq!(s.take_window_peak(), 0);
+    }
+
+    /// A memory that rounds every allocation up to 512 bytes, as a caching allocator does.
+    struct Rounding(CountingMemory);
+
+    impl TensorMemory for Rounding {
+        type Handle = u32;
+        type Error = CountingOom;
+        fn allocate(&mut self, bytes: u64, c: Category) -> Result<Allocated<u32>, CountingOom> {
+            self.0.allocate(bytes.div_ceil(512) * 512, c)
+        }
+        fn free(&mut self, handle: u32) {
+            self.0.free(handle)
+        }
+    }
+
+    #[test]
+    fn requested_bytes_are_kept_beside_the_rounded_ones() {
+        let mut s = TensorStore::new(Rounding(CountingMemory::new()));
+        let a = s.alloc(100, Category::Activation).unwrap();
+        let g = s.alloc(1000, Category::Gradient).unwrap();
+        assert_eq!(s.live_of(Category::Gradient), 1024);
+        let asked = s.live_requested_by_category();
+        assert_eq!(asked[Category::Gradient.index()], 1000);
+        assert_eq!(asked[Category::Activation.index()], 100);
+        s.release(a);
+        s.release(g);
+        assert_eq!(s.live_requested_by_category(), [0; 8]);
     }
 
     #[test]

@@ -471,6 +471,13 @@ pub struct TransformerSpec {
     /// what forward keeps differs ([`Implementation`]).
     #[serde(default, skip_serializing_if = "Implementation::is_default")]
     pub implementation: Implementation,
+    /// Each block keeps a causal mask of `max_positions × max_positions` booleans as a
+    /// buffer on the device (`transformers`' GPT-2 registers one per attention module, the
+    /// hand-written GPT of trainmem's validation suite one per block): device memory from
+    /// construction on that is neither a parameter nor an activation. Default: a
+    /// hand-written model keeps one, `transformers`' and litgpt's do not unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_buffer: Option<bool>,
 }
 
 /// Whose code runs a transformer: the parameters are the plan's either way, the tensors
@@ -744,6 +751,7 @@ impl TransformerSpec {
             moe: None,
             lora: None,
             implementation: Implementation::Transformers,
+            mask_buffer: None,
         }
     }
 
@@ -787,6 +795,21 @@ impl TransformerSpec {
     /// Rows of the learned position table.
     pub fn position_rows(&self) -> u64 {
         self.max_positions.unwrap_or(self.seq_len)
+    }
+
+    /// Bytes of the causal-mask buffers the model keeps on its device ([`mask_buffer`]):
+    /// one bool per position pair and block, or 0.
+    ///
+    /// [`mask_buffer`]: TransformerSpec::mask_buffer
+    pub fn mask_buffer_bytes(&self) -> u64 {
+        let keeps = self
+            .mask_buffer
+            .unwrap_or(self.implementation == Implementation::Handwritten);
+        if keeps {
+            self.layers * self.position_rows() * self.position_rows()
+        } else {
+            0
+        }
     }
 }
 

@@ -440,7 +440,23 @@ pub struct DevicePlan {
     /// allocator may obtain). Default: [`DEFAULT_CUDA_CONTEXT`] on a CUDA device, 0 on a CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ByteSize>,
+    /// The GPU's compute capability as `"major.minor"` (`"9.0"`: H100/H200, `"8.0"`: A100),
+    /// which decides defaults that depend on the architecture, such as PyTorch's cuBLAS
+    /// workspace. Default [`DEFAULT_COMPUTE_CAPABILITY`], the card the other defaults were
+    /// measured on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
+    /// The workspace a framework gives each thread's BLAS handle (PyTorch:
+    /// `CUBLAS_WORKSPACE_CONFIG`, the sum of its `:SIZE_KiB:COUNT` pairs), when not the
+    /// framework's default for the compute capability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blas_workspace: Option<ByteSize>,
 }
+
+/// The compute capability a plan's GPU has when `device.compute_capability` is absent: 9.0,
+/// the NVIDIA H100 80GB HBM3 that [`DEFAULT_CUDA_CONTEXT`] and the GPU recordings come from
+/// (and the default `capacity`'s size).
+pub const DEFAULT_COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
 
 /// The CUDA context's bytes when a plan does not give `device.context`: 552,402,944 B
 /// (526.8 MiB), measured on an NVIDIA H100 80GB HBM3 with driver 580.159.04 as the driver's
@@ -461,6 +477,21 @@ impl DevicePlan {
             (None, DeviceKind::Cpu) => 0,
         }
     }
+
+    /// The GPU's compute capability (`major`, `minor`): `compute_capability` when given
+    /// and well formed, otherwise [`DEFAULT_COMPUTE_CAPABILITY`].
+    pub fn capability(&self) -> (u32, u32) {
+        self.compute_capability
+            .as_deref()
+            .and_then(parse_capability)
+            .unwrap_or(DEFAULT_COMPUTE_CAPABILITY)
+    }
+}
+
+/// `"9.0"` as (9, 0); `None` for anything else than two numbers joined by a dot.
+pub fn parse_capability(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.trim().split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 impl Default for DevicePlan {
@@ -470,6 +501,8 @@ impl Default for DevicePlan {
             capacity: ByteSize(80 << 30),
             allocator: String::new(),
             context: None,
+            compute_capability: None,
+            blas_workspace: None,
         }
     }
 }
@@ -851,6 +884,14 @@ impl Plan {
 
     /// `[device]` and `[parallel]`: capacity, world size, ZeRO stage, pipeline stages.
     fn validate_layout(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
+        if let Some(cc) = &self.device.compute_capability
+            && parse_capability(cc).is_none()
+        {
+            return Err(err(
+                "device.compute_capability",
+                format!("`{cc}` is not `major.minor` (e.g. \"9.0\")"),
+            ));
+        }
         if self.device.capacity.0 == 0 {
             return Err(err("device.capacity", "must be more than 0 bytes".into()));
         }
@@ -1171,6 +1212,21 @@ micro_batch_size = 4
 epochs = 2
 steps_per_epoch = 3
 "#;
+
+    #[test]
+    fn the_compute_capability_defaults_to_the_h100s_and_a_bad_one_is_named() {
+        let p = Plan::from_toml_str(MINI).unwrap();
+        assert_eq!(p.device.capability(), (9, 0));
+        let p = Plan::from_toml_str(&format!("{MINI}[device]\ncompute_capability = \"8.6\"\n"))
+            .unwrap();
+        assert_eq!(p.device.capability(), (8, 6));
+        let e = Plan::from_toml_str(&format!("{MINI}[device]\ncompute_capability = \"sm90\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device.compute_capability"), "{e}");
+        assert_eq!(parse_capability("10.0"), Some((10, 0)));
+        assert_eq!(parse_capability("9"), None);
+    }
 
     #[test]
     fn a_lora_table_parses_and_bad_adapters_are_named() {

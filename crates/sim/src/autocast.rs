@@ -25,6 +25,7 @@
 //! | `matmul` | f32 (see below) | half |
 //! | `cross_entropy`, `mse_loss` | f32 | f32 |
 //! | `softmax`, `log_softmax`, `layer_norm`, `rms_norm` | input's dtype | f32 |
+//! | `pow` (GELU-tanh's cube, lowered as `x · x`) | widest | f32 |
 //! | `embedding` | f32 (the weight's) | f32 |
 //! | everything else | the widest input dtype (f32 + half is f32) | same |
 //!
@@ -105,13 +106,18 @@ impl Rewrite<'_> {
         id
     }
 
-    /// Casts every float input of `op` whose dtype is not `to` (one cast each).
+    /// Casts every float input of `op` whose dtype is not `to` (one cast each; a value read
+    /// twice, `pow`'s `x · x`, once).
     fn cast_inputs(&mut self, op: &mut Op, to: Dtype) {
+        let original = op.inputs;
         for k in 0..op.arity as usize {
-            let v = op.inputs[k];
+            let v = original[k];
             let d = self.dtype[v as usize];
             if is_float(d) && d != to {
-                op.inputs[k] = self.cast(v, to, op.layer);
+                op.inputs[k] = match (0..k).find(|&j| original[j] == v) {
+                    Some(j) => op.inputs[j],
+                    None => self.cast(v, to, op.layer),
+                };
             }
         }
     }
@@ -183,7 +189,18 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                 .iter()
                 .map(|&v| r.dtype[v as usize])
                 .collect();
-            let produced = match policy(op.kind, device) {
+            // GELU's tanh approximation lowers `pow(x, 3)` as `x · x` (a `mul` of a value
+            // by itself, which nothing else lowers to): `pow` is on CUDA's f32 list
+            let kind_policy = if op.kind == OpKind::Mul
+                && op.arity == 2
+                && op.inputs[0] == op.inputs[1]
+                && device == DeviceKind::Cuda
+            {
+                Policy::F32
+            } else {
+                policy(op.kind, device)
+            };
+            let produced = match kind_policy {
                 Policy::Half => {
                     r.cast_inputs(&mut op, half);
                     Some(half)
@@ -250,9 +267,26 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                 let three_layers =
                     named(".attn.q.weight") || (separate_qkv && named(".attn.qkv.weight"));
                 if three_layers {
-                    // the key and value projections cast the input again and keep their copies
-                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
-                    r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                    // the key and value projections cast the input again and keep their
+                    // copies for their weights' gradients: none for a frozen weight (LoRA's
+                    // base), whose projection keeps nothing of its input
+                    let src = r.src;
+                    let params = src.params_of(&op);
+                    let trains = |k: usize| {
+                        params
+                            .get(k)
+                            .is_some_and(|&w| !src.params[w as usize].frozen)
+                    };
+                    let (key, value) = if named(".attn.q.weight") {
+                        (trains(1), trains(2))
+                    } else {
+                        (trains(0), trains(0))
+                    };
+                    for keeps in [key, value] {
+                        if keeps {
+                            r.out.extra_saved.push((at, Saved::InputCopy(0)));
+                        }
+                    }
                 }
             }
             let out_v = op.output as usize;
@@ -472,6 +506,23 @@ mod tests {
         };
         assert_eq!(copies(&fused), 0);
         assert_eq!(copies(&separate), 2 * 2);
+        // LoRA's frozen base: the key and value projections keep no copies (the adapters'
+        // own linear layers keep theirs)
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
+        t.separate_qkv = true;
+        t.lora = Some(crate::model::LoraSpec {
+            rank: 8,
+            alpha: Some(16.0),
+            targets: vec![crate::model::LoraTarget::Q, crate::model::LoraTarget::V],
+            dropout: 0.0,
+        });
+        let lora = apply(
+            &lower(&ModelSpec::Transformer(t)).unwrap(),
+            DeviceKind::Cuda,
+            Dtype::Bf16,
+            true,
+        );
+        assert_eq!(copies(&lora), 0);
     }
 
     #[test]

@@ -26,8 +26,9 @@ fn activation(b: &mut ProgramBuilder, a: Activation, x: ValueId, n: u64) -> Valu
         Activation::Tanh => one(b, OpKind::Tanh),
         Activation::Sigmoid => one(b, OpKind::Sigmoid),
         Activation::GeluNew => {
-            // x³ (pow keeps x), · 0.044715, x + ·, · √(2/π), tanh (keeps its output),
-            // 1 + ·, 0.5 · x, and the product (keeps both factors)
+            // x³ (pow keeps x; lowered as `x · x`, the one `mul` of a value by itself,
+            // which autocast reads as `pow`), · 0.044715, x + ·, · √(2/π), tanh (keeps its
+            // output), 1 + ·, 0.5 · x, and the product (keeps both factors)
             let cube = b.op(OpKind::Mul, &[x, x], n, &[]);
             let scaled = b.op(OpKind::Scale, &[cube], n, &[]);
             let inner = b.op(OpKind::Add, &[x, scaled], n, &[]);

@@ -410,6 +410,7 @@ mod tests {
                 moe,
                 lora,
                 implementation: Default::default(),
+                mask_buffer: None,
             }
         }
     }

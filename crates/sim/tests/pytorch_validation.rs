@@ -538,55 +538,26 @@ fn handwritten_and_litgpt_models_keep_what_their_code_keeps() {
 
 /// What the GPU recordings show that the twin does not predict yet, one `run figure` per
 /// line (`fixtures/pytorch-cuda/nvidia-h100-80gb-hbm3/`, recorded on a lent H100 on
-/// 2026-11-27; RESULTS.md "PyTorch on an H100" says what each is). The list must be exactly
-/// what the comparison finds: a figure brought within target, or a new miss, changes it.
+/// 2026-11-27). The list must be exactly what the comparison finds: a figure brought within
+/// target, or a new miss, changes it. Modelled since: cuBLAS's workspaces (32 MiB per
+/// thread on compute capability 9.0: forward's and the autograd engine's), cuBLASLt's 1 MiB
+/// for linear layers with biases, the causal-mask buffers of GPT-2 and the hand-written
+/// GPT, `pow` on CUDA autocast's f32 list, no autocast input copies for frozen key and value
+/// projections (LoRA), and the categories compared in the tensors' own bytes (the ledger's
+/// `nbytes`), not the allocator's blocks. Left: autocast's activations of the two GPT runs,
+/// litgpt's chunked head under LoRA, and the allocator's placement (reserved).
 const GPU_MISSES: &[&str] = &[
     "autocast-gpt2-small-sdpa-adamw-fused activation",
-    "autocast-gpt2-small-sdpa-adamw-fused gradient",
-    "autocast-gpt2-small-sdpa-adamw-fused optimizer_state",
     "autocast-gpt2-small-sdpa-adamw-fused peak allocated",
     "autocast-gpt2-small-sdpa-adamw-fused peak reserved",
     "autocast-handwritten-gpt-small-sdpa-adamw-fused activation",
-    "autocast-handwritten-gpt-small-sdpa-adamw-fused gradient",
-    "autocast-handwritten-gpt-small-sdpa-adamw-fused optimizer_state",
-    "autocast-llama-small-eager-adamw gradient",
-    "autocast-llama-small-eager-adamw peak allocated",
-    "autocast-llama-small-eager-adamw peak reserved",
-    "autocast-llama-small-sdpa-adamw-fused gradient",
-    "autocast-llama-small-sdpa-adamw-fused peak allocated",
+    "autocast-handwritten-gpt-small-sdpa-adamw-fused peak allocated",
     "autocast-llama-small-sdpa-adamw-fused peak reserved",
-    "bf16-llama-small-sdpa-adamw peak allocated",
-    "gpt2-small-eager-adamw gradient",
-    "gpt2-small-eager-adamw optimizer_state",
-    "gpt2-small-eager-adamw peak allocated",
-    "handwritten-gpt-small-adamw gradient",
-    "handwritten-gpt-small-adamw optimizer_state",
-    "handwritten-gpt-small-adamw peak allocated",
-    "handwritten-gpt-small-adamw peak reserved",
-    "litgpt-llama-small-adamw-fused gradient",
-    "litgpt-llama-small-adamw-fused optimizer_state",
-    "litgpt-llama-small-adamw-fused parameter",
-    "litgpt-llama-small-adamw-fused peak allocated",
-    "llama-small-eager-adamw peak allocated",
-    "llama-small-sdpa-adamw peak allocated",
-    "llama-small-sdpa-adamw-fused peak allocated",
-    "lora-autocast-llama-small-sdpa-adamw activation",
-    "lora-autocast-llama-small-sdpa-adamw peak allocated",
+    "bf16-llama-small-sdpa-adamw peak reserved",
+    "litgpt-llama-small-adamw-fused peak reserved",
     "lora-autocast-llama-small-sdpa-adamw peak reserved",
-    "lora-litgpt-llama-small-adamw parameter",
     "lora-litgpt-llama-small-adamw peak allocated",
-    "lora-mixtral-tiny-adamw peak allocated",
-    "lora-mixtral-tiny-adamw peak reserved",
-    "lora-qwen2-moe-tiny-adamw peak allocated",
-    "lora-qwen2-moe-tiny-adamw peak reserved",
-    "mixtral-tiny-adamw peak allocated",
-    "mixtral-tiny-adamw peak reserved",
-    "mixtral-tiny-sgd peak allocated",
-    "mixtral-tiny-sgd peak reserved",
-    "qwen2-moe-tiny-adamw peak allocated",
-    "qwen2-moe-tiny-adamw peak reserved",
-    "qwen2-moe-tiny-sgd peak allocated",
-    "qwen2-moe-tiny-sgd peak reserved",
+    "lora-litgpt-llama-small-adamw peak reserved",
 ];
 
 /// The GPU recordings (`fixtures/pytorch-cuda/<device>/`, written by

@@ -143,6 +143,9 @@ pub(super) fn gpt2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.bias = Some(true);
     t.final_norm = Some(true);
     t.dropout = f.dropout("resid_pdrop")?;
+    // `GPT2Attention` registers its causal mask (`bias`, n_positions² booleans) as a
+    // buffer, whatever the attention implementation
+    t.mask_buffer = Some(true);
     Ok(t)
 }
 

@@ -25,6 +25,15 @@ fn gpt2_reads_as_a_tied_decoder_with_its_position_table() {
     assert!(t.tied_embeddings && t.learned_positions);
     // the table has the model's 1024 rows although the plan trains at 512 tokens
     assert_eq!((t.seq_len, t.max_positions), (512, Some(1024)));
+    // and each block's causal-mask buffer its 1024² booleans
+    assert_eq!(t.mask_buffer_bytes(), 12 * 1024 * 1024);
+    let llama = plan_from_hf(&fixture("llama-2-7b.json"), &HfOptions::new(1, 512)).expect("plan");
+    assert_eq!(transformer(&llama).mask_buffer_bytes(), 0);
+    let mut handwritten = t.clone();
+    handwritten.mask_buffer = None;
+    assert_eq!(handwritten.mask_buffer_bytes(), 0);
+    handwritten.implementation = crate::model::Implementation::Handwritten;
+    assert_eq!(handwritten.mask_buffer_bytes(), 12 * 1024 * 1024);
     assert_eq!(plan.framework, Framework::Pytorch);
     assert_eq!(plan.optimizer.kind, OptimizerKind::AdamW);
     assert_eq!(plan.training.batch_size, 4);

@@ -113,6 +113,12 @@ pub struct Summary {
     pub all_freed_at_teardown: bool,
     /// Checkpointing resolved: blocks per segment, blocks recomputed.
     pub checkpointing: Option<(u32, u32)>,
+    /// Per category, the most bytes its tensors asked for at any phase boundary (what
+    /// PyTorch's `untyped_storage().nbytes()` counts): the timeline's categories are the
+    /// caching allocator's blocks, rounded and with the tails it did not split off; these
+    /// are the tensors' own sizes (equal to the blocks on a CPU device). Not serialised.
+    #[serde(skip)]
+    pub tensor_peaks: CategoryBytes,
 }
 
 /// The result of simulating a plan.

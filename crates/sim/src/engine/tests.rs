@@ -576,3 +576,63 @@ fn normalized_top_k_weights_keep_a_copy_and_their_sum() {
         );
     }
 }
+
+/// `TINY` on a GPU under `framework`, its device table extended by `device`.
+fn tiny_on_gpu(framework: &str, device: &str, bias: bool) -> SimResult {
+    let text = TINY
+        .replace(
+            "kind = \"cpu\"\ncapacity = \"1MiB\"",
+            &format!("capacity = \"1GiB\"\n{device}"),
+        )
+        .replace(
+            "[model.mlp]",
+            &format!("framework = \"{framework}\"\n[model.mlp]\nbias = {bias}"),
+        );
+    let plan = Plan::from_toml_str(&text).unwrap();
+    simulate(&plan, SimOptions::default()).unwrap()
+}
+
+/// `other` bytes at each phase of step 0 (forward, backward) and at the end of the last step.
+fn other_bytes(r: &SimResult) -> (u64, u64, u64) {
+    let t = &r.timeline;
+    let at = |step, phase| {
+        t.find(step, phase)
+            .unwrap()
+            .device
+            .categories
+            .get(Category::Other)
+    };
+    (
+        at(0, Phase::Forward),
+        at(0, Phase::Backward),
+        at(2, Phase::OptimizerStep),
+    )
+}
+
+#[test]
+fn pytorch_keeps_a_cublas_workspace_per_thread_from_its_first_matmul() {
+    const HOPPER: u64 = 32 << 20;
+    const OTHERS: u64 = 4096 * 1024 * 2 + 16 * 1024 * 8;
+    const LT: u64 = 1 << 20;
+    // forward's thread at the first forward, the autograd engine's at the first backward,
+    // both kept; the biased linear layers run through cuBLASLt in forward (1 MiB more)
+    let r = tiny_on_gpu("pytorch", "", true);
+    assert_eq!(
+        other_bytes(&r),
+        (HOPPER + LT, 2 * HOPPER + LT, 2 * HOPPER + LT)
+    );
+    assert!(r.summary.peak_allocated >= 2 * HOPPER + LT);
+    assert!(r.summary.all_freed_at_teardown);
+    // no bias: no cuBLASLt workspace
+    let r = tiny_on_gpu("pytorch", "", false);
+    assert_eq!(other_bytes(&r), (HOPPER, 2 * HOPPER, 2 * HOPPER));
+    assert_eq!(r.summary.tensor_peaks.get(Category::Other), 2 * HOPPER);
+    // ATen's default off Hopper, and CUBLAS_WORKSPACE_CONFIG's size when the plan gives it
+    let r = tiny_on_gpu("pytorch", "compute_capability = \"8.0\"", false);
+    assert_eq!(other_bytes(&r), (OTHERS, 2 * OTHERS, 2 * OTHERS));
+    let r = tiny_on_gpu("pytorch", "blas_workspace = \"4MiB\"", false);
+    assert_eq!(other_bytes(&r).2, 2 * (4 << 20));
+    // burn's matmuls are cubecl's own
+    let r = tiny_on_gpu("burn", "", true);
+    assert_eq!(other_bytes(&r), (0, 0, 0));
+}

@@ -4,9 +4,9 @@
 use trainmem_autograd::{Dtype, OpKind, Saved, SavedTable, ValueDtype};
 
 use super::{
-    AutogradRules, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs, FrameworkProfile, GpuRules,
-    KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRecords, OptimizerRules,
-    ParamUpdate, RetainGraph, StateDtype, Vocabulary,
+    AutogradRules, BlasWorkspaces, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs,
+    FrameworkProfile, GpuRules, KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRecords,
+    OptimizerRules, ParamUpdate, RetainGraph, StateDtype, Vocabulary,
 };
 
 /// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
@@ -153,6 +153,8 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
     gpu: GpuRules {
         saved: GPU_SAVED,
         sgd_rewrite_in_gradient: true,
+        // cubecl's matmuls are kernels of its own: no cuBLAS handle
+        blas: BlasWorkspaces::None,
     },
     vocabulary: Vocabulary {
         stop_the_leak: " Keep scalars (`loss.into_scalar()`), `detach()` what you keep, or clear \

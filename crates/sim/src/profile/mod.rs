@@ -226,6 +226,46 @@ pub struct GpuRules {
     /// old one) into its gradient's buffer, which keeps its `gradient` tag (otherwise: a new
     /// buffer made inside the step, [`OptimizerRules::param_update`]).
     pub sgd_rewrite_in_gradient: bool,
+    /// The workspaces the framework's BLAS library keeps through the caching allocator.
+    pub blas: BlasWorkspaces,
+}
+
+/// The workspaces a framework's BLAS library takes from the caching allocator and keeps for
+/// the process's life (`empty_cache` does not return them): device memory the allocator
+/// counts as allocated and no tensor owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlasWorkspaces {
+    /// None (a backend with matmul kernels of its own).
+    None,
+    /// PyTorch's cuBLAS handles: one handle per thread, and one workspace per handle and
+    /// stream, allocated at the handle's first cuBLAS call (`setWorkspaceForHandle` in
+    /// ATen's `CublasHandlePool.cpp`): the training thread's at the first matmul of forward,
+    /// the autograd engine's device thread's at the first matmul of backward (or of a
+    /// checkpointed segment's recomputation, which runs there). Each is
+    /// [`pytorch_cublas_workspace`] bytes. A linear layer with a bias runs as `addmm`
+    /// through cuBLASLt, whose workspace is another allocation of `lt_bytes` per handle
+    /// and stream (`getCUDABlasLtWorkspace`: `CUBLASLT_WORKSPACE_SIZE`, 1024 KiB by
+    /// default); only forward calls it (backward's gradients are plain matmuls and sums).
+    PerThread {
+        /// cuBLASLt's workspace per handle and stream.
+        lt_bytes: u64,
+    },
+}
+
+/// PyTorch's cuBLAS workspace per handle and stream on `device`: `device.blas_workspace`
+/// when given (`CUBLAS_WORKSPACE_CONFIG`), otherwise ATen's default for the compute
+/// capability: 4096 KiB × 8 = 32 MiB on 9.0 (Hopper), `:4096:2:16:8` = 4096 KiB × 2 +
+/// 16 KiB × 8 = 8,519,680 B on any other (`parseChosenWorkspaceSize`, which tests
+/// `major == 9 && minor == 0`).
+pub fn pytorch_cublas_workspace(device: &crate::plan::DevicePlan) -> u64 {
+    if let Some(b) = device.blas_workspace {
+        return b.0;
+    }
+    if device.capability() == (9, 0) {
+        4096 * 8 * 1024
+    } else {
+        4096 * 1024 * 2 + 16 * 1024 * 8
+    }
 }
 
 /// Kernel scratch a CPU backend keeps for a thread's whole life.

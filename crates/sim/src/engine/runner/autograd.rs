@@ -3,11 +3,12 @@
 //! loss.
 
 use trainmem_autograd::checkpoint::{self, CheckpointPolicy};
-use trainmem_autograd::{Dtype, GradMode, Graph, Tape, TensorId, TensorStore};
+use trainmem_autograd::{Dtype, GradMode, Graph, LayerHooks, Pass, Tape, TensorId, TensorStore};
 use trainmem_optim::Sharding;
 use trainmem_probe::Category;
 
 use super::RunSpec;
+use super::blas::Workspaces;
 use super::zero::ZeroHooks;
 use crate::engine::memory::{SimMemory, SimOom};
 use crate::plan::{CheckpointPolicyKind, Plan};
@@ -16,7 +17,7 @@ use crate::profile::{Checkpointing, RetainGraph};
 /// The graph, its hooks and what forward holds.
 pub(super) struct Autograd<'p> {
     pub(super) graph: Graph<'p>,
-    pub(super) hooks: ZeroHooks,
+    pub(super) hooks: RunHooks,
     /// Values forward keeps beside the loss (the logits), for kept outputs and metrics.
     hold: Vec<u32>,
     /// Backward keeps the saved tensors (`retain_graph`).
@@ -79,7 +80,10 @@ impl<'p> Autograd<'p> {
             .unwrap_or_default();
         Autograd {
             graph,
-            hooks: ZeroHooks::new(program, sharding, compute, grad_dtype),
+            hooks: RunHooks {
+                zero: ZeroHooks::new(program, sharding, compute, grad_dtype),
+                blas: Workspaces::new(plan, profile, program),
+            },
             hold,
             retain_graph: plan.leak.retain_graph
                 && profile.autograd.retain_graph == RetainGraph::BackwardKeepsSaved,
@@ -148,6 +152,35 @@ impl<'p> Autograd<'p> {
     /// start full again, not as shards.
     pub(super) fn grads_to_none(&mut self, store: &mut TensorStore<SimMemory>) {
         self.graph.drop_param_grads(store);
-        self.hooks.grads_dropped();
+        self.hooks.zero.grads_dropped();
+    }
+}
+
+/// The layer hooks of a run: the BLAS library's workspaces made at its first matmuls, and
+/// ZeRO's gathers and reduce-scatters.
+pub(super) struct RunHooks {
+    pub(super) zero: ZeroHooks,
+    pub(super) blas: Workspaces,
+}
+
+impl LayerHooks<SimMemory> for RunHooks {
+    fn before_layer(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        layer: u32,
+        pass: Pass,
+    ) -> Result<(), SimOom> {
+        self.blas.before_layer(store, layer, pass)?;
+        self.zero.before_layer(store, layer, pass)
+    }
+
+    fn after_layer(
+        &mut self,
+        store: &mut TensorStore<SimMemory>,
+        layer: u32,
+        pass: Pass,
+        grads: &mut [Option<TensorId>],
+    ) -> Result<(), SimOom> {
+        self.zero.after_layer(store, layer, pass, grads)
     }
 }

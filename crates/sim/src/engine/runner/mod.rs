@@ -16,6 +16,7 @@
 
 mod after_step;
 mod autograd;
+mod blas;
 mod clock;
 mod epochs;
 mod micro_batch;

@@ -30,6 +30,9 @@ pub(super) struct ModelState {
     pub(super) beside_params: Vec<TensorId>,
     /// The optimizer's state buffers.
     pub(super) optimizer_state: Vec<TensorId>,
+    /// The model's buffers on the device (causal masks), `other`: neither parameters nor
+    /// activations.
+    buffers: Vec<TensorId>,
     /// State the optimizer makes when it is constructed and shares between parameters
     /// (`adamw8bit`'s quantization maps).
     shared_state: Option<TensorId>,
@@ -133,6 +136,7 @@ impl ModelState {
             params: Vec::new(),
             beside_params: Vec::new(),
             optimizer_state: Vec::new(),
+            buffers: Vec::new(),
             shared_state: None,
             state_ready: false,
             ddp_buckets: Vec::new(),
@@ -167,6 +171,15 @@ impl ModelState {
             if master > 0 && !p.frozen {
                 let t = store.alloc(master, Category::Parameter)?;
                 self.beside_params.push(t);
+            }
+        }
+        if let crate::model::ModelSpec::Transformer(t) = &spec.plan.model
+            && t.mask_buffer_bytes() > 0
+        {
+            // one mask per block
+            let each = t.mask_buffer_bytes() / t.layers;
+            for _ in 0..t.layers {
+                self.buffers.push(store.alloc(each, Category::Other)?);
             }
         }
         let per_tensor = spec.profile.bookkeeping.per_param_tensor;
@@ -364,7 +377,8 @@ impl ModelState {
         bytes
     }
 
-    /// Bytes of the model-state tensors alive now, besides the gradients.
+    /// Bytes of the model-state tensors alive now, besides the gradients (the model's buffers
+    /// included).
     pub(super) fn live_bytes(&self, store: &TensorStore<SimMemory>) -> u64 {
         self.params
             .iter()
@@ -372,6 +386,7 @@ impl ModelState {
             .chain(&self.optimizer_state)
             .chain(&self.shared_state)
             .chain(&self.ddp_buckets)
+            .chain(&self.buffers)
             .map(|&t| store.size(t))
             .sum()
     }
@@ -393,6 +408,7 @@ impl ModelState {
             .chain(self.optimizer_state.drain(..))
             .chain(self.shared_state.take())
             .chain(self.ddp_buckets.drain(..))
+            .chain(self.buffers.drain(..))
         {
             store.release(t);
         }

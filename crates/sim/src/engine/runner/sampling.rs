@@ -17,6 +17,8 @@ pub(super) struct Recorder {
     pub(super) peak_when: Option<When>,
     /// Bytes per category then (`cache` = reserved − allocated).
     pub(super) peak_breakdown: CategoryBytes,
+    /// Per category, the most bytes its tensors asked for at a sample (before rounding).
+    pub(super) tensor_peaks: CategoryBytes,
 }
 
 impl Recorder {
@@ -27,6 +29,7 @@ impl Recorder {
             last_peak: 0,
             peak_when: None,
             peak_breakdown: CategoryBytes::ZERO,
+            tensor_peaks: CategoryBytes::ZERO,
         }
     }
 
@@ -54,6 +57,10 @@ impl Runner<'_> {
         let mem = self.store.memory();
         let allocated = mem.allocated();
         let reserved = mem.reserved();
+        let asked = self.store.live_requested_by_category();
+        for (peak, now) in self.recorder.tensor_peaks.0.iter_mut().zip(asked) {
+            *peak = (*peak).max(now);
+        }
         let mut cats = CategoryBytes(self.store.live_by_category());
         cats.set(Category::Cache, reserved.saturating_sub(allocated));
         let peak_allocated = self.store.take_window_peak();

@@ -62,6 +62,7 @@ impl Runner<'_> {
             retained_at_end: if ended { retained } else { 0 },
             all_freed_at_teardown: all_freed,
             checkpointing: self.autograd.checkpointing,
+            tensor_peaks: self.recorder.tensor_peaks,
         };
         (self.recorder.timeline, summary, snapshot)
     }
@@ -78,9 +79,11 @@ impl Runner<'_> {
         }
     }
 
-    /// Bytes of the steady state alive now: model state and gradients.
+    /// Bytes of the steady state alive now: model state, gradients and the BLAS library's
+    /// workspaces.
     fn steady_bytes(&self) -> u64 {
         self.state.live_bytes(&self.store)
+            + self.autograd.hooks.blas.live_bytes(&self.store)
             + self
                 .autograd
                 .graph
@@ -96,6 +99,7 @@ impl Runner<'_> {
         self.retention.release(&mut self.store);
         self.state.release_records(&mut self.store);
         self.autograd.drop_grads(&mut self.store);
+        self.autograd.hooks.blas.release(&mut self.store);
         self.state.release(&mut self.store);
         self.store.live_total() == 0 && self.store.memory().allocated() == 0
     }
