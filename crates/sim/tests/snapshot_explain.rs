@@ -196,4 +196,10 @@ fn attention_over_leaf_tensors_has_no_parameters_and_no_optimizer_state() {
         assert_eq!(bytes_at(m, Category::OptimizerState), 0);
     }
     assert_eq!(ex.model_state.parameter_tensors, 0);
+    // Q, K and V: randn(8, 4096, 16) f32 each with requires_grad=True; after
+    // `loss.backward()` each holds a gradient of its shape
+    let leaf = 4 * 8 * 4096 * 16;
+    assert_eq!(leaf, 2 << 20);
+    assert_eq!(bytes_at(&ex.end, Category::Gradient), 3 * leaf);
+    assert_eq!(ex.model_state.leaf_gradients, 3);
 }
