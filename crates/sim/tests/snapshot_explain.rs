@@ -12,17 +12,22 @@
 //!   and backward, no optimizer. The frozen 8-bit base is "other" by design (frozen weights
 //!   are not model state that trains).
 //! - silmont2000 (`cs336_systems/trace_peak_memory.py`): attention over three leaf tensors
-//!   Q, K, V (8, 4096, 16) made with `requires_grad=True`: no module, no parameters and no
-//!   optimizer, so no parameter or optimizer-state bytes. Their three gradients (3 × 2 MiB,
-//!   alive at the end) are NOT counted as gradients yet: explain finds gradients by the
-//!   parameters they match and this run has none; the test holds what it gets right.
-//! - JasperSolt, Maphsge4, ZidongLiu: not held to model sizes yet. JasperSolt's CNN is
-//!   compiled by `torch.compile` (its parameters are not found as separate tensors);
-//!   Maphsge4 offloads LLaMA layers to the host and back during inference, so the bytes of
-//!   parameters on the device change with the layer; ZidongLiu's OPT-125m run holds more
-//!   than one copy of the model (790 parameter-shaped tensors where OPT-125m has 197) and
-//!   which copies the script keeps was not established. Their explanations are checked for
-//!   consistency only (`every_shared_snapshot_is_explained_with_sites_and_remedies`).
+//!   Q, K, V (8, 4096, 16) f32 made with `requires_grad=True` outside any module: no
+//!   parameters and no optimizer; after `loss.backward()` three gradients of 2 MiB.
+//! - JasperSolt (`counterfactuals.py` at the snapshot's commit, `generate_counterfactuals`):
+//!   Adam over one input image `x_prime` (1, 30, 256, 256) f32 through a frozen CNN
+//!   (`requires_grad = False` on every weight, loaded before recording began): its gradient,
+//!   two Adam moments, then `zero_grad()` (set to none), ten iterations, the snapshot dumped
+//!   after the tenth.
+//! - Maphsge4 (`llama/llama_select_n.py`, `validate`): LLaMA inference, no backward and no
+//!   optimizer: no gradient or optimizer-state bytes. Its parameter bytes are not held: the
+//!   script moves decoder layers between host and device as it goes, and which layers were
+//!   on the device when the snapshot was taken was not established from the repository.
+//! - ZidongLiu: not held. Its OPT-125m run estimates gradients by zeroth order (forward
+//!   passes only) and keeps its estimator's state and more than one copy of the model (790
+//!   parameter-shaped tensors where OPT-125m has 196); which copies the script keeps on the
+//!   device was not established. Checked for consistency only
+//!   (`every_shared_snapshot_is_explained_with_sites_and_remedies`).
 
 use std::path::PathBuf;
 
@@ -196,4 +201,68 @@ fn attention_over_leaf_tensors_has_no_parameters_and_no_optimizer_state() {
         assert_eq!(bytes_at(m, Category::OptimizerState), 0);
     }
     assert_eq!(ex.model_state.parameter_tensors, 0);
+    // Q, K and V: randn(8, 4096, 16) f32 each with requires_grad=True; after
+    // `loss.backward()` each holds a gradient of its shape
+    let leaf = 4 * 8 * 4096 * 16;
+    assert_eq!(leaf, 2 << 20);
+    assert_eq!(bytes_at(&ex.end, Category::Gradient), 3 * leaf);
+    assert_eq!(ex.model_state.leaf_gradients, 3);
+}
+
+#[test]
+fn counterfactual_search_holds_one_gradient_and_two_adam_moments_of_the_image() {
+    let Some(ex) = explained("JasperSolt+EoR_NN/6686e9f_snapshot.pickle") else {
+        return;
+    };
+    // x_prime: one lightcone of zlength 30 × boxlength 256 × 256 (configs/lcnn_unenc_config.yaml),
+    // f32, with a batch dimension of 1
+    let image = 4 * 30 * 256 * 256;
+    assert_eq!(image, 7_864_320);
+    // at the end of the last step (its last optimizer-step allocation): the image's gradient
+    // and Adam's exp_avg and exp_avg_sq (its `step` counter stays on the host)
+    let last_step = ex
+        .allocations
+        .iter()
+        .filter(|a| a.phase == Some(StackPhase::Optimizer))
+        .filter_map(|a| a.alloc_at)
+        .max()
+        .expect("an optimizer step");
+    let at = |c: Category| -> u64 {
+        ex.allocations
+            .iter()
+            .filter(|a| a.live_after(last_step) && a.category == c)
+            .map(|a| a.size)
+            .sum()
+    };
+    assert_eq!(at(Category::Gradient), image, "x_prime.grad");
+    assert_eq!(
+        at(Category::OptimizerState),
+        2 * image,
+        "Adam's two moments"
+    );
+    assert_eq!(at(Category::Parameter), 0, "the CNN is frozen");
+    // when the snapshot was taken, zero_grad() had set the gradient to None
+    assert_eq!(ex.end.phase, Some(StackPhase::ZeroGrad));
+    assert_eq!(bytes_at(&ex.end, Category::Gradient), 0);
+    assert_eq!(bytes_at(&ex.end, Category::OptimizerState), 2 * image);
+    // one gradient per iteration, of a leaf that is not a module's parameter
+    assert_eq!(ex.model_state.leaf_gradients, 10);
+    assert_eq!(ex.steps.len(), 10);
+}
+
+#[test]
+fn llama_inference_has_no_gradient_and_no_optimizer_state() {
+    let Some(ex) = explained("Maphsge4+select_n/04d383c_snapshot.pickle") else {
+        return;
+    };
+    for m in [&ex.peak, &ex.end] {
+        assert_eq!(bytes_at(m, Category::Gradient), 0);
+        assert_eq!(bytes_at(m, Category::OptimizerState), 0);
+        assert_eq!(
+            bytes_at(m, Category::Activation),
+            0,
+            "no backward saves any"
+        );
+    }
+    assert!(ex.steps.is_empty(), "no backward, no optimizer step");
 }

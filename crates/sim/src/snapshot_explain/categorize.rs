@@ -27,6 +27,9 @@ pub struct ModelStateEvidence {
     pub counted_from: String,
     /// Optimizer-state tensors per parameter assumed when the state counted the parameters.
     pub state_per_parameter: Option<u64>,
+    /// Gradients kept for leaf tensors that are not parameters (tensors made with
+    /// `requires_grad=True` outside any module), over all cycles.
+    pub leaf_gradients: u64,
 }
 
 /// Gives every allocation of `lt` its category, phase and `by_frames`.
@@ -43,6 +46,13 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     let mut grads: BTreeMap<(usize, u64), u64> = BTreeMap::new();
     let mut states: BTreeMap<(usize, u64), u64> = BTreeMap::new();
     for a in lt.allocations.iter_mut() {
+        if a.workspace {
+            // a library's scratch buffer, named by its own stack
+            a.by_frames = true;
+            a.phase = a.alloc_at.and_then(|at| lt.own_phase[at]);
+            a.category = Category::Other;
+            continue;
+        }
         let Some(at) = a.alloc_at else {
             // live before recording began
             a.by_frames = false;
@@ -159,7 +169,7 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     let mut used: BTreeMap<u64, u64> = BTreeMap::new();
     let mut param_total: BTreeMap<u64, u64> = known.clone();
     for a in lt.allocations.iter_mut() {
-        if a.alloc_at.is_some() || a.free_at.is_some() {
+        if a.alloc_at.is_some() || a.free_at.is_some() || a.workspace {
             continue;
         }
         if params.is_empty() {
@@ -189,9 +199,13 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
         };
         *n += 1;
     }
-    // a gradient needs a parameter of its size: at most one per parameter per cycle
+    // a gradient needs a tensor of its size to be the gradient of: at most one per parameter,
+    // or per other leaf tensor the backward can have differentiated, per cycle
+    let mut leaves = Leaves::new(lt);
     let mut per_cycle: BTreeMap<(usize, u64), u64> = BTreeMap::new();
-    for a in lt.allocations.iter_mut() {
+    let mut leaf_gradients = 0;
+    let mut demote = Vec::new();
+    for (i, a) in lt.allocations.iter().enumerate() {
         if a.category != Category::Gradient {
             continue;
         }
@@ -199,10 +213,82 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
         let cycle = windows[lt.window_of[at] as usize].cycle;
         let n = per_cycle.entry((cycle, a.size)).or_default();
         *n += 1;
-        if *n > param_total.get(&a.size).copied().unwrap_or(0) {
-            a.category = Category::Other;
+        let of_params = param_total.get(&a.size).copied().unwrap_or(0);
+        if *n <= of_params {
+            continue;
+        }
+        if *n > of_params + leaves.count(lt, cycle, a.size) {
+            demote.push(i);
+        } else {
+            leaf_gradients += 1;
         }
     }
+    for i in demote {
+        lt.allocations[i].category = Category::Other;
+    }
     evidence.parameter_tensors = param_total.values().sum();
+    evidence.leaf_gradients = leaf_gradients;
     evidence
+}
+
+/// Per cycle and size, the tensors a backward of that cycle can have made a gradient for
+/// besides the parameters: those made outside a module's forward (a leaf made with
+/// `requires_grad=True` by the user's own code, such as the inputs of an attention test, or a
+/// batch moved to the device) that are live when its first backward window begins and still
+/// live when it ends, and are not model state or a library's scratch buffer. An upper bound:
+/// a kept output counts too. A tensor a module's forward made is not one: its gradient (the
+/// input embeddings' under PEFT's `enable_input_require_grads`) is not model state. Counted only where a gradient outnumbers
+/// the parameters of its size, so the cost stays with the few gradients that need it.
+struct Leaves {
+    /// The first backward window of each cycle: (start, end).
+    backward: BTreeMap<usize, (usize, usize)>,
+    /// Candidate allocations by size.
+    by_size: BTreeMap<u64, Vec<usize>>,
+    counted: BTreeMap<(usize, u64), u64>,
+}
+
+impl Leaves {
+    fn new(lt: &Lifetimes) -> Leaves {
+        let mut backward = BTreeMap::new();
+        for w in lt
+            .windows
+            .iter()
+            .filter(|w| w.phase == Some(StackPhase::Backward))
+        {
+            backward.entry(w.cycle).or_insert((w.start, w.end));
+        }
+        let mut by_size: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, a) in lt.allocations.iter().enumerate() {
+            let candidate = !a.workspace
+                && a.phase != Some(StackPhase::Forward)
+                && matches!(
+                    a.category,
+                    Category::Other | Category::Input | Category::Temporary
+                );
+            if candidate {
+                by_size.entry(a.size).or_default().push(i);
+            }
+        }
+        Leaves {
+            backward,
+            by_size,
+            counted: BTreeMap::new(),
+        }
+    }
+
+    fn count(&mut self, lt: &Lifetimes, cycle: usize, size: u64) -> u64 {
+        let Some(&(start, end)) = self.backward.get(&cycle) else {
+            return 0;
+        };
+        let by_size = &self.by_size;
+        *self.counted.entry((cycle, size)).or_insert_with(|| {
+            by_size.get(&size).map_or(0, |v| {
+                v.iter()
+                    .map(|&i| &lt.allocations[i])
+                    .filter(|a| a.alloc_at.is_none_or(|k| k < start))
+                    .filter(|a| a.free_at.is_none_or(|f| f >= end))
+                    .count() as u64
+            })
+        })
+    }
 }

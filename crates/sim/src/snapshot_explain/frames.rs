@@ -131,6 +131,14 @@ pub fn phase_of<'a>(frames: impl Iterator<Item = &'a Frame> + Clone) -> Option<S
     found
 }
 
+/// A library's scratch buffer rather than a tensor: cuBLAS's workspace for a handle
+/// (`at::cuda::getNewWorkspace`, `getCUDABlasLtWorkspace`), made by the first matrix product
+/// on a stream and thread (the autograd engine's thread gets its own in backward) and kept for
+/// the handle's life. It is never model state, whatever its size or the phase around it.
+pub fn is_workspace<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> bool {
+    frames.any(|f| f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace"))
+}
+
 /// The source line an allocation is reported under: the innermost frame of the user's own
 /// code, else the innermost Python frame.
 pub fn site_of<'a>(frames: impl Iterator<Item = &'a Frame> + Clone) -> Option<&'a Frame> {

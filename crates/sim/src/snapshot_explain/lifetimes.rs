@@ -9,7 +9,7 @@ use trainmem_alloc::pytorch::replay::free_action;
 use trainmem_alloc::pytorch::{Action, MemorySnapshot};
 use trainmem_core::Category;
 
-use super::frames::{StackPhase, phase_of};
+use super::frames::{StackPhase, is_workspace, phase_of};
 
 /// One allocation (a tensor's block) and what it was found to be.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +31,9 @@ pub struct Allocation {
     /// True when its own stack named its phase; false when its lifetime and the phase
     /// around it decided.
     pub by_frames: bool,
+    /// True when its stack shows a library's scratch buffer (cuBLAS's workspace), not a
+    /// tensor: never counted as model state.
+    pub workspace: bool,
 }
 
 impl Allocation {
@@ -140,7 +143,8 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut allocs: Vec<Allocation> = Vec::new();
     let mut start_live: Vec<Allocation> = Vec::new();
-    let new = |addr, size, alloc_at, stack| Allocation {
+    let mut workspace_cache: HashMap<u32, bool> = HashMap::new();
+    let mut new = |addr, size, alloc_at, stack: u32| Allocation {
         addr,
         size,
         alloc_at,
@@ -149,6 +153,10 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
         category: Category::Other,
         phase: None,
         by_frames: false,
+        workspace: stack != NO_STACK
+            && *workspace_cache
+                .entry(stack)
+                .or_insert_with(|| is_workspace(f.stack(stack))),
     };
     for (k, e) in trace.iter().enumerate() {
         let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
