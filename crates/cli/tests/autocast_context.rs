@@ -71,7 +71,10 @@ fn an_autocast_plan_keeps_f32_parameters_and_adds_weight_copies() {
         peak(&plan("autocast-bf16", "8", "1024"), Activation),
         peak(&plan("f32", "8", "1024"), Activation),
     );
-    assert!(a < f * 3 / 4, "8 × 1024: autocast {a} B, f32 {f} B");
+    // Matmul inputs are saved in bf16, but GPT-2's layer norms, softmax and `gelu_new` (its
+    // `pow` is on CUDA autocast's f32 list) keep f32 tensors: the twin, within 3.6% of the H100
+    // recording of autocast GPT-2's activations, saves about 0.82 of f32's.
+    assert!(a < f * 9 / 10, "8 × 1024: autocast {a} B, f32 {f} B");
 }
 
 /// On a CUDA device the report gives device memory as nvidia-smi shows it: the CUDA context
