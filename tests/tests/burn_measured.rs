@@ -428,17 +428,22 @@ fn augmentation_scratch_peaks_in_the_first_batches_of_every_respawned_epoch() {
     }
 }
 
-#[test]
-fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
-    let _turn = serial();
-    let mut p = plan(4);
+/// The 256-sample data set read for `steps` steps by two workers, memory-mapped and then
+/// preloaded, and its bytes (256 samples of 256 f32 features and one i64 label).
+fn mapped_and_preloaded(steps: u64) -> (MeasuredRun, MeasuredRun, u64) {
+    let mut p = plan(steps);
     p.data.samples = 256;
     p.loader.workers = 2;
     let mapped = run(&p);
     p.data.storage = trainmem_sim::plan::DataStorage::Preload;
     let pre = run(&p);
-    // 256 samples of 256 f32 features and one i64 label.
-    let data = 256 * (256 * 4 + 8);
+    (mapped, pre, 256 * (256 * 4 + 8))
+}
+
+#[test]
+fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
+    let _turn = serial();
+    let (mapped, pre, data) = mapped_and_preloaded(4);
     assert_eq!(pre.preloaded_bytes, data);
     assert_eq!(mapped.preloaded_bytes, 0);
     let input_at_start =
@@ -470,13 +475,7 @@ fn preloaded_data_is_input_bytes_from_the_start_and_mmap_is_not() {
 #[test]
 fn the_data_sets_own_mapped_pages_are_measured_and_a_host_backend_hands_nothing_over() {
     let _turn = serial();
-    let mut p = plan(8);
-    p.data.samples = 256;
-    p.loader.workers = 2;
-    let mapped = run(&p);
-    p.data.storage = trainmem_sim::plan::DataStorage::Preload;
-    let pre = run(&p);
-    let data = 256 * (256 * 4 + 8);
+    let (mapped, pre, data) = mapped_and_preloaded(8);
     let data_rss = |r: &MeasuredRun| -> Vec<u64> {
         r.timeline
             .samples
