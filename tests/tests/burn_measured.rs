@@ -8,9 +8,10 @@
 use std::sync::{Mutex, MutexGuard};
 
 use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
-use trainmem_probe::{Category, CountingAlloc};
-use trainmem_sim::plan::{OptimizerKind, Plan};
-use trainmem_sim::timeline::Phase;
+use trainmem_core::Category;
+use trainmem_core::plan::{OptimizerKind, Plan};
+use trainmem_core::timeline::Phase;
+use trainmem_probe::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
@@ -314,7 +315,7 @@ fn half_precision_halves_parameters_state_and_activations() {
     p.optimizer.kind = OptimizerKind::Adam;
     p.validate().expect("valid plan");
     let full = run(&p);
-    p.precision.compute = trainmem_sim::plan::Dtype::F16;
+    p.precision.compute = trainmem_core::plan::Dtype::F16;
     p.precision.master_weights = false;
     p.validate().expect("valid plan");
     let half = run(&p);
@@ -342,18 +343,18 @@ fn half_precision_halves_parameters_state_and_activations() {
 fn balanced_checkpointing_keeps_fewer_activations_after_forward() {
     let _serial = serial();
     let mut p = plan(2);
-    p.model = trainmem_sim::plan::ModelSpec::Mlp(trainmem_sim::plan::MlpSpec {
+    p.model = trainmem_core::plan::ModelSpec::Mlp(trainmem_core::plan::MlpSpec {
         input: 256,
         hidden: vec![512, 512, 512],
         output: 256,
-        activation: trainmem_sim::plan::Activation::Gelu,
+        activation: trainmem_core::plan::Activation::Gelu,
         dropout: 0.0,
         bias: true,
-        loss: trainmem_sim::plan::Loss::Mse,
+        loss: trainmem_core::plan::Loss::Mse,
     });
     p.validate().expect("valid plan");
     let plain = forward_activations(&run(&p));
-    p.checkpointing.policy = trainmem_sim::plan::CheckpointPolicyKind::Sqrt;
+    p.checkpointing.policy = trainmem_core::plan::CheckpointPolicyKind::Sqrt;
     p.validate().expect("valid plan");
     let balanced = forward_activations(&run(&p));
     // GELU's inputs are recomputed in backward instead of kept: three hidden layers of
@@ -435,7 +436,7 @@ fn mapped_and_preloaded(steps: u64) -> (MeasuredRun, MeasuredRun, u64) {
     p.data.samples = 256;
     p.loader.workers = 2;
     let mapped = run(&p);
-    p.data.storage = trainmem_sim::plan::DataStorage::Preload;
+    p.data.storage = trainmem_core::plan::DataStorage::Preload;
     let pre = run(&p);
     (mapped, pre, 256 * (256 * 4 + 8))
 }
@@ -721,11 +722,11 @@ fn transformer_parameters_match_the_simulators_lowering_exactly() {
 
         // The framework matters: PyTorch's layout adds a final LayerNorm (weight and bias) and
         // drops the language-model head's bias.
-        let trainmem_sim::model::ModelSpec::Transformer(t) = &p.model else {
+        let trainmem_core::model::ModelSpec::Transformer(t) = &p.model else {
             unreachable!("a transformer plan")
         };
         let torch: u64 =
-            trainmem_sim::lower::lower_for(&p.model, trainmem_sim::plan::Framework::Pytorch)
+            trainmem_sim::lower::lower_for(&p.model, trainmem_core::plan::Framework::Pytorch)
                 .expect("lowering")
                 .params
                 .iter()

@@ -15,7 +15,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use trainmem_scenarios::{Backend, SCENARIOS};
+use trainmem_burn::BackendChoice;
+use trainmem_scenarios::SCENARIOS;
 
 /// The scenarios that train (every one but model-parallel, which is simulated only).
 const TRAINING_SCENARIOS: usize = 14;
@@ -219,9 +220,13 @@ fn the_recorded_gpu_runs_judged_again_show_only_the_listed_gaps() {
             if !runs.is_dir() {
                 continue;
             }
-            let report =
-                trainmem_scenarios::judge_recorded(s, &runs, Backend::Cuda, work.join(s.name))
-                    .unwrap_or_else(|e| panic!("{}: {} judged again: {e}", dir.display(), s.name));
+            let report = trainmem_scenarios::judge_recorded(
+                s,
+                &runs,
+                BackendChoice::Cuda,
+                work.join(s.name),
+            )
+            .unwrap_or_else(|e| panic!("{}: {} judged again: {e}", dir.display(), s.name));
             judged += 1;
             for v in report.verdicts.iter().filter(|v| !v.reproduced) {
                 found.insert(format!("{fused}{}: NO {} ({:?})", s.name, v.name, v.source));

@@ -8,10 +8,11 @@
 //! checkpoint record, the Flex CPU backend's halves, burn-nn's lazy parameters, trainmem-loader's
 //! staging pool), so their PyTorch-plan tests below say what the pattern is on PyTorch.
 
-use trainmem_probe::Category;
-use trainmem_sim::plan::{CheckpointPolicyKind, OptimizerKind};
-use trainmem_sim::timeline::{Phase, Timeline};
-use trainmem_sim::{Plan, SimOptions, SimResult, simulate};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::plan::{CheckpointPolicyKind, OptimizerKind};
+use trainmem_core::timeline::{Phase, Timeline};
+use trainmem_sim::{SimOptions, SimResult, simulate};
 
 /// The catalogue's scenarios whose rules hold on the GPU-scale PyTorch plans.
 const CATALOGUE_ON_FIXTURE_PLANS: [&str; 9] = [
@@ -36,7 +37,7 @@ fn the_catalogues_rules_hold_on_the_fixture_plans() {
             scenario,
             Some(plan(name)),
             trainmem_scenarios::Mode::Simulated,
-            trainmem_scenarios::Backend::Flex,
+            trainmem_burn::BackendChoice::Flex,
             dir.clone(),
             false,
         )
@@ -129,7 +130,7 @@ fn startup() {
     );
     assert!(dev(&r.timeline, 0, Phase::Forward, Category::Activation) > 0);
     let mut lazy = p.clone();
-    lazy.optimizer.state = trainmem_sim::plan::StateAllocation::Lazy;
+    lazy.optimizer.state = trainmem_core::plan::StateAllocation::Lazy;
     let r = run(&lazy);
     let init = r.timeline.at_phase(Phase::ModelInit).next().unwrap();
     assert_eq!(init.device.categories.get(Category::OptimizerState), 0);
@@ -180,7 +181,7 @@ fn mixed_precision() {
     let p = plan("mixed-precision");
     let r = run(&p);
     let mut f = p.clone();
-    f.precision.compute = trainmem_sim::plan::Dtype::F32;
+    f.precision.compute = trainmem_core::plan::Dtype::F32;
     let rf = run(&f);
     let par = |r: &SimResult| {
         r.timeline

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use trainmem_loader::Dtype;
+use trainmem_core::Dtype;
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
 
 /// Arguments of `gen-data`.

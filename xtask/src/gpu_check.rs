@@ -27,16 +27,17 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use trainmem_burn::BackendChoice;
 use trainmem_core::Category;
 use trainmem_core::timeline::{Phase, Timeline};
-use trainmem_scenarios::{Backend, ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS};
+use trainmem_scenarios::{ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS};
 
 /// Arguments of `gpu-check`.
 #[derive(Debug, clap::Args)]
 pub struct GpuCheckArgs {
     /// The backend of the measured runs (`cuda` needs a build with `--features cuda`).
-    #[arg(long, value_enum, default_value = "cuda")]
-    backend: Backend,
+    #[arg(long, default_value = "cuda")]
+    backend: BackendChoice,
     /// Where the device's folder is written.
     #[arg(long, default_value = "fixtures/gpu-check")]
     out: PathBuf,
@@ -204,10 +205,10 @@ fn reserved_after_first_epoch(t: &Timeline) -> Option<u64> {
         .map(|s| s.device.reserved)
 }
 
-fn device_info(backend: Backend) -> DeviceInfo {
+fn device_info(backend: BackendChoice) -> DeviceInfo {
     match backend {
         #[cfg(feature = "cuda")]
-        Backend::Cuda => {
+        BackendChoice::Cuda => {
             let total = trainmem_track::cuda::driver_free_total(0).map(|(_, t)| t);
             let name = cuda_name().unwrap_or_else(|| "cuda-device-0".into());
             if cfg!(feature = "fusion") {
@@ -243,8 +244,13 @@ fn cuda_name() -> Option<String> {
 fn predicted_reserved(bytes: u64) -> anyhow::Result<u64> {
     let plan = trainmem_scenarios::empty_cache_gpu_plan()?;
     let (device, _pools) = trainmem_meta::MetaDevice::cubecl(bytes);
-    let run = trainmem_meta::run_plan(&plan, trainmem_burn::RunOptions::default(), device)
-        .context("the empty-cache GPU plan on Meta")?;
+    let run = trainmem_burn::run_predicted::<trainmem_meta::Meta>(
+        &plan,
+        trainmem_burn::RunOptions::default(),
+        device,
+        trainmem_meta::PRODUCER,
+    )
+    .context("the empty-cache GPU plan on Meta")?;
     reserved_after_first_epoch(&run.timeline).context("no sample in the first epoch")
 }
 
@@ -254,8 +260,8 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &args.replay {
         return replay(&args, dir);
     }
-    args.backend.choice()?;
-    let cuda = args.backend == Backend::Cuda;
+    trainmem_scenarios::backend_available(args.backend)?;
+    let cuda = args.backend == BackendChoice::Cuda;
     let device = device_info(args.backend);
     let work = match &args.work_dir {
         Some(d) => d.clone(),
@@ -460,9 +466,9 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
     let recorded: GpuCheck = serde_json::from_str(&text)
         .with_context(|| format!("parsing {}/gpu-check.json", dir.display()))?;
     let backend = if recorded.device.backend.starts_with("cuda") {
-        Backend::Cuda
+        BackendChoice::Cuda
     } else {
-        Backend::Flex
+        BackendChoice::Flex
     };
     let work = match &args.work_dir {
         Some(d) => d.clone(),

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a memory scenario: the pattern reproduced, with its simulated twin.
-    Scenario(trainmem_scenarios::ScenarioArgs),
+    Scenario(trainmem::scenario_command::ScenarioArgs),
     /// Run a side-by-side benchmark and print ratios.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -68,8 +68,10 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Scenario(args) => trainmem_scenarios::run(args, &target_dir().join("scenarios"))
-            .map_err(anyhow::Error::from),
+        Command::Scenario(args) => {
+            trainmem::scenario_command::run(args, &target_dir().join("scenarios"))
+                .map_err(anyhow::Error::from)
+        }
         Command::Bench(cmd) => bench::run(cmd),
         Command::GenData(args) => gen_data::run(args),
         Command::Validate(cmd) => validate::run(cmd),

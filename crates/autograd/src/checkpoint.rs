@@ -16,13 +16,14 @@
 //! memory-bound ones recomputed); see [`burn_balanced_tables`].
 
 use serde::{Deserialize, Serialize};
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use crate::graph::{GradMode, Graph, NoHooks};
-use crate::op::{OpKind, Saved, SavedTable};
+use crate::op::{Saved, SavedTable};
 use crate::program::{Program, ValueDtype};
 use crate::store::{CountingMemory, TensorStore};
 use trainmem_core::Dtype;
+use trainmem_core::OpKind;
 
 /// A run of layers `layers.0 .. layers.1`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,13 +13,14 @@
 //! [`Category::Gradient`] and stay in [`Graph::param_grads`] (accumulating across
 //! micro-batches) until the caller drops them after the optimizer step.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use crate::checkpoint::Segment;
-use crate::op::{OpKind, Saved, SavedTable};
+use crate::op::{Saved, SavedTable};
 use crate::program::{Program, ValueDtype, ValueId};
 use crate::store::{TensorId, TensorMemory, TensorStore};
 use trainmem_core::Dtype;
+use trainmem_core::OpKind;
 
 /// Which pass a layer hook is called in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,10 +85,6 @@ impl Tape {
     /// Tensors the caller asked to hold (kept outputs).
     pub fn held(&self) -> &[TensorId] {
         &self.held
-    }
-    /// Whether backward already ran without `retain_graph`.
-    pub fn is_consumed(&self) -> bool {
-        self.consumed
     }
     /// Number of saved-tensor references still on the tape.
     pub fn saved_count(&self) -> usize {

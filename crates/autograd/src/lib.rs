@@ -189,12 +189,11 @@ pub mod store;
 pub use checkpoint::{CheckpointPolicy, ResolvedCheckpointing, Segment};
 pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape};
 pub use memory::AllocatorMemory;
-pub use op::{BURN_NODE_BYTES, Framework, OpKind, Saved, SavedTable, burn_recorded_ops};
+pub use op::{BURN_NODE_BYTES, Saved, SavedTable, burn_recorded_ops};
 pub use program::{
     Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo,
 };
 pub use store::{Allocated, CountingMemory, CountingOom, TensorId, TensorMemory, TensorStore};
-pub use trainmem_core::Dtype;
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! caching allocator, labelled with its category (so snapshots and traces carry it).
 
 use trainmem_alloc::{AllocError, BlockId, CachingAllocator, DeviceMemory, Label, StreamId};
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use crate::store::{Allocated, TensorMemory};
 

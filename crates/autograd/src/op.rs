@@ -38,7 +38,7 @@
 //! reference/burn-0.22-notes.md §2.
 
 use serde::{Deserialize, Serialize};
-pub use trainmem_core::{Framework, OpKind};
+use trainmem_core::OpKind;
 
 /// One tensor an op saves for backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::op::OpKind;
 use trainmem_core::Dtype;
+use trainmem_core::OpKind;
 
 /// Index of a value (an abstract tensor) in a [`Program`].
 pub type ValueId = u32;
@@ -191,11 +191,6 @@ impl Program {
     pub fn params_of(&self, op: &Op) -> &[ParamId] {
         let s = op.params_start as usize;
         &self.op_params[s..s + op.params_len as usize]
-    }
-
-    /// Number of layers.
-    pub fn layer_count(&self) -> usize {
-        self.layers.len()
     }
 
     /// Checks that every op reads defined values and that a loss exists.

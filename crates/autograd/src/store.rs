@@ -6,7 +6,7 @@
 //! lists, the caller, each hold references. The store keeps live bytes per
 //! [`Category`] and the breakdown at the highest total seen.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 /// A successful allocation: the memory's handle and the bytes it occupies (after rounding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Hand-computed byte counts for small graphs, and invariants.
 
 use proptest::prelude::*;
-use trainmem_probe::Category;
+use trainmem_core::{Category, Dtype, OpKind};
 
 use crate::checkpoint::{self, CheckpointPolicy};
 use crate::*;

@@ -4,12 +4,13 @@
 //! `cargo run -p trainmem-burn --example burn_facts [all|sgd|momentum|adam|leak|ckpt|half|balanced|epoch|storage|pin|lazy|trace]`
 
 use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
+use trainmem_core::Category;
 use trainmem_core::plan::{
     Activation, CheckpointPolicyKind, DataStorage, Dtype, Loss, MlpSpec, ModelSpec, OptimizerKind,
     Plan,
 };
 use trainmem_core::timeline::Phase;
-use trainmem_probe::{Category, CountingAlloc};
+use trainmem_probe::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

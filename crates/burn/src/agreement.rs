@@ -77,7 +77,7 @@ pub fn tracker_vs_host(run: &MeasuredRun, slack: u64) -> Option<Vec<TrackerAgree
     for s in &run.samples {
         let (host, tracked) = (s.host?, s.tracked?);
         for row in &mut rows {
-            let h = host[row.category.index()];
+            let h = host.get(row.category);
             let t = tracked.live.get(row.category) + tracked.handles.get(row.category);
             row.boundaries += 1;
             if !tracker_within(h, t, slack) {

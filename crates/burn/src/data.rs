@@ -3,7 +3,7 @@
 //! A [`BatchSource`] hands out host batches (flat `f32` inputs and targets) one optimizer
 //! micro-step at a time and is told when epochs start and end, so a multi-worker loader can
 //! (re)start its workers there. Host buffers a source allocates are counted under
-//! [`trainmem_probe::Category::Input`]: the run tags its own thread while it pulls a batch, and
+//! [`trainmem_core::Category::Input`]: the run tags its own thread while it pulls a batch, and
 //! a loader's worker threads tag themselves.
 //!
 //! * [`FixtureData`]: trainmem-loader's multi-worker prefetching [`Loader`] over a
@@ -19,10 +19,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use trainmem_core::Dtype;
 use trainmem_core::plan::{DataStorage, Plan};
 use trainmem_loader::fixtures::{FixtureSpec, write_fixture};
 use trainmem_loader::{
-    BatchBuilder, BoxError, ColumnBatch, Dtype, Loader, LoaderConfig, MmapDataset, ScratchResize,
+    BatchBuilder, BoxError, ColumnBatch, Loader, LoaderConfig, MmapDataset, ScratchResize,
     StackColumns, WorkerContext,
 };
 
@@ -170,14 +171,21 @@ impl FixtureData {
         let features = dir.join("features.npy");
         let labels = dir.join("labels.npy");
         if !(features.exists() && labels.exists()) {
-            write_fixture(&dir, &spec, |_, _| {}).map_err(|e| BurnRunError::Data(e.to_string()))?;
+            write_fixture(&dir, &spec, |_, _| {}).map_err(|e| BurnRunError::Loader {
+                what: "writing the data set",
+                source: e.into(),
+            })?;
         }
-        let mut dataset = MmapDataset::open(&[&features, &labels])
-            .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        let mut dataset =
+            MmapDataset::open(&[&features, &labels]).map_err(|e| BurnRunError::Loader {
+                what: "opening the data set",
+                source: e.into(),
+            })?;
         if plan.data.storage == DataStorage::Preload {
-            dataset = dataset
-                .preload()
-                .map_err(|e| BurnRunError::Data(e.to_string()))?;
+            dataset = dataset.preload().map_err(|e| BurnRunError::Loader {
+                what: "preloading the data set",
+                source: e.into(),
+            })?;
         }
         let preloaded_bytes = dataset.preloaded_bytes() as u64;
         let usize_of = |v: u64, what: &str| {
@@ -197,8 +205,11 @@ impl FixtureData {
             seed: plan.seed,
             ..LoaderConfig::default()
         };
-        let loader = Loader::new(Arc::new(dataset), config, builder)
-            .map_err(|e| BurnRunError::Data(e.to_string()))?;
+        let loader =
+            Loader::new(Arc::new(dataset), config, builder).map_err(|e| BurnRunError::Loader {
+                what: "starting the loader",
+                source: e.into(),
+            })?;
         Ok(FixtureData {
             loader,
             preloaded_bytes,

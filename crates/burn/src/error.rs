@@ -11,16 +11,26 @@ pub enum BurnRunError {
     /// The data did not fit the network (shapes, lengths, a loader failure).
     #[error("data: {0}")]
     Data(String),
+    /// The data set or the loader failed (writing or opening the fixture, starting an epoch).
+    #[error("data: {what}")]
+    Loader {
+        /// What was being done.
+        what: &'static str,
+        /// The loader's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The backend reported an execution error while syncing.
     #[error("backend: {0}")]
     Backend(String),
-    /// Writing or reading a checkpoint failed.
-    #[error("checkpoint {path}: {reason}")]
+    /// Writing a checkpoint failed.
+    #[error("checkpoint {}", path.display())]
     Checkpoint {
         /// The checkpoint file.
         path: PathBuf,
-        /// What went wrong.
-        reason: String,
+        /// burn's recorder error.
+        #[source]
+        source: burn::record::RecorderError,
     },
     /// A file-system operation failed.
     #[error("{what} {path}: {source}")]

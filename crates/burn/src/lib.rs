@@ -84,7 +84,7 @@ pub use model::{Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape
 pub use probe::{Probe, ProbeSample, host_counting_available};
 pub use run::{
     BackendChoice, MeasuredRun, Progress, RunOptions, run_measured, run_measured_detailed,
-    run_on_backend,
+    run_on_backend, run_predicted,
 };
 
 /// `Ok` when CUDA device `index` can train (the driver library loads and has the device), or

@@ -6,7 +6,7 @@
 //! (token [`Embedding`], burn-nn's [`TransformerEncoder`], a linear head).
 //!
 //! Parameters in burn 0.21 are lazy: `Config::init` records an initializer and the tensor is
-//! created on first use. [`materialize`] touches every parameter so that they exist (and are
+//! created on first use. [`materialize`](trainmem_track::materialize) touches every parameter so that they exist (and are
 //! counted under the thread's current category) before the first forward pass.
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -626,7 +626,8 @@ pub enum Net<B: Backend> {
 }
 
 impl<B: Backend> Net<B> {
-    /// Builds the network of a spec on `device`. Parameters are lazy until [`materialize`].
+    /// Builds the network of a spec on `device`. Parameters are lazy until
+    /// [`materialize`](trainmem_track::materialize).
     pub fn from_spec(spec: &ModelSpec, device: &B::Device) -> Result<Net<B>, BurnRunError> {
         Ok(match spec {
             ModelSpec::Mlp(s) => Net::Mlp(Mlp::new(s, device)?),
@@ -756,24 +757,6 @@ fn dropout(p: f64) -> Result<Option<Dropout>, BurnRunError> {
         )));
     }
     Ok((p > 0.0).then(|| DropoutConfig::new(p).init()))
-}
-
-/// Creates every lazily initialised parameter of `module` now, so its bytes are allocated (and
-/// tagged) under the calling thread's current category instead of during the first forward.
-pub fn materialize<B: Backend, M: Module<B>>(module: &M) {
-    struct Touch;
-    impl<B: Backend> ModuleVisitor<B> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
-        }
-        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-            let _ = param.val();
-        }
-        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, burn::tensor::Bool>>) {
-            let _ = param.val();
-        }
-    }
-    module.visit(&mut Touch);
 }
 
 /// Like [`parameter_bytes`], without initialising lazy parameters: a parameter not yet

@@ -22,9 +22,11 @@
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use trainmem_core::Category;
+use trainmem_core::CategoryBytes;
 use trainmem_core::timeline::Phase;
-use trainmem_probe::{Category, ProcStatus};
-use trainmem_track::{CategoryArray, DeviceFigures, MemoryBackend, TrackedBytes};
+use trainmem_probe::ProcStatus;
+use trainmem_track::{DeviceFigures, MemoryBackend, TrackedBytes};
 
 use crate::BurnRunError;
 
@@ -42,17 +44,17 @@ pub struct ProbeSample {
     /// Microseconds since the probe was created.
     pub time_us: f64,
     /// Live host bytes per category; `None` when no counting allocator is installed.
-    pub host: Option<CategoryArray>,
+    pub host: Option<CategoryBytes>,
     /// Peak live host bytes per category since the previous sample (this one included);
     /// `None` when no counting allocator is installed.
-    pub host_peak: Option<CategoryArray>,
+    pub host_peak: Option<CategoryBytes>,
     /// Peak of all host categories together since the previous sample.
     pub host_total_peak: Option<u64>,
     /// Live host bytes per category handed to a device backend for an upload and not freed by
     /// it yet (part of `host`; see [`trainmem_probe::mark_handed_to_device`]); `None` when no
     /// counting allocator is installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_handed_to_device: Option<CategoryArray>,
+    pub host_handed_to_device: Option<CategoryBytes>,
     /// Resident bytes of the data set's memory-mapped files (their mappings' share of RssFile,
     /// [`trainmem_probe::mapped::mapped_rss`]); `None` when the run reads no data files or
     /// `/proc/self/smaps` is unavailable.
@@ -77,17 +79,17 @@ pub struct ProbeSample {
 impl ProbeSample {
     /// Live host bytes of one category (`None` without the counting allocator).
     pub fn host_bytes(&self, category: Category) -> Option<u64> {
-        self.host.map(|h| h[category.index()])
+        self.host.map(|h| h.get(category))
     }
 
     /// Peak host bytes of one category since the previous sample.
     pub fn host_peak_bytes(&self, category: Category) -> Option<u64> {
-        self.host_peak.map(|h| h[category.index()])
+        self.host_peak.map(|h| h.get(category))
     }
 
     /// Live host bytes, all categories together.
     pub fn host_total(&self) -> Option<u64> {
-        self.host.map(|h| h.iter().sum())
+        self.host.map(|h| h.total())
     }
 }
 
@@ -183,10 +185,10 @@ impl<B: MemoryBackend> Probe<B> {
             let snap = trainmem_probe::snapshot();
             trainmem_probe::reset_peaks();
             (
-                Some(snap.live.map(|v| v as u64)),
-                Some(snap.peak.map(|v| v as u64)),
+                Some(CategoryBytes(snap.live.map(|v| v as u64))),
+                Some(CategoryBytes(snap.peak.map(|v| v as u64))),
                 Some(snap.total_peak as u64),
-                Some(snap.handed_to_device.map(|v| v as u64)),
+                Some(CategoryBytes(snap.handed_to_device.map(|v| v as u64))),
             )
         } else {
             (None, None, None, None)
@@ -226,10 +228,5 @@ impl<B: MemoryBackend> Probe<B> {
     /// The samples so far.
     pub fn samples(&self) -> &[ProbeSample] {
         &self.samples
-    }
-
-    /// Consumes the probe, returning its samples.
-    pub fn into_samples(self) -> Vec<ProbeSample> {
-        self.samples
     }
 }

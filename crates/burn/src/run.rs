@@ -69,18 +69,51 @@ use crate::data::BatchSource;
 use crate::probe::ProbeSample;
 use trainmem_track::{MemoryBackend, TrackableBackend, Tracked};
 
-/// Which burn backend a run trains on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which burn backend a run trains on: the one name for a backend choice everywhere in
+/// trainmem (arguments, requests to child processes, recorded reports).
+///
+/// Written and read as `flex` or `cuda`. Choosing `Cuda` in a build without the `cuda` feature
+/// is allowed; a run on it fails with [`BurnRunError::Unsupported`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// burn's Flex CPU backend (always available).
     #[default]
     Flex,
-    /// CUDA device `index` (feature `cuda`; fails at run time without a GPU).
-    #[cfg(feature = "cuda")]
-    Cuda {
-        /// Device ordinal.
-        index: usize,
-    },
+    /// burn's CUDA backend on device 0 (feature `cuda`; fails at run time without a GPU).
+    Cuda,
+}
+
+impl BackendChoice {
+    /// Every choice, in the order `--help` lists them.
+    pub const ALL: [BackendChoice; 2] = [BackendChoice::Flex, BackendChoice::Cuda];
+
+    /// The name written and read (`flex`, `cuda`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendChoice::Flex => "flex",
+            BackendChoice::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        BackendChoice::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("unknown backend `{s}`: expected `flex` or `cuda`"))
+    }
 }
 
 /// Where a run is, for a progress bar.
@@ -251,12 +284,16 @@ fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, Bu
             "burn 0.21.0 flex",
         ),
         #[cfg(feature = "cuda")]
-        BackendChoice::Cuda { index } => train_on::<burn::backend::Cuda>(
+        BackendChoice::Cuda => train_on::<burn::backend::Cuda>(
             plan,
             opts,
-            burn::backend::cuda::CudaDevice { index },
+            burn::backend::cuda::CudaDevice { index: 0 },
             "burn 0.21.0 cuda",
         ),
+        #[cfg(not(feature = "cuda"))]
+        BackendChoice::Cuda => Err(BurnRunError::Unsupported(
+            "the CUDA backend: this build has no `cuda` feature".into(),
+        )),
     }
 }
 
@@ -274,6 +311,25 @@ pub fn run_on_backend<B: MemoryBackend + TrackableBackend>(
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     train_on::<B>(plan, opts, device, producer)
+}
+
+/// Trains `plan` on a backend that attributes its own tensors to categories (trainmem-meta's
+/// `Meta`: no tracking layer on top) with the loop and probes every measured run uses. The
+/// timeline is a prediction ([`Source::Simulated`](trainmem_core::Source::Simulated)), its
+/// tensor bytes in the device domain; `producer` names the backend in it.
+pub fn run_predicted<B: MemoryBackend + TrackableBackend>(
+    plan: &Plan,
+    opts: RunOptions<'_>,
+    device: B::Device,
+    producer: &str,
+) -> Result<MeasuredRun, BurnRunError> {
+    let opts = RunOptions {
+        track_tensors: false,
+        ..opts
+    };
+    let mut run = run_on_backend::<B>(plan, opts, device, producer)?;
+    run.timeline.source = trainmem_core::Source::Simulated;
+    Ok(run)
 }
 
 /// Trains on base backend `B` (under trainmem-track's [`Tracked`] layer unless

@@ -12,11 +12,11 @@
 //!   it through [`trainmem_track::DeviceFigures::categories`]). On a CPU backend tensors are host memory, so `device` is all zero
 //!   and every tensor byte is in the host categories.
 
+use trainmem_core::Category;
 use trainmem_core::plan::Plan;
 use trainmem_core::timeline::{
     CategoryBytes, DeviceBytes, HostBytes, Sample, Source, Timeline, TimelineMeta,
 };
-use trainmem_probe::Category;
 
 use crate::probe::ProbeSample;
 
@@ -24,10 +24,10 @@ use crate::probe::ProbeSample;
 pub fn to_sample(s: &ProbeSample) -> Sample {
     let mut host = HostBytes::default();
     if let Some(h) = s.host {
-        host.categories = CategoryBytes(h);
+        host.categories = h;
     }
     if let Some(h) = s.host_handed_to_device {
-        host.handed_to_device = CategoryBytes(h);
+        host.handed_to_device = h;
     }
     host.data_file_rss = s.data_file_rss;
     if let Some(rss) = s.rss {
@@ -41,7 +41,7 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
         device.peak_allocated = d.bytes_in_use;
         device.peak_reserved = d.bytes_reserved;
         if let Some(categories) = d.categories {
-            device.categories = CategoryBytes(categories);
+            device.categories = categories;
         }
         device.categories.set(
             Category::Cache,
@@ -134,8 +134,8 @@ mod tests {
 
     #[test]
     fn samples_carry_host_categories_rss_and_device_cache() {
-        let mut host = [0u64; 8];
-        host[Category::Parameter.index()] = 100;
+        let mut host = CategoryBytes::ZERO;
+        host.set(Category::Parameter, 100);
         let s = ProbeSample {
             phase: Phase::Forward,
             step: 3,
@@ -146,8 +146,8 @@ mod tests {
             host_peak: Some(host),
             host_total_peak: Some(100),
             host_handed_to_device: Some({
-                let mut h = [0u64; 8];
-                h[Category::Input.index()] = 60;
+                let mut h = CategoryBytes::ZERO;
+                h.set(Category::Input, 60);
                 h
             }),
             data_file_rss: Some(12),

@@ -23,21 +23,23 @@ use burn::prelude::{Backend, Tensor};
 use burn::record::{BinFileRecorder, BurnRecord, FullPrecisionSettings, Record, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
+use trainmem_core::Category;
 use trainmem_core::model::Loss;
 use trainmem_core::plan::{Dtype, EmptyCachePolicy, MetricRetention, OptimizerKind, Plan};
 use trainmem_core::timeline::Phase;
-use trainmem_probe::{Category, CategoryScope};
+use trainmem_probe::CategoryScope;
 
 use crate::BurnRunError;
 use crate::data::{BatchSource, FixtureData, HostBatch, SyntheticSource, host_batch};
 use crate::model::{
     Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape, lazy_parameter_bytes,
-    materialize, parameter_bytes,
+    parameter_bytes,
 };
 use crate::probe::Probe;
 use crate::run::{MeasuredRun, Progress, RunOptions, work_dir};
 use crate::timeline::to_timeline;
 use trainmem_track::MemoryBackend;
+use trainmem_track::materialize;
 
 /// What a run trains with, made in the order the run's bytes are counted.
 struct Setup<'a, B: AutodiffBackend + MemoryBackend> {
@@ -398,11 +400,12 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
                     s.start_epoch(epoch)?;
                     Feed::Source(s.as_mut())
                 }
-                Data::Loader(f) => Feed::Epoch(
-                    f.loader_mut()
-                        .epoch()
-                        .map_err(|e| BurnRunError::Data(e.to_string()))?,
-                ),
+                Data::Loader(f) => {
+                    Feed::Epoch(f.loader_mut().epoch().map_err(|e| BurnRunError::Loader {
+                        what: "starting an epoch",
+                        source: e.into(),
+                    })?)
+                }
             }
         };
         self.probe
@@ -693,10 +696,6 @@ fn save_checkpoint<B: AutodiffBackend + MemoryBackend>(
     epoch: u64,
 ) -> Result<(), BurnRunError> {
     let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-    let fail = |reason: String| BurnRunError::Checkpoint {
-        path: path.to_path_buf(),
-        reason,
-    };
     let _tag = CategoryScope::enter(Category::Temporary);
     let item = model
         .clone()
@@ -704,8 +703,12 @@ fn save_checkpoint<B: AutodiffBackend + MemoryBackend>(
         .into_item::<FullPrecisionSettings>();
     let item = BurnRecord::<_, B>::new::<BinFileRecorder<FullPrecisionSettings>>(item);
     probe.sample(Phase::CheckpointSave, step, epoch, None)?;
-    Recorder::<B>::save_item(&recorder, item, path.to_path_buf())
-        .map_err(|e| fail(e.to_string()))?;
+    Recorder::<B>::save_item(&recorder, item, path.to_path_buf()).map_err(|source| {
+        BurnRunError::Checkpoint {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use trainmem_loader::Dtype;
+use trainmem_core::Dtype;
 
 use crate::data_describe::{TokenOptions, describe};
 

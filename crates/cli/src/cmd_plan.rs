@@ -21,68 +21,6 @@ pub enum PlanCommand {
     FromHf(FromHfArgs),
 }
 
-/// The optimizer of a plan written from a configuration.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum OptimizerArg {
-    /// Plain SGD (no state).
-    Sgd,
-    /// SGD with momentum (one buffer).
-    Momentum,
-    /// Adam (two moments).
-    Adam,
-    /// AdamW (two moments).
-    Adamw,
-    /// Adafactor (factored second moments, as `transformers` has it).
-    Adafactor,
-    /// 8-bit AdamW as bitsandbytes keeps it (`AdamW8bit`: one byte per element and moment
-    /// with an f32 maximum per 256-element block; f32 moments under 4096 elements).
-    #[value(name = "adamw8bit")]
-    Adamw8bit,
-}
-
-/// The precision of a plan written from a configuration.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum PrecisionArg {
-    /// Everything in f32.
-    F32,
-    /// bf16 compute with f32 master weights.
-    MixedBf16,
-    /// fp16 compute with f32 master weights.
-    MixedF16,
-    /// Everything in bf16 (`model.to(torch.bfloat16)`): optimizer state in bf16 too.
-    Bf16,
-    /// Everything in fp16 (`model.half()`): optimizer state in fp16 too.
-    F16,
-    /// `torch.autocast` to bf16: f32 parameters, gradients and optimizer state; bf16 weight
-    /// copies and activations where autocast runs an op in bf16.
-    AutocastBf16,
-    /// `torch.autocast` to fp16, likewise.
-    AutocastF16,
-}
-
-/// `transformers`' `attn_implementation`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum AttnArg {
-    /// Matmul, softmax, matmul: the scores kept for backward.
-    Eager,
-    /// PyTorch's `scaled_dot_product_attention`.
-    Sdpa,
-    /// The flash-attn package's kernel.
-    #[value(name = "flash_attention_2")]
-    FlashAttention2,
-}
-
-/// How `torch.optim` runs the step.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum OptimizerImplArg {
-    /// One parameter at a time (`foreach=False`).
-    ForLoop,
-    /// Every parameter per kernel (`foreach=True`).
-    Foreach,
-    /// One fused kernel (`fused=True`).
-    Fused,
-}
-
 /// Arguments of `trainmem plan from-hf`.
 #[derive(Debug, clap::Args)]
 pub struct FromHfArgs {
@@ -96,10 +34,10 @@ pub struct FromHfArgs {
     pub seq: u64,
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adamw")]
-    pub optimizer: OptimizerArg,
+    pub optimizer: OptimizerKind,
     /// Parameter and activation precision.
     #[arg(long, value_enum, default_value = "f32")]
-    pub precision: PrecisionArg,
+    pub precision: HfPrecision,
     /// Checkpoint every block (Hugging Face's gradient checkpointing).
     #[arg(long)]
     pub checkpointing: bool,
@@ -109,11 +47,11 @@ pub struct FromHfArgs {
     /// The attention implementation (default: what transformers picks for the model, sdpa
     /// for most, eager where it has no other).
     #[arg(long, value_enum)]
-    pub attn_implementation: Option<AttnArg>,
+    pub attn_implementation: Option<AttentionImpl>,
     /// How torch.optim runs the step (default: what it picks on a CUDA device, foreach for
     /// SGD and Adam(W)).
     #[arg(long, value_enum)]
-    pub optimizer_impl: Option<OptimizerImplArg>,
+    pub optimizer_impl: Option<StepImpl>,
     /// Train LoRA adapters of this rank on a frozen base (as peft does).
     #[arg(long, value_name = "R", conflicts_with = "peft")]
     pub lora_rank: Option<u64>,
@@ -152,35 +90,12 @@ fn from_hf(args: FromHfArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
     let opts = HfOptions {
-        optimizer_impl: args.optimizer_impl.map(|i| match i {
-            OptimizerImplArg::ForLoop => StepImpl::ForLoop,
-            OptimizerImplArg::Foreach => StepImpl::Foreach,
-            OptimizerImplArg::Fused => StepImpl::Fused,
-        }),
-        attention: args.attn_implementation.map(|a| match a {
-            AttnArg::Eager => AttentionImpl::Eager,
-            AttnArg::Sdpa => AttentionImpl::Sdpa,
-            AttnArg::FlashAttention2 => AttentionImpl::FlashAttention2,
-        }),
+        optimizer_impl: args.optimizer_impl,
+        attention: args.attn_implementation,
         batch: args.batch,
         seq: args.seq,
-        optimizer: match args.optimizer {
-            OptimizerArg::Sgd => OptimizerKind::Sgd,
-            OptimizerArg::Momentum => OptimizerKind::Momentum,
-            OptimizerArg::Adam => OptimizerKind::Adam,
-            OptimizerArg::Adamw => OptimizerKind::AdamW,
-            OptimizerArg::Adafactor => OptimizerKind::Adafactor,
-            OptimizerArg::Adamw8bit => OptimizerKind::AdamW8bit,
-        },
-        precision: match args.precision {
-            PrecisionArg::F32 => HfPrecision::F32,
-            PrecisionArg::MixedBf16 => HfPrecision::MixedBf16,
-            PrecisionArg::MixedF16 => HfPrecision::MixedF16,
-            PrecisionArg::Bf16 => HfPrecision::Bf16,
-            PrecisionArg::F16 => HfPrecision::F16,
-            PrecisionArg::AutocastBf16 => HfPrecision::AutocastBf16,
-            PrecisionArg::AutocastF16 => HfPrecision::AutocastF16,
-        },
+        optimizer: args.optimizer,
+        precision: args.precision,
         checkpointing: args.checkpointing,
         steps: args.steps,
         lora: lora_of(&args, &text)?,
@@ -227,20 +142,13 @@ fn command_line(args: &FromHfArgs) -> String {
         args.seq
     );
     let mut flag = |name: &str, value: String| line.push_str(&format!(" --{name} {value}"));
-    flag("optimizer", format!("{:?}", args.optimizer).to_lowercase());
-    flag("precision", kebab(&format!("{:?}", args.precision)));
+    flag("optimizer", value_name(args.optimizer));
+    flag("precision", value_name(args.precision));
     if let Some(a) = args.attn_implementation {
-        flag(
-            "attn-implementation",
-            match a {
-                AttnArg::Eager => "eager".into(),
-                AttnArg::Sdpa => "sdpa".into(),
-                AttnArg::FlashAttention2 => "flash_attention_2".into(),
-            },
-        );
+        flag("attn-implementation", value_name(a));
     }
     if let Some(i) = args.optimizer_impl {
-        flag("optimizer-impl", kebab(&format!("{i:?}")));
+        flag("optimizer-impl", value_name(i));
     }
     flag("steps", args.steps.to_string());
     if let Some(r) = args.lora_rank {
@@ -264,16 +172,11 @@ fn command_line(args: &FromHfArgs) -> String {
     line
 }
 
-/// `MixedBf16` as `mixed-bf16`.
-fn kebab(name: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in name.char_indices() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('-');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
+/// The name a value has on the command line (`mixed-bf16`, `for-loop`, `flash_attention_2`).
+fn value_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
 }
 
 /// The LoRA adapters the arguments ask for: from `--peft`'s adapter_config.json, or from
@@ -352,11 +255,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn precision_names_read_as_typed() {
-        assert_eq!(kebab("MixedBf16"), "mixed-bf16");
-        assert_eq!(kebab("AutocastF16"), "autocast-f16");
-        assert_eq!(kebab("ForLoop"), "for-loop");
-        assert_eq!(kebab("Bf16"), "bf16");
+    fn values_are_written_as_typed() {
+        use clap::ValueEnum;
+        assert_eq!(value_name(HfPrecision::MixedBf16), "mixed-bf16");
+        assert_eq!(value_name(HfPrecision::AutocastF16), "autocast-f16");
+        assert_eq!(value_name(HfPrecision::Bf16), "bf16");
+        assert_eq!(value_name(StepImpl::ForLoop), "for-loop");
+        assert_eq!(value_name(OptimizerKind::AdamW), "adamw");
+        assert_eq!(value_name(OptimizerKind::AdamW8bit), "adamw8bit");
+        assert_eq!(
+            value_name(AttentionImpl::FlashAttention2),
+            "flash_attention_2"
+        );
+        // A plan-only value is not offered on the command line.
+        assert!(!AttentionImpl::value_variants().contains(&AttentionImpl::Fused));
+        for p in HfPrecision::value_variants() {
+            assert_eq!(HfPrecision::from_str(&value_name(*p), false), Ok(*p));
+        }
     }
 
     #[test]

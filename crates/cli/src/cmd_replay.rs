@@ -80,7 +80,7 @@ impl ReplayArgs {
 }
 
 fn parse_capacity(text: &str) -> Result<u64, String> {
-    match trainmem_sim::bytes::parse_bytes(text) {
+    match trainmem_core::bytes::parse_bytes(text) {
         Ok(0) => Err("the capacity must be more than 0 bytes".to_string()),
         other => other,
     }

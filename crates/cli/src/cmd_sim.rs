@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use trainmem_sim::bytes::{human, parse_bytes};
-use trainmem_sim::export::{chrome, files, json, pickle, svg};
-use trainmem_sim::{FitTarget, Machine, Plan, SimOptions, SimResult};
+use trainmem_alloc::pytorch::pickle;
+use trainmem_core::Plan;
+use trainmem_core::bytes::{human, parse_bytes};
+use trainmem_core::export::{chrome, files, svg, timeline_json};
+use trainmem_sim::{FitTarget, Machine, SimOptions, SimResult};
 
 use crate::progress::{ProgressFlags, Reporter};
 
@@ -159,9 +161,9 @@ fn keep_freed_heap() {
 /// trace and the SVG chart (`simulate --out`, and `explain SNAPSHOT.pickle --out`).
 pub(crate) fn write_timeline_exports(
     write: &impl Fn(&str, &[u8]) -> anyhow::Result<()>,
-    t: &trainmem_sim::timeline::Timeline,
+    t: &trainmem_core::timeline::Timeline,
 ) -> anyhow::Result<()> {
-    write(files::TIMELINE_JSON, json::timeline_json(t)?.as_bytes())?;
+    write(files::TIMELINE_JSON, timeline_json(t)?.as_bytes())?;
     write(files::TRACE_JSON, chrome::chrome_trace(t)?.as_bytes())?;
     write(files::TIMELINE_SVG, svg::render_svg(t).as_bytes())
 }
@@ -185,13 +187,16 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
         };
         write_timeline_exports(&write, &r.timeline)?;
-        write(files::REPORT_JSON, json::report_json(&rep)?.as_bytes())?;
+        write(
+            files::REPORT_JSON,
+            trainmem_sim::report::report_json(&rep)?.as_bytes(),
+        )?;
         write(
             files::REPORT_TXT,
             trainmem_sim::render_text(&plan, &rep).as_bytes(),
         )?;
         if let Some(snap) = &r.snapshot {
-            write(files::MEMORY_VIZ_PICKLE, &pickle::snapshot_pickle(snap)?)?;
+            write(files::MEMORY_VIZ_PICKLE, &pickle::write_snapshot(snap)?)?;
         }
         if !args.json {
             eprintln!(

@@ -6,9 +6,11 @@ use std::io::Read;
 use std::path::Path;
 
 use trainmem_loader::{
-    ARROW_MAGIC, ArrowDataset, ColumnKind, DataError, Dtype, IDX_MAGIC, IndexedTokens, MappedArray,
+    ARROW_MAGIC, ArrowDataset, ColumnKind, DataError, IDX_MAGIC, IndexedTokens, MappedArray,
     MmapDataset, TokenFile, sidecar_path,
 };
+
+use trainmem_core::Dtype;
 
 /// One column of a multi-column file.
 #[derive(Debug)]

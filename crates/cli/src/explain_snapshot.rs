@@ -12,7 +12,7 @@ use anyhow::Context;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_sim::snapshot_explain::{ExplainOptions, annotate, explain_snapshot, render};
 
-use trainmem_sim::export::files;
+use trainmem_core::export::files;
 
 use crate::cmd_sim::{ExplainArgs, write_timeline_exports};
 

@@ -34,7 +34,7 @@ struct Cli {
 enum Command {
     /// Reproduce a memory pattern on a real burn training run beside its prediction
     /// (`--list` names the fifteen patterns; files go to `trainmem-scenarios/NAME/`).
-    Scenario(trainmem_scenarios::ScenarioArgs),
+    Scenario(trainmem::scenario_command::ScenarioArgs),
     /// Replay an allocation trace through the caching allocator and print its statistics.
     Replay(cmd_replay::ReplayArgs),
     /// Inspect data-set files (memory-mapped .npy and raw record files).
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Scenario(args) => {
-            trainmem_scenarios::run(args, std::path::Path::new("trainmem-scenarios"))
+            trainmem::scenario_command::run(args, std::path::Path::new("trainmem-scenarios"))
                 .map_err(anyhow::Error::from)
         }
         Command::Replay(args) => cmd_replay::run(args),

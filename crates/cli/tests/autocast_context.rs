@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{empty_dir, s, stderr, stdout, trainmem, write};
-use trainmem_sim::Plan;
+use trainmem_core::Plan;
 
 fn hf(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

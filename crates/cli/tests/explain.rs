@@ -7,9 +7,10 @@ use std::path::Path;
 
 use common::{empty_dir, fixture_plan, fixture_text, s, stderr, stdout, trainmem, write};
 use serde_json::Value;
-use trainmem_sim::bytes::{human, human_signed};
-use trainmem_sim::timeline::Phase;
-use trainmem_sim::{Finding, PatternKind, Plan, SimOptions, SimResult};
+use trainmem_core::Plan;
+use trainmem_core::bytes::{human, human_signed};
+use trainmem_core::timeline::Phase;
+use trainmem_sim::{Finding, PatternKind, SimOptions, SimResult};
 
 fn library(path: &Path) -> (Plan, SimResult, Vec<Finding>) {
     let plan = Plan::load(path).expect("the plan loads");

@@ -8,9 +8,10 @@ use std::path::Path;
 
 use common::{empty_dir, fixture_plan, fixture_text, s, stderr, stdout, trainmem, write};
 use serde_json::Value;
-use trainmem_sim::bytes::{human, parse_bytes};
+use trainmem_core::Plan;
+use trainmem_core::bytes::{human, parse_bytes};
+use trainmem_sim::FitTarget;
 use trainmem_sim::fit::probe;
-use trainmem_sim::{FitTarget, Plan};
 
 /// Parses `largest {what} that fits {cap}: {n} (...)` and `{what} {m} does not fit:\n  {msg}`.
 fn parse_text(text: &str, what: &str) -> (u64, Option<(u64, String)>) {

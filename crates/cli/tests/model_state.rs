@@ -20,7 +20,7 @@ fn a_model_too_large_for_the_device_is_a_predicted_oom_at_model_init() {
     let plan = write(&dir, "deep.toml", deep(100_000, 1024));
     // the figures, as the library works them out without lowering the model
     let lib = trainmem_sim::simulate(
-        &trainmem_sim::Plan::load(&plan).expect("loads"),
+        &trainmem_core::Plan::load(&plan).expect("loads"),
         trainmem_sim::SimOptions::default(),
     )
     .expect("a result");

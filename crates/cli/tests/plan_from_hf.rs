@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Output;
 
 use common::{empty_dir, s, stderr, stdout, trainmem, write};
-use trainmem_sim::Plan;
+use trainmem_core::Plan;
 
 /// `trainmem plan from-hf CONFIG --batch BATCH --seq SEQ` followed by `rest`.
 fn from_hf(config: &str, batch: &str, seq: &str, rest: &[&str]) -> Output {
@@ -89,7 +89,7 @@ fn lora_plans_count_trainable_and_frozen_parameters_as_peft_does() {
         let plan = Plan::load(&plan_path).expect("the written plan loads");
         let sim = trainmem(&["simulate", s(&plan_path), "--quiet"]);
         assert_eq!(sim.status.code(), Some(0), "{}", stderr(&sim));
-        let trainmem_sim::model::ModelSpec::Transformer(t) = &plan.model else {
+        let trainmem_core::model::ModelSpec::Transformer(t) = &plan.model else {
             panic!("not a transformer");
         };
         assert_eq!(t.lora.as_ref().map(|l| l.rank), Some(8));
@@ -167,7 +167,7 @@ fn an_adamw8bit_plan_keeps_about_a_quarter_of_adamws_state() {
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let mut plan = Plan::load(&plan_path).expect("the written plan loads");
         assert_eq!(plan.optimizer.kind.name(), optimizer);
-        plan.device.kind = trainmem_sim::plan::DeviceKind::Cpu;
+        plan.device.kind = trainmem_core::plan::DeviceKind::Cpu;
         let r = trainmem_sim::simulate(&plan, Default::default()).expect("simulates");
         let peak = r
             .timeline
@@ -232,7 +232,7 @@ fn users_words_become_the_plan_s_settings() {
         assert!(header.contains(words), "{header}");
     }
     let plan = Plan::load(&plan_path).expect("loads");
-    let trainmem_sim::model::ModelSpec::Transformer(t) = &plan.model else {
+    let trainmem_core::model::ModelSpec::Transformer(t) = &plan.model else {
         panic!("not a transformer");
     };
     assert_eq!(t.attention.name(), "flash_attention_2");

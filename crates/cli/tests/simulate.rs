@@ -7,11 +7,13 @@ use std::path::Path;
 
 use common::{empty_dir, fixture_plan, fixture_text, s, stderr, stdout, trainmem, write};
 use serde_json::Value;
-use trainmem_probe::Category;
-use trainmem_sim::bytes::human;
-use trainmem_sim::export::{chrome, json, pickle, svg};
-use trainmem_sim::timeline::Phase;
-use trainmem_sim::{Plan, SimOptions, SimResult, Timeline};
+use trainmem_alloc::pytorch::pickle;
+use trainmem_core::Category;
+use trainmem_core::bytes::human;
+use trainmem_core::export::{chrome, svg, timeline_json};
+use trainmem_core::timeline::Phase;
+use trainmem_core::{Plan, Timeline};
+use trainmem_sim::{SimOptions, SimResult};
 
 /// The library's result for the plan file, as the CLI runs it (with the allocator trace
 /// when `trace` is set, as `--out` does).
@@ -326,11 +328,11 @@ fn out_writes_every_export_readme_lists() {
     }
     assert_eq!(
         pk,
-        pickle::snapshot_pickle(r.snapshot.as_ref().expect("a snapshot")).unwrap()
+        pickle::write_snapshot(r.snapshot.as_ref().expect("a snapshot")).unwrap()
     );
 
     // the timeline JSON export the library writes
-    assert_eq!(tj, json::timeline_json(&r.timeline).unwrap().into_bytes());
+    assert_eq!(tj, timeline_json(&r.timeline).unwrap().into_bytes());
 }
 
 #[test]

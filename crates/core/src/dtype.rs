@@ -72,6 +72,11 @@ impl Dtype {
         }
     }
 
+    /// Whether this is a floating-point type (f64, f32, f16, bf16).
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
+    }
+
     /// Whether this is a 16-bit float.
     pub fn is_half(self) -> bool {
         matches!(self, Dtype::F16 | Dtype::Bf16)

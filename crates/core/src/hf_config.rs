@@ -144,6 +144,7 @@ pub fn default_step_impl(kind: OptimizerKind) -> StepImpl {
 
 /// The precision a plan from a configuration trains in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum HfPrecision {
     /// Everything in f32.
     #[default]
@@ -167,9 +168,12 @@ pub enum HfPrecision {
 /// Why a configuration could not become a plan.
 #[derive(Debug, thiserror::Error)]
 pub enum HfConfigError {
-    /// The text is not JSON, or not a JSON object.
-    #[error("config.json does not parse: {0}")]
-    Json(String),
+    /// The text is not JSON.
+    #[error("config.json does not parse")]
+    Json(#[source] serde_json::Error),
+    /// The text is JSON but not an object.
+    #[error("config.json: the top level is not an object")]
+    NotAnObject,
     /// `model_type` is missing or names a family this reader does not know.
     #[error("model_type {found}: trainmem reads {}", FAMILIES.join(", "))]
     UnknownModelType {
@@ -208,10 +212,9 @@ pub enum HfConfigError {
 
 /// The configuration as a JSON object and its `model_type`.
 fn parse(config: &str) -> Result<(serde_json::Map<String, Value>, String), HfConfigError> {
-    let value: Value =
-        serde_json::from_str(config).map_err(|e| HfConfigError::Json(e.to_string()))?;
+    let value: Value = serde_json::from_str(config).map_err(HfConfigError::Json)?;
     let Value::Object(map) = value else {
-        return Err(HfConfigError::Json("the top level is not an object".into()));
+        return Err(HfConfigError::NotAnObject);
     };
     let model_type = match map.get("model_type") {
         Some(Value::String(s)) => s.clone(),

@@ -41,6 +41,7 @@ pub mod bytes;
 pub mod category;
 pub mod compare;
 pub mod dtype;
+pub mod export;
 pub mod framework;
 pub mod hf_config;
 pub mod model;

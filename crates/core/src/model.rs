@@ -228,12 +228,14 @@ pub enum NormKind {
 /// gives its implementations (`attn_implementation`); the kernel they run depends on the
 /// device, which [`AttentionImpl::kernel`] decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionImpl {
     /// Matmul, softmax, dropout, matmul: saves the `heads × seq × seq` probabilities.
     #[default]
     Eager,
     /// A fused (flash-style) kernel: saves q, k, v, the output and one statistic per row.
+    #[cfg_attr(feature = "clap", value(skip))]
     Fused,
     /// PyTorch's `scaled_dot_product_attention` (`transformers`' `sdpa`): a fused kernel
     /// (flash or memory-efficient) on a GPU, with or without dropout; on a CPU the fused
@@ -242,6 +244,7 @@ pub enum AttentionImpl {
     /// The `flash-attn` package's kernel (`flash_attention_2`, CUDA only): fused, dropout
     /// included.
     #[serde(rename = "flash_attention_2")]
+    #[cfg_attr(feature = "clap", value(name = "flash_attention_2"))]
     FlashAttention2,
 }
 
@@ -831,7 +834,7 @@ pub struct LayersSpec {
 #[serde(deny_unknown_fields)]
 pub struct RawLayer {
     /// The op's name in the saved-tensor table (`linear`, `conv2d`, `relu`, `gelu`, `softmax`,
-    /// `layer_norm`, `dropout`, `matmul`, `add`, `view`, ...; see `trainmem_autograd::OpKind`).
+    /// `layer_norm`, `dropout`, `matmul`, `add`, `view`, ...; see `trainmem_core::OpKind`).
     pub op: String,
     /// Output shape per sample; default = the input shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]

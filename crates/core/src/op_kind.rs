@@ -147,9 +147,4 @@ impl OpKind {
             _ => 1,
         }
     }
-
-    /// Whether the output aliases the input (no new memory).
-    pub fn is_view(self) -> bool {
-        self == OpKind::View
-    }
 }

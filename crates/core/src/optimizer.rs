@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The optimizer algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerKind {
     /// Plain stochastic gradient descent: no state.
@@ -15,6 +16,7 @@ pub enum OptimizerKind {
     Adam,
     /// AdamW (decoupled weight decay): first and second moments.
     #[serde(rename = "adamw")]
+    #[cfg_attr(feature = "clap", value(name = "adamw"))]
     AdamW,
     /// Adafactor (as `transformers` implements it, without a first moment): the second
     /// moment factored into a row and a column vector per matrix parameter, a full-size one
@@ -25,6 +27,7 @@ pub enum OptimizerKind {
     /// parameters of at least 4096 elements; smaller parameters keep f32 moments. Two
     /// 256-entry f32 quantization maps are shared by every parameter.
     #[serde(rename = "adamw8bit")]
+    #[cfg_attr(feature = "clap", value(name = "adamw8bit"))]
     AdamW8bit,
 }
 
@@ -60,6 +63,7 @@ pub enum StateAllocation {
 
 /// How the update is computed; sets the step's temporaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum StepImpl {
     /// One parameter at a time: one parameter-sized scratch buffer live at once.

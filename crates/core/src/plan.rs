@@ -580,8 +580,8 @@ pub enum PlanError {
         message: String,
     },
     /// The plan could not be written as TOML.
-    #[error("cannot write plan: {0}")]
-    Write(String),
+    #[error("cannot write the plan as TOML")]
+    Write(#[source] toml::ser::Error),
 }
 
 impl Plan {
@@ -612,7 +612,7 @@ impl Plan {
 
     /// Writes the plan as TOML.
     pub fn to_toml(&self) -> Result<String, PlanError> {
-        toml::to_string(self).map_err(|e| PlanError::Write(e.to_string()))
+        toml::to_string(self).map_err(PlanError::Write)
     }
 
     /// Checks consistency; errors carry no line (see [`Plan::parse`] for located errors).
@@ -688,10 +688,7 @@ impl Plan {
     /// `[precision]` and `[optimizer]`: float dtypes, and AMSGrad only for Adam.
     fn validate_precision(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let p = &self.precision;
-        if !matches!(
-            p.compute,
-            Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
-        ) {
+        if !p.compute.is_float() {
             return Err(err(
                 "precision.compute",
                 format!(
@@ -701,17 +698,14 @@ impl Plan {
             ));
         }
         if let Some(g) = p.grads
-            && !matches!(g, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
+            && !g.is_float()
         {
             return Err(err(
                 "precision.grads",
                 format!("`{g}` is not a float dtype"),
             ));
         }
-        if !matches!(
-            self.optimizer.state_dtype,
-            Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64
-        ) {
+        if !self.optimizer.state_dtype.is_float() {
             return Err(err(
                 "optimizer.state_dtype",
                 format!("`{}` is not a float dtype", self.optimizer.state_dtype),

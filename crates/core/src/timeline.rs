@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::category::Category;
-use serde::de::{MapAccess, Visitor};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -138,7 +138,8 @@ impl fmt::Display for Phase {
 /// Bytes per [`Category`], a dense array indexed by [`Category::index`].
 ///
 /// Serialised as a JSON object with one key per category name (`{"parameter": 123, ...}`);
-/// missing keys read as zero, unknown keys are an error.
+/// missing keys read as zero, unknown keys are an error. Reading also accepts eight numbers in
+/// [`Category::index`] order (the form measured runs were recorded in before the object form).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CategoryBytes(pub [u64; 8]);
 
@@ -207,7 +208,19 @@ impl<'de> Deserialize<'de> for CategoryBytes {
         impl<'de> Visitor<'de> for V {
             type Value = CategoryBytes;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map from category name to bytes")
+                f.write_str("a map from category name to bytes, or eight byte counts")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CategoryBytes, A::Error> {
+                let mut out = CategoryBytes::ZERO;
+                for (i, slot) in out.0.iter_mut().enumerate() {
+                    *slot = seq
+                        .next_element()?
+                        .ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+                }
+                if seq.next_element::<u64>()?.is_some() {
+                    return Err(serde::de::Error::invalid_length(9, &self));
+                }
+                Ok(out)
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CategoryBytes, A::Error> {
                 let mut out = CategoryBytes::ZERO;
@@ -220,7 +233,7 @@ impl<'de> Deserialize<'de> for CategoryBytes {
                 Ok(out)
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_any(V)
     }
 }
 
@@ -445,14 +458,6 @@ impl Timeline {
     pub fn series(&self, domain: Domain, category: Category) -> Vec<u64> {
         (0..self.samples.len())
             .map(|i| self.categories(i, domain).get(category))
-            .collect()
-    }
-
-    /// Every category's series, in [`Category::ALL`] order.
-    pub fn all_series(&self, domain: Domain) -> Vec<(Category, Vec<u64>)> {
-        Category::ALL
-            .into_iter()
-            .map(|c| (c, self.series(domain, c)))
             .collect()
     }
 
@@ -698,6 +703,23 @@ mod tests {
         let ok: CategoryBytes = serde_json::from_str(r#"{"gradient": 3}"#).unwrap();
         assert_eq!(ok.get(Category::Gradient), 3);
         assert_eq!(ok.total(), 3);
+    }
+
+    #[test]
+    fn category_bytes_read_as_eight_numbers_too() {
+        let ok: CategoryBytes = serde_json::from_str("[1, 2, 3, 4, 5, 6, 7, 8]").unwrap();
+        assert_eq!(ok.get(Category::Parameter), 1);
+        assert_eq!(ok.total(), 36);
+        let back: CategoryBytes =
+            serde_json::from_str(&serde_json::to_string(&ok).unwrap()).unwrap();
+        assert_eq!(back, ok);
+        for bad in [
+            "[1, 2, 3]",
+            "[1, 2, 3, 4, 5, 6, 7, 8, 9]",
+            "[-1, 2, 3, 4, 5, 6, 7, 8]",
+        ] {
+            assert!(serde_json::from_str::<CategoryBytes>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

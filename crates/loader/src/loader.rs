@@ -62,7 +62,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use trainmem_probe::{Category, CategoryScope, set_thread_category};
+use trainmem_core::Category;
+use trainmem_probe::{CategoryScope, set_thread_category};
 
 use crate::build_times::{BuildClock, BuildTimes};
 use crate::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};

@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use common::TempDir;
 use proptest::prelude::*;
+use trainmem_core::Dtype;
 use trainmem_loader::{
-    ArrowDataset, DataError, Dataset, Dtype, FileProblem, IndexedTokens, Loader, LoaderConfig,
-    PadCollate, PadTo, StackArrowColumns, TokenFile, TokenWindows, WindowSpec, open_safetensors,
+    ArrowDataset, DataError, Dataset, FileProblem, IndexedTokens, Loader, LoaderConfig, PadCollate,
+    PadTo, StackArrowColumns, TokenFile, TokenWindows, WindowSpec, open_safetensors,
 };
 
 fn data(name: &str) -> PathBuf {

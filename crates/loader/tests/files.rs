@@ -6,13 +6,14 @@ mod common;
 use std::sync::Arc;
 
 use common::{TempDir, npy_with_dict};
+use trainmem_core::Dtype;
 use trainmem_loader::fixtures::{
     FixtureSpec, feature_value, label_value, write_fixture, write_npy, write_raw,
 };
 use trainmem_loader::npy::HeaderError;
 use trainmem_loader::{
-    DTypeError, DataError, Dataset, Dtype, FileFormat, FileProblem, Loader, LoaderConfig,
-    LoaderError, MappedArray, MmapDataset, RawSidecar, StackColumns,
+    DTypeError, DataError, Dataset, FileFormat, FileProblem, Loader, LoaderConfig, LoaderError,
+    MappedArray, MmapDataset, RawSidecar, StackColumns,
 };
 
 fn problem(err: &DataError) -> &FileProblem {

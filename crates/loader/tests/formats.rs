@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use trainmem_loader::{
-    ArrowDataset, ArrowFormat, ColumnKind, Dataset, Dtype, IndexedTokens, Loader, LoaderConfig,
-    Order, PackCollate, PadCollate, PadTo, StackArrowColumns, StackColumns, StackWindows,
-    TokenFile, TokenWindows, WindowOrder, WindowSpec, open_safetensors,
+    ArrowDataset, ArrowFormat, ColumnKind, Dataset, IndexedTokens, Loader, LoaderConfig, Order,
+    PackCollate, PadCollate, PadTo, StackArrowColumns, StackColumns, StackWindows, TokenFile,
+    TokenWindows, WindowOrder, WindowSpec, open_safetensors,
 };
+
+use trainmem_core::Dtype;
 
 const VOCAB: u64 = 50257;
 

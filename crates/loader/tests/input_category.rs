@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use trainmem_core::Category;
 use trainmem_loader::{BoxError, HeldBytes, Loader, LoaderConfig, WorkerContext};
-use trainmem_probe::{Category, CountingAlloc, live_bytes};
+use trainmem_probe::{CountingAlloc, live_bytes};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -6,11 +6,11 @@
 //!
 //! `cargo run -p trainmem-meta --example cubecl_pools`
 
-use trainmem_burn::RunOptions;
+use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::Category;
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
-use trainmem_meta::{AllocationHook, CubeclModel, DeviceTotals, MetaDevice, run_plan};
+use trainmem_meta::{AllocationHook, CubeclModel, DeviceTotals, Meta, MetaDevice, PRODUCER};
 
 /// The H100's memory as cubecl-cuda read it (RESULTS.md, "CUDA (an H100, lent on 2026-11-24)").
 const H100_BYTES: u64 = 85_017_493_504;
@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     plan.device.kind = DeviceKind::Cuda;
     plan.training.empty_cache = EmptyCachePolicy::EveryEpoch;
     let (device, model) = MetaDevice::cubecl(H100_BYTES);
-    let run = run_plan(&plan, RunOptions::default(), device)?;
+    let run = run_predicted::<Meta>(&plan, RunOptions::default(), device, PRODUCER)?;
     println!(
         "{:<26} {:>12} {:>12}",
         "point", "in use MiB", "reserved MiB"
@@ -104,7 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let auto = CubeclModel::cuda(H100_BYTES);
     let device = MetaDevice::with_hook(Box::new(NoPersistentPool(auto.clone())));
-    let run = run_plan(&plan, RunOptions::default(), device)?;
+    let run = run_predicted::<Meta>(&plan, RunOptions::default(), device, PRODUCER)?;
     if let Some(s) = run
         .timeline
         .samples

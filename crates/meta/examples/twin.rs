@@ -7,11 +7,11 @@
 //! Defaults: LLaMA-7B's sizes in the blocks trainmem-burn's model builds (burn-nn's transformer
 //! with a causal mask: LayerNorm, a plain GELU feed-forward), batch 1, AdamW, one step.
 
-use trainmem_burn::RunOptions;
-use trainmem_core::Category;
+use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::plan::Plan;
 use trainmem_core::timeline::{Domain, Timeline};
-use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_core::{Category, CategoryBytes};
+use trainmem_meta::{Meta, MetaDevice, PRODUCER};
 use trainmem_sim::SimOptions;
 
 fn plan_text(args: &[String]) -> String {
@@ -37,18 +37,18 @@ fn plan_text(args: &[String]) -> String {
 
 /// Peak per category over both domains (a CPU plan's bytes are host bytes in the simulator,
 /// Meta's are device bytes).
-fn peaks(t: &Timeline) -> [u64; 8] {
+fn peaks(t: &Timeline) -> CategoryBytes {
     let host = t.peak_per_category(Domain::Host);
     let device = t.peak_per_category(Domain::Device);
-    Category::ALL.map(|c| host.get(c).max(device.get(c)))
+    host.max(&device)
 }
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = Plan::from_toml_str(&plan_text(&args)).map_err(|e| e.to_string())?;
     let started = std::time::Instant::now();
-    let meta =
-        run_plan(&plan, RunOptions::default(), MetaDevice::new()).map_err(|e| e.to_string())?;
+    let meta = run_predicted::<Meta>(&plan, RunOptions::default(), MetaDevice::new(), PRODUCER)
+        .map_err(|e| e.to_string())?;
     let meta_s = started.elapsed().as_secs_f64();
     let sim = trainmem_sim::simulate(&plan, SimOptions::default()).map_err(|e| e.to_string())?;
     let (m, s) = (peaks(&meta.timeline), peaks(&sim.timeline));
@@ -60,13 +60,14 @@ fn main() -> Result<(), String> {
         "{:<16} {:>16} {:>16} {:>8}",
         "category", "meta", "simulated", "diff %"
     );
-    for (i, c) in Category::ALL.iter().enumerate() {
-        let diff = if s[i] > 0 {
-            100.0 * (m[i] as f64 - s[i] as f64) / s[i] as f64
+    for c in Category::ALL {
+        let (m, s) = (m.get(c), s.get(c));
+        let diff = if s > 0 {
+            100.0 * (m as f64 - s as f64) / s as f64
         } else {
             0.0
         };
-        println!("{:<16} {:>16} {:>16} {:>8.2}", c.name(), m[i], s[i], diff);
+        println!("{:<16} {:>16} {:>16} {:>8.2}", c.name(), m, s, diff);
     }
     Ok(())
 }

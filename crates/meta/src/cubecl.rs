@@ -322,14 +322,6 @@ impl CubeclModel {
     pub fn error(&self) -> Option<String> {
         self.lock().error.clone()
     }
-
-    /// Runs `f` on cubecl's memory manager.
-    pub fn with_manager<R>(
-        &self,
-        f: impl FnOnce(&mut MemoryManagement<CountingStorage>) -> R,
-    ) -> R {
-        f(&mut self.lock().manager)
-    }
 }
 
 impl MetaDevice {

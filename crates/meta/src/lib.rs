@@ -17,7 +17,8 @@
 //! use burn::tensor::{Distribution, Tensor, backend::Backend};
 //! use trainmem_core::Category;
 //! use trainmem_core::timeline::Phase;
-//! use trainmem_meta::{Meta, materialize, predict};
+//! use trainmem_track::materialize;
+//! use trainmem_meta::{Meta, predict};
 //!
 //! #[derive(Module, Debug)]
 //! struct Net<B: Backend> {
@@ -106,8 +107,9 @@
 //!   Meta::memory_cleanup(&device);
 //!   assert_eq!(pools.figures().reserved, 0);
 //!   ```
-//! * **trainmem-burn's training loop** ([`run_plan`]): the loop measured runs use trains a
-//!   plan on Meta, only the backend type differing. For every scenario plan that runs on the
+//! * **trainmem-burn's training loop** (`trainmem_burn::run_predicted::<Meta>`, see
+//!   [`tracked`]): the loop measured runs use trains a plan on Meta, only the backend type
+//!   differing. For every scenario plan that runs on the
 //!   CPU, the bytes per category at every phase boundary agree with the Flex run's within
 //!   1% + 16 KiB (`tests/burn_loop.rs`; the largest difference seen is 12 KiB of 7.9 MB), and
 //!   `trainmem scenario NAME --meta` makes the same comparison inside every scenario.
@@ -153,7 +155,6 @@
 //!   the row pitch of `Optimized` 2-D layouts.
 
 mod backend;
-pub mod burn_runs;
 pub mod caching;
 pub mod cubecl;
 mod device;
@@ -163,12 +164,13 @@ mod ops;
 pub mod run;
 mod shape;
 pub mod tensor;
+pub mod tracked;
 
 pub use backend::Meta;
-pub use burn_runs::run_plan;
 pub use caching::CachingModel;
 pub use cubecl::{CubeclConfig, CubeclFigures, CubeclModel};
 pub use device::MetaDevice;
 pub use memory::{AllocationHook, DeviceTotals, Ledger, MemoryStats};
-pub use run::{MetaRun, Recorder, materialize, predict, predict_on};
+pub use run::{MetaRun, Recorder, predict, predict_on};
 pub use tensor::{MetaQTensor, MetaTensor, tensor_bytes};
+pub use tracked::PRODUCER;

@@ -14,7 +14,8 @@ use burn::tensor::{FloatDType, Int, IntDType, Tensor};
 use trainmem_core::Category;
 use trainmem_core::timeline::Phase;
 
-use crate::{Meta, MetaDevice, MetaRun, materialize, predict_on};
+use crate::{Meta, MetaDevice, MetaRun, predict_on};
+use trainmem_track::materialize;
 
 /// The decoder's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

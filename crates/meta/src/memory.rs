@@ -10,10 +10,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use trainmem_core::Category;
-
-/// Number of categories (the length of [`Category::ALL`]).
-pub const CATEGORY_COUNT: usize = Category::ALL.len();
+use trainmem_core::{Category, CategoryBytes};
 
 /// A further memory model fed with every allocation and free of a device, in order.
 ///
@@ -56,11 +53,11 @@ pub struct DeviceTotals {
 /// Live and peak bytes of one device, per category and in total.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Live bytes per category, indexed by [`Category::index`].
-    pub live: [u64; CATEGORY_COUNT],
+    /// Live bytes per category.
+    pub live: CategoryBytes,
     /// Highest live bytes each category reached since the last peak reset (each category's peak
     /// is taken on its own, so they need not be simultaneous).
-    pub peak: [u64; CATEGORY_COUNT],
+    pub peak: CategoryBytes,
     /// Live bytes, all categories together.
     pub total_live: u64,
     /// Highest total live bytes since the last peak reset.
@@ -74,12 +71,12 @@ pub struct MemoryStats {
 impl MemoryStats {
     /// Live bytes of one category.
     pub fn live_bytes(&self, category: Category) -> u64 {
-        self.live[category.index()]
+        self.live.get(category)
     }
 
     /// Peak bytes of one category.
     pub fn peak_bytes(&self, category: Category) -> u64 {
-        self.peak[category.index()]
+        self.peak.get(category)
     }
 
     /// Buffers alive now.
@@ -165,8 +162,8 @@ impl Ledger {
         state.next_id += 1;
         let stats = &mut state.stats;
         let i = category.index();
-        stats.live[i] += bytes;
-        stats.peak[i] = stats.peak[i].max(stats.live[i]);
+        stats.live.0[i] += bytes;
+        stats.peak.0[i] = stats.peak.0[i].max(stats.live.0[i]);
         stats.total_live += bytes;
         stats.total_peak = stats.total_peak.max(stats.total_live);
         stats.allocations += 1;
@@ -180,7 +177,7 @@ impl Ledger {
         let mut state = self.lock();
         let stats = &mut state.stats;
         let i = category.index();
-        stats.live[i] = stats.live[i].saturating_sub(bytes);
+        stats.live.0[i] = stats.live.0[i].saturating_sub(bytes);
         stats.total_live = stats.total_live.saturating_sub(bytes);
         stats.frees += 1;
         if let Some(hook) = state.hook.as_deref_mut() {

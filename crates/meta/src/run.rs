@@ -125,11 +125,6 @@ impl Recorder {
     }
 }
 
-/// Creates every lazily initialised parameter of a module now, so its bytes are counted under
-/// the calling thread's current category rather than at the first forward (trainmem-burn's,
-/// which its measured runs use).
-pub use trainmem_burn::model::materialize;
-
 /// Runs `run` on a fresh Meta device and returns its timeline and peaks (see the module docs).
 pub fn predict(name: &str, run: impl FnOnce(&mut Recorder)) -> MetaRun {
     predict_on(name, MetaDevice::new(), run)
@@ -158,6 +153,22 @@ mod tests {
     use super::*;
     use crate::Meta;
     use burn::tensor::{Distribution, Tensor};
+
+    #[test]
+    fn samples_carry_the_step_and_epoch_the_recorder_was_given() {
+        let run = predict("steps", |rec| {
+            for step in 0..3 {
+                rec.set_epoch(step / 2);
+                rec.set_step(step);
+                rec.sample(Phase::OptimizerStep);
+            }
+        });
+        let at: Vec<(u64, u64)> = run.timeline.samples[1..]
+            .iter()
+            .map(|s| (s.step, s.epoch))
+            .collect();
+        assert_eq!(at, [(0, 0), (1, 0), (2, 1)]);
+    }
 
     #[test]
     fn phases_become_samples_with_the_bytes_of_their_category() {

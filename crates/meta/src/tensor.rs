@@ -79,11 +79,6 @@ impl MetaTensor {
         Arc::as_ptr(&self.buffer) as usize as u64
     }
 
-    /// Whether the two tensors use the same buffer.
-    pub fn shares_buffer_with(&self, other: &MetaTensor) -> bool {
-        Arc::ptr_eq(&self.buffer, &other.buffer)
-    }
-
     /// Whether no other tensor uses this tensor's buffer.
     pub fn is_unique(&self) -> bool {
         Arc::strong_count(&self.buffer) == 1

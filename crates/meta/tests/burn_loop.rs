@@ -8,10 +8,10 @@
 //! of 3 steps to keep the test short.)
 
 use trainmem_burn::agreement::BOOKKEEPING_SLACK;
-use trainmem_burn::{RunOptions, run_measured_detailed};
+use trainmem_burn::{RunOptions, run_measured_detailed, run_predicted};
 use trainmem_core::Category;
 use trainmem_core::plan::Plan;
-use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_meta::{Meta, MetaDevice, PRODUCER};
 use trainmem_probe::CountingAlloc;
 
 #[global_allocator]
@@ -32,7 +32,8 @@ fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
     plan.training.epochs = plan.training.epochs.min(2);
     plan.training.steps_per_epoch = Some(plan.training.steps_per_epoch.unwrap_or(3).min(3));
     let flex = run_measured_detailed(&plan, RunOptions::default()).expect("flex run");
-    let meta = run_plan(&plan, RunOptions::default(), MetaDevice::new()).expect("meta run");
+    let meta = run_predicted::<Meta>(&plan, RunOptions::default(), MetaDevice::new(), PRODUCER)
+        .expect("meta run");
     assert_eq!(
         flex.timeline.samples.len(),
         meta.timeline.samples.len(),
@@ -216,7 +217,7 @@ fn the_tracker_around_meta_counts_metas_own_ledger_to_the_byte() {
                 .expect("Meta reports its ledger");
             let tracked = s.tracked.expect("the run is tracked");
             assert_eq!(
-                tracked.live.0,
+                tracked.live,
                 meta,
                 "{name} {} step {}: tracker vs Meta's ledger",
                 s.phase.name(),

@@ -3,12 +3,12 @@
 //! the exact model's peak, and the bytes in use are those buffers each rounded up to cubecl's
 //! 512-byte alignment.
 
-use trainmem_burn::RunOptions;
+use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::Category;
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
 use trainmem_meta::cubecl::CUDA_ALIGNMENT;
-use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_meta::{Meta, MetaDevice, PRODUCER};
 
 fn plan() -> Plan {
     let mut plan = Plan::from_toml_str(include_str!("../../scenarios/plans/optimizer-jump.toml"))
@@ -22,9 +22,11 @@ fn plan() -> Plan {
 fn a_training_run_through_cubecls_pools_reserves_at_least_what_is_in_use() {
     let plan = plan();
     let exact_device = MetaDevice::new();
-    let exact = run_plan(&plan, RunOptions::default(), exact_device).expect("exact run");
+    let exact = run_predicted::<Meta>(&plan, RunOptions::default(), exact_device, PRODUCER)
+        .expect("exact run");
     let (device, model) = MetaDevice::cubecl(80 << 30);
-    let pooled = run_plan(&plan, RunOptions::default(), device).expect("cubecl run");
+    let pooled =
+        run_predicted::<Meta>(&plan, RunOptions::default(), device, PRODUCER).expect("cubecl run");
     assert!(model.error().is_none(), "{:?}", model.error());
     assert_eq!(exact.timeline.samples.len(), pooled.timeline.samples.len());
 

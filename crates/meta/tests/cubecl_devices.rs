@@ -4,11 +4,11 @@
 //! the device's total memory (`cuDeviceTotalMem`: the largest page is a quarter of it), which
 //! is all it reads of the device for them.
 
-use trainmem_burn::RunOptions;
+use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
 use trainmem_meta::cubecl::{H100_80GB_BYTES, H200_BYTES};
-use trainmem_meta::{MetaDevice, run_plan};
+use trainmem_meta::{Meta, MetaDevice, PRODUCER};
 
 /// Reserved and in-use bytes after the first epoch of empty-cache's GPU plan on a device of
 /// `bytes`.
@@ -18,7 +18,8 @@ fn after_first_epoch(bytes: u64) -> (u64, u64) {
     plan.device.kind = DeviceKind::Cuda;
     plan.training.empty_cache = EmptyCachePolicy::EveryEpoch;
     let (device, _pools) = MetaDevice::cubecl(bytes);
-    let run = run_plan(&plan, RunOptions::default(), device).expect("the plan trains on Meta");
+    let run = run_predicted::<Meta>(&plan, RunOptions::default(), device, PRODUCER)
+        .expect("the plan trains on Meta");
     let s = run
         .timeline
         .samples

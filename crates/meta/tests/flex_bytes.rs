@@ -9,8 +9,9 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
+use trainmem_core::Category;
 use trainmem_meta::{Meta, MetaDevice};
-use trainmem_probe::{Category, CategoryScope, CountingAlloc};
+use trainmem_probe::{CategoryScope, CountingAlloc};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

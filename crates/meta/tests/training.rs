@@ -10,8 +10,9 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
+use trainmem_core::{Category, CategoryBytes};
 use trainmem_meta::{Meta, MetaDevice};
-use trainmem_probe::{Category, CategoryScope};
+use trainmem_probe::CategoryScope;
 
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
@@ -78,7 +79,7 @@ fn touch_parameters<B: Backend, M: Module<B>>(module: &M) {
 fn two_steps<C: CheckpointStrategy, O: Optimizer<Mlp<Autodiff<Meta, C>>, Autodiff<Meta, C>>>(
     device: &MetaDevice,
     mut optim: O,
-) -> [u64; 8] {
+) -> CategoryBytes {
     let model = {
         let _tag = CategoryScope::enter(Category::Parameter);
         let model = Mlp::<Autodiff<Meta, C>>::new(device);
@@ -100,10 +101,6 @@ fn two_steps<C: CheckpointStrategy, O: Optimizer<Mlp<Autodiff<Meta, C>>, Autodif
     live
 }
 
-fn live(stats: &[u64; 8], category: Category) -> u64 {
-    stats[category.index()]
-}
-
 #[test]
 fn adam_keeps_two_moments_per_parameter_and_updates_in_place() {
     let device = MetaDevice::new();
@@ -111,10 +108,10 @@ fn adam_keeps_two_moments_per_parameter_and_updates_in_place() {
         &device,
         AdamConfig::new().init(),
     );
-    assert_eq!(live(&after, Category::Parameter), PARAM_BYTES);
-    assert_eq!(live(&after, Category::OptimizerState), 2 * PARAM_BYTES);
+    assert_eq!(after.get(Category::Parameter), PARAM_BYTES);
+    assert_eq!(after.get(Category::OptimizerState), 2 * PARAM_BYTES);
     for gone in [Category::Activation, Category::Gradient, Category::Input] {
-        assert_eq!(live(&after, gone), 0, "{gone:?}");
+        assert_eq!(after.get(gone), 0, "{gone:?}");
     }
     let peaks = device.stats();
     assert!(peaks.peak_bytes(Category::Activation) > 0);
@@ -125,21 +122,21 @@ fn adam_keeps_two_moments_per_parameter_and_updates_in_place() {
 fn sgd_momentum_and_adamw_keep_their_state_sizes() {
     let device = MetaDevice::new();
     let sgd = two_steps::<BalancedCheckpointing, _>(&device, SgdConfig::new().init());
-    assert_eq!(live(&sgd, Category::OptimizerState), 0);
-    assert_eq!(live(&sgd, Category::Parameter), PARAM_BYTES);
+    assert_eq!(sgd.get(Category::OptimizerState), 0);
+    assert_eq!(sgd.get(Category::Parameter), PARAM_BYTES);
 
     let device = MetaDevice::new();
     let momentum = SgdConfig::new().with_momentum(Some(MomentumConfig::new()));
     let after = two_steps::<BalancedCheckpointing, _>(&device, momentum.init());
-    assert_eq!(live(&after, Category::OptimizerState), PARAM_BYTES);
+    assert_eq!(after.get(Category::OptimizerState), PARAM_BYTES);
 
     let device = MetaDevice::new();
     let after = two_steps::<BalancedCheckpointing, _>(&device, AdamWConfig::new().init());
     // AdamW's weight decay reads the parameter while the update is computed, so the parameter
     // is not written in place: the updated parameters are new buffers made during the step
     // (as on Flex, where the counting allocator tags them optimizer_state too).
-    assert_eq!(live(&after, Category::Parameter), 0);
-    assert_eq!(live(&after, Category::OptimizerState), 3 * PARAM_BYTES);
+    assert_eq!(after.get(Category::Parameter), 0);
+    assert_eq!(after.get(Category::OptimizerState), 3 * PARAM_BYTES);
 }
 
 #[test]

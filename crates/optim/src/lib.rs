@@ -122,7 +122,7 @@
 pub mod eight_bit;
 
 use serde::{Deserialize, Serialize};
-pub use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
+use trainmem_core::{Dtype, OptimizerKind, StateAllocation, StepImpl};
 
 /// The role of one optimizer-state tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

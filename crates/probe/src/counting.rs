@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Category;
 use crate::tag::{category_from_u8, current_tag_byte};
+use trainmem_core::Category;
 
 /// Number of categories.
 const N: usize = Category::ALL.len();
@@ -266,11 +266,6 @@ impl AllocSnapshot {
     /// Peak bytes of one category.
     pub fn peak(&self, category: Category) -> usize {
         self.peak[category.index()]
-    }
-
-    /// `(category, live bytes)` for every category, in display order.
-    pub fn iter_live(&self) -> impl Iterator<Item = (Category, usize)> + '_ {
-        Category::ALL.into_iter().map(|c| (c, self.live(c)))
     }
 }
 

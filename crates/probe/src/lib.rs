@@ -9,7 +9,7 @@
 //!
 //! # The parts
 //!
-//! * [`Category`]: the names bytes are counted under, the same ones PyTorch's memory timeline
+//! * [`Category`](trainmem_core::Category) (from trainmem-core): the names bytes are counted under, the same ones PyTorch's memory timeline
 //!   uses (parameter, gradient, optimizer state, activation, input, temporary, cache, other).
 //! * [`set_thread_category`], [`CategoryScope`], [`current_category`]: the thread-local tag
 //!   that says what the calling thread's allocations are for.
@@ -32,7 +32,7 @@
 //!
 //! # The rules
 //!
-//! * **Tags are per thread.** Every thread starts tagged [`Category::Other`]; an allocation is
+//! * **Tags are per thread.** Every thread starts tagged [`Category::Other`](trainmem_core::Category::Other); an allocation is
 //!   counted under the tag its thread carries at that moment. [`CategoryScope::enter`] sets a
 //!   tag until the guard is dropped, then restores the previous one; scopes nest, and the guard
 //!   cannot leave its thread. Reading the tag never allocates.
@@ -59,7 +59,8 @@
 //! such a binary.
 //!
 //! ```standalone_crate
-//! use trainmem_probe::{Category, CategoryScope, current_category, is_installed, live_bytes};
+//! use trainmem_core::Category;
+//! use trainmem_probe::{CategoryScope, current_category, is_installed, live_bytes};
 //!
 //! #[global_allocator]
 //! static ALLOC: trainmem_probe::CountingAlloc = trainmem_probe::CountingAlloc::new();
@@ -95,7 +96,8 @@
 //! Without the allocator installed, tags still work and every counter reads zero:
 //!
 //! ```
-//! use trainmem_probe::{Category, CategoryScope, current_category, is_installed, live_bytes};
+//! use trainmem_core::Category;
+//! use trainmem_probe::{CategoryScope, current_category, is_installed, live_bytes};
 //!
 //! {
 //!     let _outer = CategoryScope::enter(Category::Gradient);
@@ -128,4 +130,3 @@ pub use trace::{
     TRACE_CAPACITY, TraceBusy, TraceEvent, TraceKind, TraceResult, start_trace, stop_trace,
     trace_enabled, trace_position, trace_thread_id,
 };
-pub use trainmem_core::Category;

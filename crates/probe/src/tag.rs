@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
-use crate::Category;
+use trainmem_core::Category;
 
 thread_local! {
     static TAG: Cell<u8> = const { Cell::new(Category::Other as u8) };

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Category;
 use crate::tag::category_from_u8;
+use trainmem_core::Category;
 
 /// Number of events one trace can hold (24 bytes each: 3 MiB of static memory at most).
 pub const TRACE_CAPACITY: usize = 1 << 17;

@@ -9,9 +9,11 @@ use std::hint::black_box;
 use std::sync::mpsc;
 
 use trainmem_probe::{
-    Category, CategoryScope, CountingAlloc, block_category, is_installed, live_bytes, peak_bytes,
-    reset_peak, set_thread_category, snapshot,
+    CategoryScope, CountingAlloc, block_category, is_installed, live_bytes, peak_bytes, reset_peak,
+    set_thread_category, snapshot,
 };
+
+use trainmem_core::Category;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -4,9 +4,11 @@
 use std::hint::black_box;
 
 use trainmem_probe::{
-    Category, CategoryScope, CountingAlloc, block_category, handed_to_device_bytes, live_bytes,
+    CategoryScope, CountingAlloc, block_category, handed_to_device_bytes, live_bytes,
     mark_handed_to_device, snapshot,
 };
+
+use trainmem_core::Category;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -24,10 +24,11 @@
 use std::process::ExitCode;
 
 use trainmem_burn::{RunOptions, run_measured_detailed};
+use trainmem_core::Category;
 use trainmem_core::compare::{category_errors, comparison_domain};
-use trainmem_probe::{Category, CountingAlloc};
-use trainmem_sim::plan::Plan;
-use trainmem_sim::timeline::{Sample, Timeline};
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::{Sample, Timeline};
+use trainmem_probe::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

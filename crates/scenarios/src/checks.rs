@@ -1,8 +1,8 @@
 //! Small readers over a [`Timeline`] that scenario rules share: values at a phase, per step,
 //! per category, in the domain that holds the tensors.
 
-use trainmem_probe::Category;
-use trainmem_sim::timeline::{Domain, Phase, Sample, Timeline};
+use trainmem_core::Category;
+use trainmem_core::timeline::{Domain, Phase, Sample, Timeline};
 
 /// The domain that holds the tensors in `t`: the device when any device bytes were recorded,
 /// the host otherwise (a CPU backend, or the twin of a CPU plan).
@@ -29,7 +29,7 @@ fn bytes_in(t: &Timeline, domain: Domain, i: usize, category: Option<Category>) 
 /// Host `input` bytes the program holds at sample `i`: the loader's batches in flight and in
 /// hand, and the data set when preloaded. They live on the host whatever device holds the
 /// tensors. Bytes a device backend still keeps after uploading a batch (the host side of the
-/// copy, [`trainmem_sim::timeline::HostBytes::handed_to_device`]) are not the program's and are
+/// copy, [`trainmem_core::timeline::HostBytes::handed_to_device`]) are not the program's and are
 /// left out.
 pub fn host_input(t: &Timeline, i: usize) -> u64 {
     t.samples[i].host.held(Category::Input)
@@ -105,8 +105,8 @@ pub fn spread(values: &[u64]) -> u64 {
 /// Builders of hand-made samples and timelines for the scenario rules' unit tests.
 #[cfg(test)]
 pub(crate) mod testing {
-    use trainmem_probe::Category;
-    use trainmem_sim::timeline::{Phase, Sample, Source, Timeline, TimelineMeta};
+    use trainmem_core::Category;
+    use trainmem_core::timeline::{Phase, Sample, Source, Timeline, TimelineMeta};
 
     /// A sample after `phase` at `step` of `epoch`, with `categories` set on the host and
     /// nothing on the device.
@@ -140,7 +140,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{sample, timeline};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use trainmem_core::timeline::Source;
 
     fn t(device: bool) -> Timeline {
         let rows = [

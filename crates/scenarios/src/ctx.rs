@@ -11,9 +11,11 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use trainmem_burn::{BackendChoice, MeasuredRun, RunOptions, run_measured_detailed};
-use trainmem_sim::plan::DeviceKind;
-use trainmem_sim::timeline::{Domain, Source, Timeline};
-use trainmem_sim::{Machine, Plan, SimOptions, SimResult, simulate};
+use trainmem_core::Plan;
+use trainmem_core::compare::comparison_domain;
+use trainmem_core::plan::DeviceKind;
+use trainmem_core::timeline::{Domain, Source, Timeline};
+use trainmem_sim::{Machine, SimOptions, SimResult, simulate};
 
 use super::error::plan_error;
 use super::error::{Result, ScenarioError};
@@ -21,7 +23,7 @@ use super::isolate::{self, Isolation};
 use super::report::{Figure, Verdict, VerdictKind};
 
 /// Which runs a scenario makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Real burn training runs only.
@@ -44,31 +46,15 @@ impl Mode {
     }
 }
 
-/// Which burn backend measured runs train on.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// burn's Flex CPU backend.
-    Flex,
-    /// CUDA device 0 (built with the `cuda` feature, and a GPU present).
-    Cuda,
-}
-
-impl Backend {
-    /// The trainmem-burn backend, or why it is not available in this build.
-    pub fn choice(self) -> Result<BackendChoice> {
-        match self {
-            Backend::Flex => Ok(BackendChoice::Flex),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda => match trainmem_burn::cuda_device_available(0) {
-                Ok(()) => Ok(BackendChoice::Cuda { index: 0 }),
-                Err(detail) => Err(ScenarioError::NoCudaDevice { detail }),
-            },
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda => Err(ScenarioError::CudaNotBuilt),
-        }
+/// Whether measured runs can train on `backend` in this build and on this machine.
+pub fn backend_available(backend: BackendChoice) -> Result<()> {
+    match backend {
+        BackendChoice::Flex => Ok(()),
+        #[cfg(feature = "cuda")]
+        BackendChoice::Cuda => trainmem_burn::cuda_device_available(0)
+            .map_err(|detail| ScenarioError::NoCudaDevice { detail }),
+        #[cfg(not(feature = "cuda"))]
+        BackendChoice::Cuda => Err(ScenarioError::CudaNotBuilt),
     }
 }
 
@@ -90,7 +76,7 @@ pub struct RunRecord {
     pub no_targets: Option<String>,
     /// The same plan trained on trainmem-meta with the measured run's options (with
     /// [`Ctx::meta`], beside every measured run).
-    pub meta: Option<MeasuredRun>,
+    pub meta_run: Option<MeasuredRun>,
     /// Why the Meta run failed, when it did (a disagreement with the measured run).
     pub meta_failed: Option<String>,
     /// Why a run with a measured side has no Meta run (it is not a training run of its own).
@@ -123,13 +109,9 @@ impl RunRecord {
     /// device), the plan's device otherwise. The twin of a CPU plan fills device bytes too (its
     /// simulated device is host memory), so the twin's timeline never decides the domain.
     pub fn domain(&self) -> Domain {
-        domain_of(&self.plan, self.measured.as_ref().map(|m| &m.timeline))
+        comparison_domain(&self.plan, self.measured.as_ref().map(|m| &m.timeline))
     }
 }
-
-/// The domain a run of `plan` is compared in (trainmem-core's rule: the measured timeline's
-/// tensor domain, else the plan's device).
-pub use trainmem_core::compare::comparison_domain as domain_of;
 
 /// Measured runs kept in a folder (one JSON file per run, named by the run's label): written
 /// as they are measured, or read back in their place so that a scenario is judged again on
@@ -149,23 +131,23 @@ impl Recorded {
 
     fn save(dir: &std::path::Path, label: &str, run: &MeasuredRun) -> Result<()> {
         let path = Recorded::path(dir, label);
-        let fail = |detail: String| ScenarioError::Recorded {
+        let fail = |source: Box<dyn std::error::Error + Send + Sync>| ScenarioError::Recorded {
             path: path.clone(),
-            detail,
+            source,
         };
-        std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-        let text = serde_json::to_string(run).map_err(|e| fail(e.to_string()))?;
-        std::fs::write(&path, text).map_err(|e| fail(e.to_string()))
+        std::fs::create_dir_all(dir).map_err(|e| fail(e.into()))?;
+        let text = serde_json::to_string(run).map_err(|e| fail(e.into()))?;
+        std::fs::write(&path, text).map_err(|e| fail(e.into()))
     }
 
     fn load(dir: &std::path::Path, label: &str) -> Result<MeasuredRun> {
         let path = Recorded::path(dir, label);
-        let fail = |detail: String| ScenarioError::Recorded {
+        let fail = |source: Box<dyn std::error::Error + Send + Sync>| ScenarioError::Recorded {
             path: path.clone(),
-            detail,
+            source,
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
-        serde_json::from_str(&text).map_err(|e| fail(e.to_string()))
+        let text = std::fs::read_to_string(&path).map_err(|e| fail(e.into()))?;
+        serde_json::from_str(&text).map_err(|e| fail(e.into()))
     }
 }
 
@@ -178,7 +160,7 @@ pub struct Ctx {
     /// Which runs to make.
     pub mode: Mode,
     /// The backend of measured runs.
-    pub backend: Backend,
+    pub backend: BackendChoice,
     /// Where fixture data and checkpoints go.
     pub work_dir: PathBuf,
     /// Whether to print progress (off for `--json` and in tests).
@@ -216,7 +198,7 @@ impl std::fmt::Debug for Ctx {
 
 impl Ctx {
     /// A context for one scenario.
-    pub fn new(mode: Mode, backend: Backend, work_dir: PathBuf, progress: bool) -> Ctx {
+    pub fn new(mode: Mode, backend: BackendChoice, work_dir: PathBuf, progress: bool) -> Ctx {
         Ctx {
             mode,
             backend,
@@ -271,7 +253,7 @@ impl Ctx {
 
     fn set_meta(&mut self, run: usize, meta: MetaOutcome) {
         match meta {
-            Some(Ok(m)) => self.runs[run].meta = Some(m),
+            Some(Ok(m)) => self.runs[run].meta_run = Some(m),
             Some(Err(why)) => self.runs[run].meta_failed = Some(why),
             None => {}
         }
@@ -341,7 +323,7 @@ impl Ctx {
         // With measured runs on CUDA the twin predicts the same plan on a GPU (tensors in
         // device memory), so the two are compared in the same domain.
         let on_gpu;
-        let plan = if self.backend == Backend::Cuda && plan.device.kind == DeviceKind::Cpu {
+        let plan = if self.backend == BackendChoice::Cuda && plan.device.kind == DeviceKind::Cpu {
             let mut gpu = plan.clone();
             gpu.device.kind = DeviceKind::Cuda;
             on_gpu = gpu;
@@ -377,7 +359,8 @@ impl Ctx {
             backend: if replaying {
                 BackendChoice::Flex
             } else {
-                self.backend.choice()?
+                backend_available(self.backend)?;
+                self.backend
             },
             work_dir: Some(self.work_dir.join("work")),
             // Traced so the tensors can be replayed through the caching allocator (the
@@ -413,7 +396,7 @@ impl Ctx {
         if let Some(Recorded::Save(dir)) = &self.recorded {
             Recorded::save(dir, label, &run)?;
         }
-        if !run.host_counted && self.backend == Backend::Flex {
+        if !run.host_counted && self.backend == BackendChoice::Flex {
             return Err(ScenarioError::NotCounting {
                 label: label.to_string(),
             });
@@ -438,8 +421,13 @@ impl Ctx {
                 progress: Some(&mut on_step),
                 ..RunOptions::default()
             };
-            let result = trainmem_meta::run_plan(plan, opts, trainmem_meta::MetaDevice::new())
-                .map_err(|e| isolate::error_chain(&e));
+            let result = trainmem_burn::run_predicted::<trainmem_meta::Meta>(
+                plan,
+                opts,
+                trainmem_meta::MetaDevice::new(),
+                trainmem_meta::PRODUCER,
+            )
+            .map_err(|e| isolate::error_chain(&e));
             bar.finish_and_clear();
             result
         });
@@ -463,7 +451,7 @@ impl Ctx {
                 .iter()
                 .any(|s| s.device.is_some_and(|d| d.categories.is_none()))
         };
-        let no_targets = (self.backend == Backend::Cuda
+        let no_targets = (self.backend == BackendChoice::Cuda
             && measured.as_ref().is_some_and(untracked_device))
         .then(|| {
             "measured on CUDA without the tracker: cubecl reports bytes in use and reserved, \
@@ -478,7 +466,7 @@ impl Ctx {
             simulated,
             not_measured: None,
             no_targets,
-            meta: None,
+            meta_run: None,
             meta_failed: None,
             no_meta: None,
         });

@@ -13,8 +13,8 @@ use trainmem_alloc::pytorch::replay::ReplayError;
 use trainmem_alloc::{AllocError, ConfigError};
 use trainmem_burn::BurnRunError;
 use trainmem_core::PlanError;
+use trainmem_core::export::ExportError;
 use trainmem_sim::SimError;
-use trainmem_sim::export::ExportError;
 use trainmem_sim::lower::LowerError;
 
 /// The error of running a scenario.
@@ -86,12 +86,13 @@ pub enum ScenarioError {
         detail: String,
     },
     /// A recorded measured run could not be written or read back.
-    #[error("the recorded run {}: {detail}", path.display())]
+    #[error("the recorded run {}", path.display())]
     Recorded {
         /// The run's file.
         path: std::path::PathBuf,
-        /// What went wrong.
-        detail: String,
+        /// The I/O or JSON error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The caching allocator refused an operation of an allocator-level scenario.
     #[error("{context}")]
@@ -136,9 +137,12 @@ pub enum ScenarioError {
     /// The report could not be serialised.
     #[error("the report as JSON")]
     Json(#[from] serde_json::Error),
-    /// An export (memory_viz pickle) could not be written.
-    #[error("the memory_viz export")]
+    /// A timeline export (Chrome trace) could not be written.
+    #[error("the timeline export")]
     Export(#[source] ExportError),
+    /// The memory_viz pickle could not be written.
+    #[error("the memory_viz export")]
+    Pickle(#[source] trainmem_alloc::pytorch::pickle::PickleError),
     /// A step of the runner found the state it relies on missing (a bug in trainmem).
     #[error("internal error: {0}")]
     Internal(&'static str),

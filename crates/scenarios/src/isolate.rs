@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use trainmem_burn::{MeasuredRun, RunOptions, run_measured_detailed};
 use trainmem_core::Plan;
 
-use super::ctx::Backend;
 use super::error::{Result, ScenarioError};
+use trainmem_burn::BackendChoice;
 
 /// The environment variable that makes a serving binary run one measured run: the path of the
 /// request file.
@@ -94,7 +94,7 @@ pub struct MeasuredRequest {
     /// The plan to train.
     pub plan: Plan,
     /// The backend.
-    pub backend: Backend,
+    pub backend: BackendChoice,
     /// [`RunOptions::work_dir`].
     pub work_dir: Option<PathBuf>,
     /// [`RunOptions::learning_rate`].
@@ -156,7 +156,10 @@ fn serve(request: &Path) -> std::result::Result<(), String> {
         let _ = out.flush();
     };
     let opts = RunOptions {
-        backend: req.backend.choice().map_err(|e| e.to_string())?,
+        backend: {
+            crate::ctx::backend_available(req.backend).map_err(|e| e.to_string())?;
+            req.backend
+        },
         work_dir: req.work_dir.clone(),
         learning_rate: req.learning_rate,
         progress: Some(&mut report),
@@ -194,7 +197,7 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 pub(crate) fn request_from(
     label: &str,
     plan: &Plan,
-    backend: Backend,
+    backend: BackendChoice,
     opts: &RunOptions<'_>,
 ) -> Result<MeasuredRequest> {
     if opts.source.is_some() {
@@ -322,8 +325,8 @@ mod tests {
             args: Vec::new(),
         };
         let plan = crate::plans::load("optimizer-jump").expect("plan");
-        let req =
-            request_from("probe", &plan, Backend::Flex, &RunOptions::default()).expect("request");
+        let req = request_from("probe", &plan, BackendChoice::Flex, &RunOptions::default())
+            .expect("request");
         let err = measure_in_child(&cmd, req, |_, _| {}).expect_err("no response");
         let text = err.to_string();
         assert!(text.contains("without sending a run back"), "{text}");
@@ -338,7 +341,7 @@ mod tests {
             source: Some(Box::new(trainmem_burn::SyntheticSource::new(shape, 1))),
             ..RunOptions::default()
         };
-        let err = request_from("probe", &plan, Backend::Flex, &opts).expect_err("refused");
+        let err = request_from("probe", &plan, BackendChoice::Flex, &opts).expect_err("refused");
         assert!(err.to_string().contains("InProcess"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 //! tensor bytes per category held to the measured run's at every phase boundary.
 //!
 //! A Meta run is a prediction made by running burn's real training code with tensors that have
-//! shapes and no data ([`trainmem_meta::run_plan`]). Where the measured run is on burn's Flex
+//! shapes and no data (`trainmem_burn::run_predicted` on trainmem-meta's `Meta`). Where the measured run is on burn's Flex
 //! CPU backend, every tensor is host memory counted by trainmem-probe's allocator; on Meta the
 //! tensors are the device's ledger (its device categories) and what is not a tensor (the
 //! loader's buffers, bookkeeping) is counted on the host as in the measured run. So a boundary
@@ -23,9 +23,9 @@
 use serde::Serialize;
 use trainmem_burn::MeasuredRun;
 use trainmem_core::Category;
+use trainmem_core::Plan;
 use trainmem_core::compare::HOST_RESOLUTION;
 use trainmem_core::timeline::{Domain, Sample};
-use trainmem_sim::Plan;
 
 /// The tensor categories compared.
 pub const COMPARED: [Category; 5] = [

@@ -6,17 +6,19 @@ use std::path::Path;
 
 use serde_json::Value;
 use trainmem_alloc::AllocatorConfig;
-use trainmem_probe::Category;
-use trainmem_sim::export::{chrome::chrome_trace, files, pickle::snapshot_pickle, svg::render_svg};
-use trainmem_sim::plan::DeviceKind;
-use trainmem_sim::timeline::Source;
+use trainmem_alloc::pytorch::pickle::write_snapshot;
+use trainmem_core::Category;
+use trainmem_core::export::{chrome::chrome_trace, files, svg::render_svg};
+use trainmem_core::plan::DeviceKind;
+use trainmem_core::timeline::Source;
 use trainmem_sim::{Machine, SimOptions, simulate};
 
 use super::Scenario;
 use super::ctx::{Ctx, RunRecord};
 use super::error::{Result, ScenarioError};
 use super::replay::{MIN_TRACE, replay};
-use super::report::{self, RunReport, ScenarioReport, twin_errors};
+use super::report::{self, RunReport, ScenarioReport};
+use trainmem_core::compare::category_errors;
 
 /// The report of a finished scenario.
 pub fn build_report(scenario: &Scenario, ctx: Ctx) -> ScenarioReport {
@@ -67,7 +69,7 @@ fn measured_memory_viz(runs: &[RunRecord]) -> Option<(Vec<u8>, String)> {
             .map(|m| (r, m))
     })?;
     let replayed = replay(&run.plan, m, AllocatorConfig::default(), false).ok()?;
-    let pickle = snapshot_pickle(&replayed.snapshot).ok()?;
+    let pickle = write_snapshot(&replayed.snapshot).ok()?;
     Some((
         pickle,
         format!(
@@ -94,7 +96,7 @@ fn run_report(r: &RunRecord) -> RunReport {
                 trainmem_core::Domain::Host => trainmem_core::compare::HOST_RESOLUTION,
                 trainmem_core::Domain::Device => 0,
             };
-            twin_errors(&m.timeline, &s.timeline, domain)
+            category_errors(&m.timeline, &s.timeline, domain)
                 .into_iter()
                 .map(|e| match e.category {
                     Category::Input => e.with_slack(slack.max(floor)),
@@ -109,12 +111,12 @@ fn run_report(r: &RunRecord) -> RunReport {
             e.tolerance = None;
         }
     }
-    let meta_check = match (&r.measured, &r.meta) {
+    let meta_check = match (&r.measured, &r.meta_run) {
         (Some(m), Some(meta)) => Some(super::meta::compare(&r.plan, m, meta, domain)),
         _ => None,
     };
     RunReport {
-        meta: r.meta.as_ref().map(|m| m.timeline.clone()),
+        meta_run: r.meta_run.as_ref().map(|m| m.timeline.clone()),
         meta_check,
         meta_failed: r.meta_failed.clone(),
         no_meta: r.no_meta.clone(),
@@ -170,7 +172,7 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> Result<()> {
             let name = format!("run{i}-{}-{}.svg", slug(&run.label), t.source);
             files.push(write(&name, render_svg(t).as_bytes())?);
         }
-        if let Some(t) = &run.meta {
+        if let Some(t) = &run.meta_run {
             let name = format!("run{i}-{}-meta.svg", slug(&run.label));
             files.push(write(&name, render_svg(t).as_bytes())?);
         }
@@ -266,7 +268,7 @@ fn memory_viz(report: &ScenarioReport) -> Result<Option<(Vec<u8>, String)>> {
          pytorch.org/memory_viz"
     };
     Ok(Some((
-        snapshot_pickle(&snapshot).map_err(ScenarioError::Export)?,
+        write_snapshot(&snapshot).map_err(ScenarioError::Pickle)?,
         note.to_string(),
     )))
 }

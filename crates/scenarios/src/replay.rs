@@ -13,11 +13,12 @@ use super::error::{Result, ScenarioError};
 use trainmem_alloc::pytorch::replay::{Applied, Op, Origin, ReplayPolicy, Replayer};
 use trainmem_alloc::{AllocatorConfig, CachingAllocator, HostDevice, Label, Snapshot};
 use trainmem_burn::MeasuredRun;
-use trainmem_probe::{Category, TraceKind};
-use trainmem_sim::Plan;
-use trainmem_sim::timeline::{
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::timeline::{
     DeviceBytes, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,
 };
+use trainmem_probe::TraceKind;
 
 /// Smallest allocation traced and replayed (smaller host allocations are bookkeeping; on a GPU
 /// they would share the small pool's 2 MiB segments).

@@ -3,13 +3,15 @@
 //! peak, a markdown report and a JSON document.
 
 use std::fmt::Write as _;
+use trainmem_core::compare::CategoryError;
 
 use serde::Serialize;
-use trainmem_probe::Category;
-use trainmem_sim::timeline::{Domain, Sample, Source, Timeline};
+use trainmem_core::Category;
+use trainmem_core::timeline::{Domain, Sample, Source, Timeline};
 
-use super::ctx::{Backend, Mode};
+use super::ctx::Mode;
 use super::meta::MetaComparison;
+use trainmem_burn::BackendChoice;
 
 /// A number behind a verdict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -113,17 +115,13 @@ pub struct Verdict {
     pub figures: Vec<Figure>,
 }
 
-/// The twin's error for one category at the peak (trainmem-core's comparison).
-pub use trainmem_core::compare::CategoryError as TwinError;
-pub use trainmem_core::compare::category_errors as twin_errors;
-
 /// One run in a report.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
     /// What this run is.
     pub label: String,
     /// The plan as run.
-    pub plan: trainmem_sim::Plan,
+    pub plan: trainmem_core::Plan,
     /// The memory that holds the tensors (host on a CPU backend).
     pub domain: Domain,
     /// The measured timeline.
@@ -135,10 +133,10 @@ pub struct RunReport {
     /// Why the twin's accuracy targets do not apply to this run, when they do not.
     pub no_targets: Option<String>,
     /// The twin's error per category (both sources present).
-    pub twin: Vec<TwinError>,
+    pub twin: Vec<CategoryError>,
     /// The plan trained on trainmem-meta (`--meta`), its tensors in the device categories.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub meta: Option<Timeline>,
+    pub meta_run: Option<Timeline>,
     /// Meta against the measured run at every phase boundary (`--meta`, with a measured run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub meta_check: Option<MetaComparison>,
@@ -169,7 +167,7 @@ pub struct ScenarioReport {
     /// Which runs were made.
     pub mode: Mode,
     /// The backend of the measured runs.
-    pub backend: Backend,
+    pub backend: BackendChoice,
     /// The runs, the first being the pattern's own.
     pub runs: Vec<RunReport>,
     /// The checks, per source.
@@ -224,7 +222,7 @@ impl ScenarioReport {
     }
 
     /// The twin errors outside their targets, as `(run, row)`.
-    pub fn twin_misses(&self) -> Vec<(&str, &TwinError)> {
+    pub fn twin_misses(&self) -> Vec<(&str, &CategoryError)> {
         self.runs
             .iter()
             .flat_map(|r| {
@@ -271,7 +269,7 @@ fn same_point(a: &Sample, b: &Sample) -> bool {
 
 /// Which rows of `t` the chart shows.
 fn chart_rows(t: &Timeline, domain: Domain) -> Vec<usize> {
-    use trainmem_sim::timeline::Phase;
+    use trainmem_core::timeline::Phase;
     let all: Vec<usize> = (0..t.samples.len()).collect();
     if all.len() <= MAX_ROWS {
         return all;
@@ -743,7 +741,8 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
 mod tests {
     use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Phase;
+    use trainmem_core::compare::category_errors;
+    use trainmem_core::timeline::Phase;
 
     fn timeline(source: Source, values: &[(Phase, u64, u64)]) -> Timeline {
         of(
@@ -769,7 +768,7 @@ mod tests {
             Source::Simulated,
             &[(Phase::Forward, 0, 1050), (Phase::Backward, 0, 0)],
         );
-        let rows = twin_errors(&m, &s, Domain::Host);
+        let rows = category_errors(&m, &s, Domain::Host);
         assert_eq!(rows.len(), 2);
         let act = rows
             .iter()
@@ -783,7 +782,7 @@ mod tests {
             .find(|r| r.category == Category::Parameter)
             .expect("parameter row");
         assert_eq!(param.error, Some(0.0));
-        let miss = TwinError {
+        let miss = CategoryError {
             category: Category::Gradient,
             measured: 100,
             simulated: 103,
@@ -806,17 +805,17 @@ mod tests {
         );
         let run = RunReport {
             label: "x".into(),
-            plan: trainmem_sim::Plan::from_toml_str(
+            plan: trainmem_core::Plan::from_toml_str(
                 "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
             )
             .expect("plan"),
             domain: Domain::Host,
-            twin: twin_errors(&m, &s, Domain::Host),
+            twin: category_errors(&m, &s, Domain::Host),
             measured: Some(m),
             simulated: Some(s),
             not_measured: None,
             no_targets: None,
-            meta: None,
+            meta_run: None,
             meta_check: None,
             meta_failed: None,
             no_meta: None,
@@ -848,7 +847,7 @@ mod tests {
             title: "t".into(),
             sources: "000".into(),
             mode: Mode::Simulated,
-            backend: Backend::Flex,
+            backend: BackendChoice::Flex,
             runs: vec![],
             verdicts: vec![Verdict {
                 kind: VerdictKind::Pattern,

@@ -10,10 +10,10 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use trainmem_burn::BackendChoice;
 use trainmem_scenarios::report::{self, VerdictKind};
 use trainmem_scenarios::{
-    Backend, ChildCommand, Ctx, Isolation, Mode, SCENARIOS, ScenarioReport, execute_in, find,
-    output,
+    ChildCommand, Ctx, Isolation, Mode, SCENARIOS, ScenarioReport, execute_in, find, output,
 };
 
 #[global_allocator]
@@ -46,7 +46,7 @@ fn execute_isolated(
     dir: std::path::PathBuf,
 ) -> Result<ScenarioReport, trainmem_scenarios::ScenarioError> {
     let scenario = find(name).unwrap_or_else(|| panic!("scenario {name} registered"));
-    let mut ctx = Ctx::new(mode, Backend::Flex, dir, false);
+    let mut ctx = Ctx::new(mode, BackendChoice::Flex, dir, false);
     ctx.isolation = Isolation::Child(ChildCommand::test_harness(CHILD_TEST).expect("test binary"));
     // Every measured run is made on trainmem-meta too, and compared.
     ctx.meta = mode.measured();
@@ -109,7 +109,7 @@ fn assert_viewer_can_draw(name: &str, pickle: &[u8]) {
     assert!(
         categories
             .iter()
-            .any(|c| trainmem_probe::Category::ALL.iter().any(|k| k.name() == *c)),
+            .any(|c| trainmem_core::Category::ALL.iter().any(|k| k.name() == *c)),
         "{name}: no trainmem category in the trace: {categories:?}"
     );
 }
@@ -286,8 +286,8 @@ fn assert_reproduced(report: &ScenarioReport, mode: Mode) {
         report::verdict_lines(&report.verdicts)
     );
     let wanted = match mode {
-        Mode::Measured => trainmem_sim::timeline::Source::Measured,
-        _ => trainmem_sim::timeline::Source::Simulated,
+        Mode::Measured => trainmem_core::timeline::Source::Measured,
+        _ => trainmem_core::timeline::Source::Simulated,
     };
     assert!(
         report.verdicts.iter().any(|v| v.source == wanted),
@@ -318,7 +318,7 @@ fn measured_with_the_twin_on_target(name: &str) {
     assert_reproduced(&report, Mode::Measured);
     assert_meta_agrees(&report);
     assert!(
-        json["runs"][0]["meta"]["samples"]
+        json["runs"][0]["meta_run"]["samples"]
             .as_array()
             .is_some_and(|s| !s.is_empty()),
         "{name}: the Meta timeline in timeline.json"

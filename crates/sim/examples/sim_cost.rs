@@ -13,7 +13,9 @@
 
 use std::time::Instant;
 
-use trainmem_sim::{Plan, SimOptions, simulate};
+use trainmem_sim::{SimOptions, simulate};
+
+use trainmem_core::Plan;
 
 /// Processor seconds of the calling thread, where the OS reports them.
 fn thread_cpu_seconds() -> Option<f64> {

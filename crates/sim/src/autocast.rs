@@ -39,9 +39,11 @@
 
 use std::collections::HashMap;
 
-use trainmem_autograd::{Dtype, Op, OpKind, Program, Saved, ValueDtype, ValueId, ValueInfo};
+use trainmem_autograd::{Op, Program, Saved, ValueDtype, ValueId, ValueInfo};
 
-use crate::plan::DeviceKind;
+use trainmem_core::{Dtype, OpKind};
+
+use trainmem_core::plan::DeviceKind;
 
 /// What autocast does with an op on a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +70,6 @@ pub fn policy(kind: OpKind, device: DeviceKind) -> Policy {
         (Softmax | LogSoftmax | LayerNorm | RmsNorm, DeviceKind::Cuda) => Policy::F32,
         _ => Policy::Widest,
     }
-}
-
-fn is_float(d: Dtype) -> bool {
-    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::F64)
 }
 
 /// The rewrite in progress: the new program and each value's dtype.
@@ -113,7 +111,7 @@ impl Rewrite<'_> {
         for k in 0..op.arity as usize {
             let v = original[k];
             let d = self.dtype[v as usize];
-            if is_float(d) && d != to {
+            if d.is_float() && d != to {
                 op.inputs[k] = match (0..k).find(|&j| original[j] == v) {
                     Some(j) => op.inputs[j],
                     None => self.cast(v, to, op.layer),
@@ -147,7 +145,7 @@ impl Rewrite<'_> {
 
 /// `program` (lowered in f32) as it runs under `torch.autocast` to `half` on `device`.
 /// `separate_qkv`: the fused query/key/value projection stands for three linear layers that
-/// each cast its input (see [`crate::model::TransformerSpec::separate_qkv`]).
+/// each cast its input (see [`trainmem_core::model::TransformerSpec::separate_qkv`]).
 pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: bool) -> Program {
     let mut r = Rewrite {
         src: program,
@@ -214,7 +212,7 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                     for k in 0..op.arity as usize {
                         let v = op.inputs[k];
                         let d = r.dtype[v as usize];
-                        if is_float(d) && d != Dtype::F32 {
+                        if d.is_float() && d != Dtype::F32 {
                             origin = d;
                             op.inputs[k] = match upcast.get(&v) {
                                 Some(&c) => c,
@@ -238,7 +236,7 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
                     }
                     _ => {
                         let floats: Vec<Dtype> =
-                            inputs.iter().copied().filter(|&d| is_float(d)).collect();
+                            inputs.iter().copied().filter(|&d| d.is_float()).collect();
                         if floats.is_empty() {
                             None
                         } else if floats.iter().all(|&d| d == half) {
@@ -356,7 +354,7 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
                     for k in 0..op.arity as usize {
                         let v = op.inputs[k];
                         let d = r.dtype[v as usize];
-                        if is_float(d) && d != Dtype::F32 {
+                        if d.is_float() && d != Dtype::F32 {
                             op.inputs[k] = match upcast.get(&v) {
                                 Some(&c) => c,
                                 None => {
@@ -404,7 +402,7 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
 mod tests {
     use super::*;
     use crate::lower::lower;
-    use crate::model::{MlpSpec, ModelSpec, TransformerKind, TransformerSpec};
+    use trainmem_core::model::{MlpSpec, ModelSpec, TransformerKind, TransformerSpec};
 
     fn mlp() -> Program {
         let spec: MlpSpec = serde_json::from_str(
@@ -510,10 +508,13 @@ mod tests {
         // own linear layers keep theirs)
         let mut t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
         t.separate_qkv = true;
-        t.lora = Some(crate::model::LoraSpec {
+        t.lora = Some(trainmem_core::model::LoraSpec {
             rank: 8,
             alpha: Some(16.0),
-            targets: vec![crate::model::LoraTarget::Q, crate::model::LoraTarget::V],
+            targets: vec![
+                trainmem_core::model::LoraTarget::Q,
+                trainmem_core::model::LoraTarget::V,
+            ],
             dropout: 0.0,
         });
         let lora = apply(
@@ -528,7 +529,7 @@ mod tests {
     #[test]
     fn a_cast_model_takes_to_f32_what_transformers_and_the_cpu_kernels_do() {
         let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
-        t.norm = crate::model::NormKind::RmsNorm;
+        t.norm = trainmem_core::model::NormKind::RmsNorm;
         t.dropout = 0.1;
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
         let p = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, true);

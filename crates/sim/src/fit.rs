@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::SimError;
 use crate::engine::{SimOptions, simulate};
 use crate::machine::Machine;
-use crate::plan::Plan;
+use trainmem_core::plan::Plan;
 
 /// What `fit` varies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

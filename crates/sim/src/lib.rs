@@ -1,24 +1,27 @@
 //! trainmem-sim: predicts the memory timeline of a training run from a plan.
 //!
-//! A [`Plan`] (TOML, [`plan`]) names a model ([`ModelSpec`]), batch and accumulation, dtypes,
+//! A [`Plan`](trainmem_core::Plan) (TOML, [`trainmem_core::plan`]; plans, model specs and
+//! timelines live in trainmem-core) names a model ([`ModelSpec`](trainmem_core::ModelSpec)), batch and accumulation, dtypes,
 //! optimizer, checkpointing, data and loader, retention, device and parallel layout.
 //! [`simulate`] lowers the model to an autograd program ([`lower`]) and runs every step
 //! through trainmem-alloc's caching allocator on a simulated device (or exact counting for a
 //! CPU device), with a host-memory model of the loader ([`engine::host`]). The result is the
-//! shared [`Timeline`] ([`timeline`]: bytes per category at every phase boundary, host and
+//! shared [`Timeline`](trainmem_core::Timeline) ([`trainmem_core::timeline`]: bytes per category at every phase boundary, host and
 //! device) plus a [`Summary`] (peaks and when, the breakdown at the peak, fragmentation, a
 //! predicted OOM with the allocator's message). What differs between frameworks (PyTorch,
 //! burn) is data in one [`FrameworkProfile`] per framework ([`profile`]), which the engine,
 //! lowering and explanations ask. The facts of the machine the run is predicted
 //! for come in [`SimOptions::machine`] ([`Machine`]): a simulation reads nothing of the
 //! machine it runs on. [`explain`](mod@explain) names the patterns in words,
-//! [`fit`](mod@fit) searches the largest batch that fits, and [`export`] writes JSON, Chrome trace
-//! counters (Perfetto), a memory_viz snapshot pickle and an SVG chart.
+//! [`fit`](mod@fit) searches the largest batch that fits; a simulation's timeline is exported
+//! like any other ([`trainmem_core::export`]), its allocator snapshot as a memory_viz pickle by
+//! trainmem-alloc, and its report as JSON by [`report::report_json`].
 //! [`snapshot_explain`] explains a PyTorch memory snapshot the user recorded: bytes per
 //! category and per source line at the peak, steps and growth, and remedies in bytes.
 //!
 //! ```
-//! use trainmem_sim::{Plan, SimOptions, simulate};
+//! use trainmem_core::Plan;
+//! use trainmem_sim::{SimOptions, simulate};
 //! let plan = Plan::from_toml_str(r#"
 //!     [model.mlp]
 //!     input = 784
@@ -50,11 +53,10 @@
 
 #![forbid(unsafe_code)]
 
-pub use trainmem_core::{bytes, model, plan, timeline};
 pub mod autocast;
 pub mod engine;
 pub mod explain;
-pub mod export;
+
 pub mod fit;
 pub mod lower;
 pub mod machine;
@@ -65,18 +67,12 @@ pub mod report;
 pub mod snapshot_explain;
 pub mod validation;
 
-pub use bytes::ByteSize;
 pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
 pub use fit::{FitResult, FitTarget, fit, fit_with_progress};
 pub use machine::Machine;
-pub use model::ModelSpec;
-pub use plan::{Plan, PlanError};
 pub use profile::FrameworkProfile;
 pub use report::{Report, render_text, report};
-pub use timeline::{
-    CategoryBytes, DeviceBytes, Domain, HostBytes, Phase, Sample, Source, Timeline, TimelineMeta,
-};
 
 /// Errors of a simulation (beyond a predicted out-of-memory, which is a result).
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +90,7 @@ pub enum SimError {
     },
     /// The plan is invalid.
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Plan(#[from] trainmem_core::PlanError),
     /// A byte count of the plan's model state does not fit 64 bits (a mistyped size?).
     #[error("{0}")]
     Overflow(String),

@@ -1,11 +1,13 @@
 //! Lowering: a [`ModelSpec`] becomes an autograd [`Program`] (values per sample, ops, layers,
 //! parameters). Built once per plan; the simulator runs it every step.
 
-use trainmem_autograd::{Dtype, Framework, OpKind, Program, ProgramBuilder, ValueDtype, ValueId};
+use trainmem_autograd::{Program, ProgramBuilder, ValueDtype, ValueId};
 
-use crate::model::*;
+use trainmem_core::{Dtype, Framework, OpKind};
+
 use crate::profile::{FrameworkProfile, Lowering};
-pub use trainmem_core::model_check::{Shape, check_cnn, check_layers, cnn_shapes, layer_out};
+use trainmem_core::model::*;
+use trainmem_core::model_check::{Shape, check_layers, cnn_shapes, layer_out};
 
 pub(crate) mod lora;
 mod transformer;
@@ -136,8 +138,8 @@ pub fn lower_in(
 
 /// Lowers a plan's model under its framework and precision: under `precision.autocast`, the
 /// program as `torch.autocast` runs it on the plan's device ([`crate::autocast`]).
-pub fn lower_plan(plan: &crate::plan::Plan) -> Result<Program, LowerError> {
-    let gpu = plan.device.kind == crate::plan::DeviceKind::Cuda;
+pub fn lower_plan(plan: &trainmem_core::plan::Plan) -> Result<Program, LowerError> {
+    let gpu = plan.device.kind == trainmem_core::plan::DeviceKind::Cuda;
     let Some(half) = plan.precision.autocast else {
         let f32_attention = plan.precision.compute == Dtype::F32;
         let program = lower_in(&plan.model, plan.framework, gpu, f32_attention)?;
@@ -422,6 +424,7 @@ fn slice(p: &Program, l0: usize, l1: usize) -> Program {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trainmem_core::model_check::check_cnn;
 
     fn gpt(layers: u64, h: u64, heads: u64, s: u64, vocab: u64) -> TransformerSpec {
         TransformerSpec {
@@ -438,7 +441,7 @@ mod tests {
             "{}/../../fixtures/plans/{name}.toml",
             env!("CARGO_MANIFEST_DIR")
         );
-        crate::plan::Plan::load(&path)
+        trainmem_core::plan::Plan::load(&path)
             .unwrap_or_else(|e| panic!("{e}"))
             .model
     }

@@ -7,7 +7,9 @@
 //! embedding's tables have as many columns as its output has per token. Biases, norm weights
 //! and parameters of other ops are vectors.
 
-use trainmem_autograd::{OpKind, Program};
+use trainmem_autograd::Program;
+
+use trainmem_core::OpKind;
 
 /// For each parameter of `program`, `Some((rows, cols))` for a matrix, `None` for a vector.
 pub fn matrix_shapes(program: &Program) -> Vec<Option<(u64, u64)>> {
@@ -64,7 +66,7 @@ fn exact_sqrt(n: u128) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ModelSpec, TransformerKind, TransformerSpec};
+    use trainmem_core::model::{ModelSpec, TransformerKind, TransformerSpec};
 
     #[test]
     fn a_transformer_s_matrices_are_its_weights_and_tables() {

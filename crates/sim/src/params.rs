@@ -7,10 +7,10 @@
 //! The simulator works the model state out from these groups before it lowers or simulates
 //! anything (`engine`'s model-state check).
 
-use trainmem_autograd::Framework;
+use trainmem_core::Framework;
 
-use crate::model::{BlockLayout, ModelSpec, TransformerKind, TransformerSpec};
 use crate::profile::{FrameworkProfile, Lowering};
+use trainmem_core::model::{BlockLayout, ModelSpec, TransformerKind, TransformerSpec};
 
 /// `count` parameter tensors of `elems` elements each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn param_groups(
             out
         }
         ModelSpec::Layers(l) => {
-            if crate::lower::check_layers(l).is_err() {
+            if trainmem_core::model_check::check_layers(l).is_err() {
                 return Ok(None);
             }
             l.layers
@@ -294,8 +294,8 @@ pub fn total_tensors(groups: &[ParamGroup]) -> Result<u64, ParamOverflow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::*;
     use proptest::prelude::*;
+    use trainmem_core::model::*;
 
     /// The sizes `lower` gives, sorted.
     fn lowered(model: &ModelSpec, fw: Framework) -> Vec<u64> {
@@ -485,7 +485,7 @@ mod tests {
                 if path.extension().is_none_or(|e| e != "toml") {
                     continue;
                 }
-                let plan = crate::Plan::load(&path).expect("plan loads");
+                let plan = trainmem_core::Plan::load(&path).expect("plan loads");
                 let (c, l) = (
                     counted(&plan.model, plan.framework),
                     lowered(&plan.model, plan.framework),

@@ -3,12 +3,12 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
-use crate::bytes::human;
 use crate::engine::{SimResult, Summary};
 use crate::explain::{Finding, explain};
-use crate::plan::Plan;
+use trainmem_core::bytes::human;
+use trainmem_core::plan::Plan;
 
 /// A serialisable report: summaries and findings.
 #[derive(Debug, Clone, Serialize)]
@@ -40,12 +40,17 @@ pub fn report(plan: &Plan, r: &SimResult) -> Report {
     }
 }
 
+/// The report as pretty JSON.
+pub fn report_json(r: &Report) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(r)
+}
+
 /// Device memory as `nvidia-smi` reports it at the peak: the CUDA context plus the caching
 /// allocator's peak reserved bytes, on a CUDA device; 0 on a CPU.
 pub fn nvidia_smi_peak(plan: &Plan, s: &Summary) -> u64 {
     match plan.device.kind {
-        crate::plan::DeviceKind::Cuda => plan.device.context_bytes() + s.peak_reserved,
-        crate::plan::DeviceKind::Cpu => 0,
+        trainmem_core::plan::DeviceKind::Cuda => plan.device.context_bytes() + s.peak_reserved,
+        trainmem_core::plan::DeviceKind::Cpu => 0,
     }
 }
 
@@ -137,7 +142,7 @@ fn write_peaks(o: &mut String, plan: &Plan, s: &Summary) {
         human(s.peak_reserved),
         pct(s.peak_reserved, cap)
     );
-    if plan.device.kind == crate::plan::DeviceKind::Cuda {
+    if plan.device.kind == trainmem_core::plan::DeviceKind::Cuda {
         let context = plan.device.context_bytes();
         let _ = writeln!(
             o,

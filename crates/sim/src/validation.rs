@@ -24,9 +24,9 @@ use trainmem_core::hf_config::{HfOptions, HfPrecision, lora_target_of_module, pl
 use trainmem_core::model::LoraSpec;
 use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 
-use crate::model::ModelSpec;
-use crate::plan::{DeviceKind, Plan};
 use crate::{SimOptions, simulate};
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::{DeviceKind, Plan};
 
 /// One recorded PyTorch run.
 #[derive(Debug, Clone, Deserialize)]
@@ -154,12 +154,23 @@ pub struct LedgerSample {
 #[derive(Debug, thiserror::Error)]
 pub enum ValidationError {
     /// The file could not be read or parsed.
-    #[error("{path}: {detail}")]
+    #[error("{path}")]
     File {
         /// The file.
         path: String,
-        /// What went wrong.
-        detail: String,
+        /// The I/O or JSON error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The plan for the recorded run could not be made, or not simulated.
+    #[error("{name}")]
+    PlanFailed {
+        /// The run.
+        name: String,
+        /// The error of the step that failed (the configuration reader, the plan's checks,
+        /// the simulator).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The recording describes a run no plan can be made for.
     #[error("{name}: {detail}")]
@@ -241,35 +252,35 @@ impl Recording {
 
 /// Reads a recording.
 pub fn load(path: &Path) -> Result<Recording, ValidationError> {
-    let err = |detail: String| ValidationError::File {
+    let err = |source: Box<dyn std::error::Error + Send + Sync>| ValidationError::File {
         path: path.display().to_string(),
-        detail,
+        source,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    serde_json::from_str(&text).map_err(|e| err(e.to_string()))
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.into()))?;
+    serde_json::from_str(&text).map_err(|e| err(e.into()))
 }
 
 /// The recordings under `dir`: its `*.json` files and those of its folders one level down
 /// (`fixtures/pytorch-cuda/<device>/`), sorted; none when `dir` does not exist.
 pub fn ledger_paths(dir: &Path) -> Result<Vec<std::path::PathBuf>, ValidationError> {
-    let err = |detail: String| ValidationError::File {
+    let err = |source: std::io::Error| ValidationError::File {
         path: dir.display().to_string(),
-        detail,
+        source: source.into(),
     };
     if !dir.exists() {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
     let mut folders = vec![dir.to_path_buf()];
-    for entry in std::fs::read_dir(dir).map_err(|e| err(e.to_string()))? {
-        let path = entry.map_err(|e| err(e.to_string()))?.path();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let path = entry.map_err(err)?.path();
         if path.is_dir() {
             folders.push(path);
         }
     }
     for folder in folders {
-        for entry in std::fs::read_dir(&folder).map_err(|e| err(e.to_string()))? {
-            let path = entry.map_err(|e| err(e.to_string()))?.path();
+        for entry in std::fs::read_dir(&folder).map_err(err)? {
+            let path = entry.map_err(err)?.path();
             if path.is_file() && path.extension().is_some_and(|x| x == "json") {
                 out.push(path);
             }
@@ -285,6 +296,10 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
     let fail = |detail: String| ValidationError::Plan {
         name: rec.name.clone(),
         detail,
+    };
+    let failed = |source: Box<dyn std::error::Error + Send + Sync>| ValidationError::PlanFailed {
+        name: rec.name.clone(),
+        source,
     };
     // PyTorch's default step on CPU tensors is the for-loop one, on CUDA tensors foreach
     let default = if rec.on_cuda() {
@@ -338,13 +353,13 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
                 .map(|l| lora_of(config, l))
                 .transpose()
                 .map_err(fail)?;
-            plan_from_hf(&config.to_string(), &opts).map_err(|e| fail(e.to_string()))?
+            plan_from_hf(&config.to_string(), &opts).map_err(|e| failed(e.into()))?
         }
         (None, Some(model)) => {
             let model: ModelSpec =
-                serde_json::from_value(model.clone()).map_err(|e| fail(e.to_string()))?;
+                serde_json::from_value(model.clone()).map_err(|e| failed(e.into()))?;
             let mut plan = Plan::from_toml_str("[model.mlp]\ninput = 1\nhidden = []\noutput = 1\n")
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| failed(e.into()))?;
             plan.model = model;
             plan.framework = trainmem_core::Framework::Pytorch;
             plan.training.batch_size = rec.batch;
@@ -386,16 +401,16 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
     match &rec.device {
         Some(d) if rec.on_cuda() => {
             plan.device.kind = DeviceKind::Cuda;
-            plan.device.capacity = crate::ByteSize(d.total_memory);
+            plan.device.capacity = trainmem_core::ByteSize(d.total_memory);
             plan.device.compute_capability = d.capability.map(|[a, b]| format!("{a}.{b}"));
         }
         Some(d) => return Err(fail(format!("a device of type `{}`", d.kind))),
         None => {
             plan.device.kind = DeviceKind::Cpu;
-            plan.device.capacity = crate::ByteSize(1 << 40);
+            plan.device.capacity = trainmem_core::ByteSize(1 << 40);
         }
     }
-    plan.validate().map_err(|e| fail(e.to_string()))?;
+    plan.validate().map_err(|e| failed(e.into()))?;
     Ok(plan)
 }
 
@@ -435,10 +450,11 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
         .flatten()
         .and_then(|g| crate::params::total_elems(&g).ok())
         .unwrap_or(0);
-    let result = simulate(&plan, SimOptions::default()).map_err(|e| ValidationError::Plan {
-        name: rec.name.clone(),
-        detail: e.to_string(),
-    })?;
+    let result =
+        simulate(&plan, SimOptions::default()).map_err(|e| ValidationError::PlanFailed {
+            name: rec.name.clone(),
+            source: e.into(),
+        })?;
     let mut rows = Vec::new();
     // the tensor categories: a CPU ledger has no allocator cache, and no `other`
     let tensors = Category::ALL
@@ -705,9 +721,9 @@ pub fn twin_peaks(rec: &Recording) -> Result<Vec<TwinPeak>, ValidationError> {
     take(&mut store, "forward");
     graph
         .backward(&mut store, &mut tape, false, &mut hooks)
-        .map_err(|e| ValidationError::Plan {
+        .map_err(|e| ValidationError::PlanFailed {
             name: rec.name.clone(),
-            detail: e.to_string(),
+            source: e.into(),
         })?;
     take(&mut store, "backward");
     Ok(out)

@@ -508,7 +508,7 @@ fn handwritten_and_litgpt_models_keep_what_their_code_keeps() {
         }
         let rec = load(&dir.join(format!("{}.json", c.name))).expect("recorded");
         let mut plan = plan_of(&rec).expect("plan");
-        let trainmem_sim::ModelSpec::Transformer(t) = &mut plan.model else {
+        let trainmem_core::ModelSpec::Transformer(t) = &mut plan.model else {
             panic!("{}: not a transformer", c.name);
         };
         let expected = if c.name.contains("litgpt") {

@@ -2,8 +2,9 @@
 //! indexed token data sets, Arrow, safetensors), and the host-memory model charges them as a
 //! memory map: page cache growing with the bytes read, no anonymous memory for the data set.
 
-use trainmem_sim::plan::DataStorage;
-use trainmem_sim::{Plan, SimOptions, simulate};
+use trainmem_core::Plan;
+use trainmem_core::plan::DataStorage;
+use trainmem_sim::{SimOptions, simulate};
 
 fn plan(storage: &str) -> Plan {
     Plan::from_toml_str(&format!(

@@ -1,11 +1,12 @@
-//! The SVG chart (`export::svg::render_svg`): well-formed XML, one stacked series per
+//! The SVG chart (trainmem-core's `export::svg::render_svg`) of simulated timelines: well-formed XML, one stacked series per
 //! category that holds bytes, axis labels in bytes, and a plotted extent that follows the
 //! timeline (the stack's top at each column maps back to that sample's total on the axis).
 
-use trainmem_probe::Category;
-use trainmem_sim::bytes::human;
-use trainmem_sim::export::svg::{colour, render_svg};
-use trainmem_sim::{Phase, Plan, Sample, SimOptions, Source, Timeline, TimelineMeta};
+use trainmem_core::Category;
+use trainmem_core::bytes::human;
+use trainmem_core::export::svg::{colour, render_svg};
+use trainmem_core::{Phase, Plan, Sample, Source, Timeline, timeline::TimelineMeta};
+use trainmem_sim::SimOptions;
 
 // ---------------------------------------------------------------------------------------
 // A small XML reader: enough of XML 1.0 to reject what is not well-formed (unbalanced or

@@ -67,10 +67,12 @@ pub mod ledger;
 pub mod memory;
 #[allow(missing_docs)]
 mod ops;
+mod params;
 pub mod tensor;
 
 pub use backend::Tracked;
 pub use buffer::{BufferInfo, TrackableBackend};
 pub use ledger::{TrackedBytes, reset_peaks, snapshot};
-pub use memory::{CategoryArray, DeviceFigures, MemoryBackend};
+pub use memory::{DeviceFigures, MemoryBackend};
+pub use params::materialize;
 pub use tensor::TrackedTensor;

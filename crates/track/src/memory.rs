@@ -2,13 +2,11 @@
 
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
+use trainmem_core::CategoryBytes;
 
 use crate::backend::Tracked;
 use crate::buffer::TrackableBackend;
 use crate::ledger::TrackedBytes;
-
-/// Bytes per category, indexed by [`trainmem_core::Category::index`].
-pub type CategoryArray = [u64; 8];
 
 /// Device memory as the backend reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +28,7 @@ pub struct DeviceFigures {
     /// or a device backend under [`Tracked`] (its buffers as the tracker counts them); `None`
     /// where the split is not known.
     #[serde(default)]
-    pub categories: Option<CategoryArray>,
+    pub categories: Option<CategoryBytes>,
 }
 
 /// A backend whose memory a measured run's probe can read beyond the host allocator.
@@ -80,7 +78,7 @@ impl<B: MemoryBackend + TrackableBackend> MemoryBackend for Tracked<B> {
     fn device_memory(device: &Self::Device) -> Option<DeviceFigures> {
         B::device_memory(device).map(|mut figures| {
             if figures.categories.is_none() {
-                figures.categories = Some(crate::ledger::snapshot().live.0);
+                figures.categories = Some(crate::ledger::snapshot().live);
             }
             figures
         })

@@ -45,11 +45,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use trainmem_core::Dtype;
 use trainmem_loader::format_fixtures::{write_arrow_lists, write_tokens};
 use trainmem_loader::{
-    ArrowDataset, BatchBuilder, Dataset, Dtype, EpochPlan, Loader, LoaderConfig, Order,
-    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, StackWindows, TokenBatch, TokenFile,
-    TokenWindows, WindowSpec, current_cpu, mapped_pages, prefetch_pages, read_in_huge_pages,
+    ArrowDataset, BatchBuilder, Dataset, EpochPlan, Loader, LoaderConfig, Order, PackCollate,
+    PackedBatch, PadCollate, PadTo, PaddedBatch, StackWindows, TokenBatch, TokenFile, TokenWindows,
+    WindowSpec, current_cpu, mapped_pages, prefetch_pages, read_in_huge_pages,
 };
 
 use super::handover;

@@ -16,8 +16,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use trainmem_sim::plan::DeviceKind;
-use trainmem_sim::{Plan, SimOptions, simulate};
+use trainmem_core::Plan;
+use trainmem_core::plan::DeviceKind;
+use trainmem_sim::{SimOptions, simulate};
 
 /// Arguments of `bench sim`.
 #[derive(Debug, clap::Args)]
@@ -256,7 +257,7 @@ mod tests {
         assert_eq!(p.total_steps(), 5);
         assert_eq!(p.accumulation_steps(), 4);
         assert_eq!(p.micro_batch_size(), 1);
-        let trainmem_sim::ModelSpec::Transformer(t) = &p.model else {
+        let trainmem_core::ModelSpec::Transformer(t) = &p.model else {
             panic!("a transformer");
         };
         assert_eq!(t.layers, 3);

@@ -91,6 +91,10 @@ fn errors_name_the_field_the_family_and_the_known_families() {
     assert!(none.to_string().contains("missing"));
     let json = model_from_hf("{not json", 8).expect_err("not json");
     assert!(json.to_string().contains("does not parse"));
+    assert!(
+        std::error::Error::source(&json).is_some(),
+        "the JSON error is kept as the source"
+    );
     let projected = model_from_hf(
         &fixture("opt-125m.json").replace(
             "\"word_embed_proj_dim\": 768",

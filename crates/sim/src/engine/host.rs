@@ -42,10 +42,10 @@
 //!   keep their queues full across the epoch boundary (they build the next epoch's first
 //!   batches ahead), so only the first epoch starts empty.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
-use crate::plan::{DataStorage, Plan};
-use crate::timeline::{CategoryBytes, HostBytes};
+use trainmem_core::plan::{DataStorage, Plan};
+use trainmem_core::timeline::{CategoryBytes, HostBytes};
 
 /// The state the host model needs at a sample.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,7 +5,7 @@ use trainmem_alloc::{
     AllocError, AllocatorConfig, BlockId, CacheFigures, CachingAllocator, SimulatedDevice, Snapshot,
 };
 use trainmem_autograd::{Allocated, AllocatorMemory, CountingMemory, CountingOom, TensorMemory};
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 /// An allocation that failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,10 +170,10 @@ impl TensorMemory for SimMemory {
                 }) => Err(SimOom {
                     message: format!(
                         "out of memory: tried to allocate {} for {} with {} of {} in use",
-                        crate::bytes::human(requested),
+                        trainmem_core::bytes::human(requested),
                         category,
-                        crate::bytes::human(live),
-                        crate::bytes::human(capacity)
+                        trainmem_core::bytes::human(live),
+                        trainmem_core::bytes::human(capacity)
                     ),
                     requested,
                     category,

@@ -13,7 +13,7 @@ use trainmem_alloc::Snapshot;
 use trainmem_optim::ModelStateBytes;
 
 use crate::machine::Machine;
-use crate::timeline::{CategoryBytes, Phase, Timeline};
+use trainmem_core::timeline::{CategoryBytes, Phase, Timeline};
 
 /// Options of a simulation run.
 #[derive(Default)]

@@ -1,10 +1,10 @@
 //! Hand-computed bytes for small plans.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::*;
-use crate::plan::Plan;
-use crate::timeline::Phase;
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::Phase;
 
 const TINY: &str = r#"
 [model.mlp]
@@ -79,11 +79,11 @@ fn tiny_capacity_predicts_oom_with_message() {
 
 mod properties {
     use proptest::prelude::*;
-    use trainmem_probe::Category;
+    use trainmem_core::Category;
 
     use crate::fit::{FitTarget, fit, probe};
-    use crate::plan::Plan;
     use crate::{SimOptions, simulate};
+    use trainmem_core::plan::Plan;
 
     #[allow(clippy::too_many_arguments)]
     fn plan_text(
@@ -268,7 +268,7 @@ fn zero_stages_shard_per_rank_bytes() {
     );
 }
 
-fn burn_peaks(optimizer: &str, extra: &str) -> (crate::timeline::CategoryBytes, u64) {
+fn burn_peaks(optimizer: &str, extra: &str) -> (trainmem_core::timeline::CategoryBytes, u64) {
     let text = format!(
         "framework = \"burn\"\n{}\n{extra}",
         TINY.replace("kind = \"adam\"", &format!("kind = \"{optimizer}\""))
@@ -277,19 +277,20 @@ fn burn_peaks(optimizer: &str, extra: &str) -> (crate::timeline::CategoryBytes, 
     let r = simulate(&plan, SimOptions::default()).unwrap();
     // 4·8 + 8 + 8·2 + 2 = 58 f32 parameters
     (
-        r.timeline.peak_per_category(crate::timeline::Domain::Host),
+        r.timeline
+            .peak_per_category(trainmem_core::timeline::Domain::Host),
         58 * 4,
     )
 }
 
 /// burn-optim's per-parameter bookkeeping for the tiny MLP's 4 parameter tensors.
-fn burn_records(kind: trainmem_optim::OptimizerKind) -> u64 {
+fn burn_records(kind: trainmem_core::OptimizerKind) -> u64 {
     trainmem_optim::burn_step_bookkeeping_bytes(kind, 4)
 }
 
 #[test]
 fn burn_adamw_writes_parameters_into_new_buffers_inside_the_step() {
-    use trainmem_optim::OptimizerKind;
+    use trainmem_core::OptimizerKind;
     let (peaks, params) = burn_peaks("adamw", "");
     // two moments plus the parameters rewritten under `optimizer_state`
     assert_eq!(
@@ -310,7 +311,7 @@ fn burn_momentum_first_velocity_is_the_gradient() {
     assert_eq!(peaks.get(Category::Gradient), 2 * params);
     assert_eq!(
         peaks.get(Category::OptimizerState),
-        params + burn_records(trainmem_optim::OptimizerKind::Momentum)
+        params + burn_records(trainmem_core::OptimizerKind::Momentum)
     );
 }
 
@@ -321,7 +322,7 @@ fn burn_kept_graphs_pin_the_weights_they_saved() {
     // the head's weight (8·2 f32) is copied at each of the 3 steps
     assert_eq!(
         peaks.get(Category::OptimizerState),
-        3 * 16 * 4 + burn_records(trainmem_optim::OptimizerKind::Sgd)
+        3 * 16 * 4 + burn_records(trainmem_core::OptimizerKind::Sgd)
     );
 }
 
@@ -344,7 +345,7 @@ fn burn_balanced_checkpointing_keeps_pre_activations_only() {
         let plan = Plan::from_toml_str(text).unwrap();
         let r = simulate(&plan, SimOptions::default()).unwrap();
         r.timeline
-            .peak_per_category(crate::timeline::Domain::Host)
+            .peak_per_category(trainmem_core::timeline::Domain::Host)
             .get(Category::Activation)
     };
     let plain = act(base);
@@ -363,7 +364,7 @@ fn burn_parameters_carry_per_tensor_bookkeeping() {
     );
 }
 
-fn burn_timeline(extra: &str, steps: u64) -> crate::timeline::Timeline {
+fn burn_timeline(extra: &str, steps: u64) -> trainmem_core::timeline::Timeline {
     let text = format!(
         "framework = \"burn\"\n{}\n{extra}",
         TINY.replace("kind = \"adam\"", "kind = \"sgd\"")
@@ -373,7 +374,7 @@ fn burn_timeline(extra: &str, steps: u64) -> crate::timeline::Timeline {
     simulate(&plan, SimOptions::default()).unwrap().timeline
 }
 
-fn activation_at(t: &crate::timeline::Timeline, step: u64, phase: Phase) -> u64 {
+fn activation_at(t: &trainmem_core::timeline::Timeline, step: u64, phase: Phase) -> u64 {
     t.find(step, phase)
         .unwrap()
         .device
@@ -435,7 +436,7 @@ fn burn_frees_dropped_kept_graphs_one_layer_per_backward() {
     // layer's saved input (the relu output, 2 × 8 f32 each) and its graph nodes are still
     // there
     let head_nodes = u64::from(trainmem_autograd::burn_recorded_ops(
-        trainmem_autograd::OpKind::Linear,
+        trainmem_core::OpKind::Linear,
     )) * trainmem_autograd::BURN_NODE_BYTES;
     assert_eq!(
         activation_at(&t, 2, Phase::Backward) - activation_at(&t, 0, Phase::Backward),

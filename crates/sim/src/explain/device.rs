@@ -1,13 +1,13 @@
 //! Device patterns: the caching allocator's cache at the end, a predicted out-of-memory
 //! error.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::{Finding, PatternKind};
-use crate::bytes::human;
 use crate::engine::Summary;
-use crate::plan::{DeviceKind, Plan};
-use crate::timeline::{Domain, Timeline};
+use trainmem_core::bytes::human;
+use trainmem_core::plan::{DeviceKind, Plan};
+use trainmem_core::timeline::{Domain, Timeline};
 
 /// On a GPU, reserved memory well above allocated at the end: what `empty_cache` would
 /// return and what it cannot.

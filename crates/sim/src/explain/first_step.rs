@@ -1,14 +1,14 @@
 //! Patterns before and at the first step: memory taken at startup, the optimizer jump.
 
-use trainmem_optim::OptimizerKind;
-use trainmem_probe::Category;
+use trainmem_core::Category;
+use trainmem_core::OptimizerKind;
 
 use super::{Finding, PatternKind};
-use crate::bytes::human;
 use crate::engine::Summary;
-use crate::plan::{DataStorage, Plan};
 use crate::profile::{FrameworkProfile, OptimizerRecords, ParamUpdate, StateDtype};
-use crate::timeline::{Domain, Phase, Timeline};
+use trainmem_core::bytes::human;
+use trainmem_core::plan::{DataStorage, Plan};
+use trainmem_core::timeline::{Domain, Phase, Timeline};
 
 /// Memory taken before the first step: parameters (and master weights), eagerly made
 /// optimizer state, a preloaded data set.

@@ -1,13 +1,13 @@
 //! Host patterns: the spike at the start of epochs, the spike while a checkpoint is
 //! written, host memory above the host's capacity.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::{Finding, PatternKind};
-use crate::bytes::human;
 use crate::engine::Summary;
-use crate::plan::Plan;
-use crate::timeline::{Domain, Phase, Timeline};
+use trainmem_core::bytes::human;
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::{Domain, Phase, Timeline};
 
 /// Host memory peaking in the first batches of epochs as workers start together.
 pub(super) fn epoch_spike(plan: &Plan, t: &Timeline, _s: &Summary, out: &mut Vec<Finding>) {

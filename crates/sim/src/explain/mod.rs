@@ -17,8 +17,8 @@ mod per_step;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Summary;
-use crate::plan::Plan;
-use crate::timeline::{Domain, Timeline};
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::{Domain, Timeline};
 
 /// The kind of a pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -119,7 +119,7 @@ mod tests {
         assert!(f.text.contains("pinned by the kept graphs"), "{}", f.text);
         assert!(!f.text.contains("× the parameter count"), "{}", f.text);
         let records =
-            trainmem_optim::burn_step_bookkeeping_bytes(trainmem_optim::OptimizerKind::Sgd, 4);
+            trainmem_optim::burn_step_bookkeeping_bytes(trainmem_core::OptimizerKind::Sgd, 4);
         assert!(f.bytes as u64 > records, "{}", f.bytes);
         // without the leak nothing is rewritten under SGD
         let plain = LEAK.replace("retain_outputs = true\nretain_graph = true\n", "");

@@ -1,15 +1,15 @@
 //! Patterns of every step: activations held from forward to backward, and memory that
 //! stays flat from step to step or grows.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::Finding;
 use super::PatternKind;
-use crate::bytes::{human, human_signed};
 use crate::engine::Summary;
-use crate::plan::{MetricRetention, Plan};
 use crate::profile::FrameworkProfile;
-use crate::timeline::{Domain, Phase, Sample, Timeline};
+use trainmem_core::bytes::{human, human_signed};
+use trainmem_core::plan::{MetricRetention, Plan};
+use trainmem_core::timeline::{Domain, Phase, Sample, Timeline};
 
 fn at(t: &Timeline, step: u64, phase: Phase) -> Option<&Sample> {
     t.find(step, phase)

@@ -8,9 +8,11 @@
 //! gradient; the scaling and the sum keep nothing. The frozen projection keeps nothing for its
 //! weight (its input is saved only by the adapter).
 
-use trainmem_autograd::{OpKind, ProgramBuilder, ValueId};
+use trainmem_autograd::{ProgramBuilder, ValueId};
 
-use crate::model::{LoraSpec, LoraTarget, TransformerSpec};
+use trainmem_core::OpKind;
+
+use trainmem_core::model::{LoraSpec, LoraTarget, TransformerSpec};
 
 /// The parameter groups of `t`'s adapters (`(elements, count)` per tensor: `A` and `B` of
 /// each target in each block), empty without LoRA.

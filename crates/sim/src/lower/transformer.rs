@@ -27,11 +27,13 @@
 //! which the rotation frees. They are not in the program. Neither is Gemma's scaling of the
 //! embeddings by `√hidden`, which replaces the embedding's output by a tensor of the same size.
 
-use trainmem_autograd::{Dtype, OpKind, Program, ProgramBuilder, Saved, ValueDtype, ValueId};
+use trainmem_autograd::{Program, ProgramBuilder, Saved, ValueDtype, ValueId};
+
+use trainmem_core::{Dtype, OpKind};
 
 use super::{activation, lora};
-use crate::model::*;
 use crate::profile::Lowering;
+use trainmem_core::model::*;
 
 /// The sizes a transformer's ops share, and how its linear layers and norms are built.
 struct TransformerDims {

@@ -1,7 +1,9 @@
 //! burn 0.21's profile (burn-autodiff, burn-nn, burn-optim; the Flex CPU backend), as
 //! measured with trainmem-burn (see its `burn_facts` docs and `twin_check`).
 
-use trainmem_autograd::{Dtype, OpKind, Saved, SavedTable, ValueDtype};
+use trainmem_autograd::{Saved, SavedTable, ValueDtype};
+
+use trainmem_core::{Dtype, OpKind};
 
 use super::{
     AutogradRules, BlasWorkspaces, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs,

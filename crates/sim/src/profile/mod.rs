@@ -16,11 +16,13 @@
 pub mod burn;
 pub mod pytorch;
 
-use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
-use trainmem_optim::OptimizerKind;
+use trainmem_autograd::{SavedTable, ValueDtype};
+
+use trainmem_core::Dtype;
+use trainmem_core::OptimizerKind;
 
 use crate::machine::Machine;
-use crate::plan::{DeviceKind, Framework, Plan};
+use trainmem_core::plan::{DeviceKind, Framework, Plan};
 
 /// Everything the simulator needs to know about one framework.
 #[derive(Debug, Clone, Copy)]
@@ -218,10 +220,7 @@ pub struct CpuRules {
 pub struct GpuRules {
     /// Ops whose GPU kernels save something else than the framework's table says: each
     /// replaces the op's entry on a GPU device.
-    pub saved: &'static [(
-        trainmem_autograd::OpKind,
-        &'static [trainmem_autograd::Saved],
-    )],
+    pub saved: &'static [(trainmem_core::OpKind, &'static [trainmem_autograd::Saved])],
     /// Plain SGD writes a parameter it cannot update in place (a kept graph references the
     /// old one) into its gradient's buffer, which keeps its `gradient` tag (otherwise: a new
     /// buffer made inside the step, [`OptimizerRules::param_update`]).
@@ -257,7 +256,7 @@ pub enum BlasWorkspaces {
 /// capability: 4096 KiB × 8 = 32 MiB on 9.0 (Hopper), `:4096:2:16:8` = 4096 KiB × 2 +
 /// 16 KiB × 8 = 8,519,680 B on any other (`parseChosenWorkspaceSize`, which tests
 /// `major == 9 && minor == 0`).
-pub fn pytorch_cublas_workspace(device: &crate::plan::DevicePlan) -> u64 {
+pub fn pytorch_cublas_workspace(device: &trainmem_core::plan::DevicePlan) -> u64 {
     if let Some(b) = device.blas_workspace {
         return b.0;
     }
@@ -306,7 +305,7 @@ impl FrameworkProfile {
         let mut table = self.saved_table();
         if device == DeviceKind::Cpu && self.cpu.dropout_float_noise {
             table.set(
-                trainmem_autograd::OpKind::Dropout,
+                trainmem_core::OpKind::Dropout,
                 vec![trainmem_autograd::Saved::FloatMask],
             );
         }

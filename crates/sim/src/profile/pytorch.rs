@@ -1,6 +1,8 @@
 //! PyTorch's profile: eager autograd, `torch.optim`, a `DataLoader` feeding a device.
 
-use trainmem_autograd::{Dtype, SavedTable, ValueDtype};
+use trainmem_autograd::{SavedTable, ValueDtype};
+
+use trainmem_core::Dtype;
 
 use super::{
     AutogradRules, BlasWorkspaces, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs,

@@ -399,9 +399,9 @@ fn the_timeline_samples_each_phase_with_the_bytes_per_category() {
     let peak = t.samples.iter().map(|s| s.device.peak_reserved).max();
     assert_eq!(peak, Some(a.peak_reserved));
     // the exports simulate writes take it
-    assert!(crate::export::svg::render_svg(t).contains("<svg"));
+    assert!(trainmem_core::export::svg::render_svg(t).contains("<svg"));
     assert!(
-        crate::export::chrome::chrome_trace(t)
+        trainmem_core::export::chrome::chrome_trace(t)
             .unwrap()
             .contains("optimizer_step")
     );

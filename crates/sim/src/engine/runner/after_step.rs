@@ -2,12 +2,12 @@
 //! kept outputs dropped every `leak.clear_every` steps, a checkpoint saved every
 //! `training.checkpoint_every` steps, the cache emptied when the plan asks every step.
 
-use trainmem_autograd::Dtype;
-use trainmem_probe::Category;
+use trainmem_core::Category;
+use trainmem_core::Dtype;
 
 use super::Runner;
-use crate::plan::{EmptyCachePolicy, MetricRetention};
-use crate::timeline::Phase;
+use trainmem_core::plan::{EmptyCachePolicy, MetricRetention};
+use trainmem_core::timeline::Phase;
 
 impl Runner<'_> {
     /// Everything after the optimizer step (see the module docs). A checkpoint's temporary

@@ -3,16 +3,17 @@
 //! loss.
 
 use trainmem_autograd::checkpoint::{self, CheckpointPolicy};
-use trainmem_autograd::{Dtype, GradMode, Graph, LayerHooks, Pass, Tape, TensorId, TensorStore};
+use trainmem_autograd::{GradMode, Graph, LayerHooks, Pass, Tape, TensorId, TensorStore};
+use trainmem_core::Category;
+use trainmem_core::Dtype;
 use trainmem_optim::Sharding;
-use trainmem_probe::Category;
 
 use super::RunSpec;
 use super::blas::Workspaces;
 use super::zero::ZeroHooks;
 use crate::engine::memory::{SimMemory, SimOom};
-use crate::plan::{CheckpointPolicyKind, Plan};
 use crate::profile::{Checkpointing, RetainGraph};
+use trainmem_core::plan::{CheckpointPolicyKind, Plan};
 
 /// The graph, its hooks and what forward holds.
 pub(super) struct Autograd<'p> {

@@ -2,12 +2,14 @@
 //! allocator at the first layer of each pass that calls the library, kept until the run is
 //! torn down, tagged `other` (no tensor owns them).
 
-use trainmem_autograd::{OpKind, Pass, Program, TensorId, TensorStore};
-use trainmem_probe::Category;
+use trainmem_autograd::{Pass, Program, TensorId, TensorStore};
+
+use trainmem_core::Category;
+use trainmem_core::OpKind;
 
 use crate::engine::memory::{SimMemory, SimOom};
-use crate::plan::{DeviceKind, Plan};
 use crate::profile::{BlasWorkspaces, FrameworkProfile, pytorch_cublas_workspace};
+use trainmem_core::plan::{DeviceKind, Plan};
 
 /// The workspaces of one run and the layers that make them.
 pub(super) struct Workspaces {

@@ -2,7 +2,7 @@
 //! generator of batch-size variation.
 
 use crate::engine::When;
-use crate::timeline::Phase;
+use trainmem_core::timeline::Phase;
 
 /// Where the run is.
 pub(super) struct Clock {

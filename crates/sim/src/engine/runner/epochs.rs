@@ -3,8 +3,8 @@
 
 use super::Runner;
 use crate::engine::memory::SimOom;
-use crate::plan::EmptyCachePolicy;
-use crate::timeline::Phase;
+use trainmem_core::plan::EmptyCachePolicy;
+use trainmem_core::timeline::Phase;
 
 impl Runner<'_> {
     /// Runs `total_steps` optimizer steps (fewer if the plan has fewer), reporting

@@ -2,12 +2,12 @@
 //! graph of its own), its backward and what is kept or freed after it.
 
 use trainmem_autograd::{Tape, TensorId, ValueDtype};
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::Runner;
 use crate::engine::memory::SimOom;
 use crate::profile::DroppedGraphs;
-use crate::timeline::Phase;
+use trainmem_core::timeline::Phase;
 
 impl Runner<'_> {
     /// Loads a micro-batch (`samples` read from the data set) and runs its forward

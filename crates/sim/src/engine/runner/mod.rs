@@ -38,9 +38,9 @@ use super::host::{HostModel, HostMoment};
 use super::memory::SimMemory;
 use super::{SimOptions, SimResult, Summary};
 use crate::SimError;
-use crate::plan::Plan;
 use crate::profile::FrameworkProfile;
-use crate::timeline::Timeline;
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::Timeline;
 
 /// What is simulated: the plan, this stage's program and the framework's rules.
 struct RunSpec<'p> {

@@ -1,16 +1,17 @@
 //! Model state: the parameters and what is kept beside them, the optimizer's state and
 //! bookkeeping, and DDP's gradient buckets — allocated, replaced and freed.
 
-use trainmem_autograd::{Dtype, OpKind, Program, TensorId, TensorStore};
-use trainmem_optim::{
-    ModelStateBytes, OptimizerConfig, OptimizerKind, Sharding, StateAllocation, model_state_bytes,
-};
-use trainmem_probe::Category;
+use trainmem_autograd::{Program, TensorId, TensorStore};
+
+use trainmem_core::Category;
+use trainmem_core::{Dtype, OpKind};
+use trainmem_core::{OptimizerKind, StateAllocation};
+use trainmem_optim::{ModelStateBytes, OptimizerConfig, Sharding, model_state_bytes};
 
 use super::RunSpec;
 use crate::engine::memory::{SimMemory, SimOom};
-use crate::plan::Plan;
 use crate::profile::{FrameworkProfile, ParamUpdate, StateDtype};
+use trainmem_core::plan::Plan;
 
 /// Size of one DDP gradient bucket (PyTorch's default `bucket_cap_mb`, 25 MiB).
 const DDP_BUCKET_BYTES: u64 = 25 << 20;
@@ -87,9 +88,9 @@ pub(super) fn state_config(
     // bitsandbytes' 8-bit step is its CPU backend's composed kernel on a CPU device and one
     // fused kernel (no scratch) on a GPU
     let implementation = if plan.optimizer.kind == OptimizerKind::AdamW8bit
-        && plan.device.kind != crate::plan::DeviceKind::Cpu
+        && plan.device.kind != trainmem_core::plan::DeviceKind::Cpu
     {
-        trainmem_optim::StepImpl::Fused
+        trainmem_core::StepImpl::Fused
     } else {
         plan.optimizer.implementation
     };
@@ -173,7 +174,7 @@ impl ModelState {
                 self.beside_params.push(t);
             }
         }
-        if let crate::model::ModelSpec::Transformer(t) = &spec.plan.model
+        if let trainmem_core::model::ModelSpec::Transformer(t) = &spec.plan.model
             && t.mask_buffer_bytes() > 0
         {
             // one mask per block

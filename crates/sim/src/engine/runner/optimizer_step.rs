@@ -2,12 +2,12 @@
 //! into new buffers, the step's scratch buffers, gradients consumed or zeroed.
 
 use trainmem_autograd::{Program, TensorStore};
+use trainmem_core::Category;
 use trainmem_optim::{OptimizerConfig, Sharding};
-use trainmem_probe::Category;
 
 use super::Runner;
 use crate::engine::memory::{SimMemory, SimOom};
-use crate::timeline::Phase;
+use trainmem_core::timeline::Phase;
 
 impl Runner<'_> {
     /// The optimizer step (`optimizer_step`), then `zero_grad` with `grads_to_none` unless

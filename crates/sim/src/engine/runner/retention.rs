@@ -4,8 +4,8 @@
 use trainmem_autograd::{Program, Tape, TensorId, TensorStore};
 
 use crate::engine::memory::SimMemory;
-use crate::plan::{MetricRetention, Plan};
 use crate::profile::{DroppedGraphs, FrameworkProfile};
+use trainmem_core::plan::{MetricRetention, Plan};
 
 /// Tensors kept across steps.
 #[derive(Default)]

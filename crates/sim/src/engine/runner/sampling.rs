@@ -1,12 +1,12 @@
 //! Sampling: the timeline, one sample per phase boundary, and the allocated peak with when
 //! it happened and what it held.
 
-use trainmem_probe::Category;
+use trainmem_core::Category;
 
 use super::Runner;
 use crate::engine::When;
-use crate::plan::DeviceKind;
-use crate::timeline::{CategoryBytes, DeviceBytes, Phase, Sample, Timeline};
+use trainmem_core::plan::DeviceKind;
+use trainmem_core::timeline::{CategoryBytes, DeviceBytes, Phase, Sample, Timeline};
 
 /// The timeline and the allocated peak so far.
 pub(super) struct Recorder {

@@ -16,10 +16,10 @@ use crate::engine::SimOptions;
 use crate::engine::host::{HostModel, HostMoment};
 use crate::engine::memory::SimMemory;
 use crate::machine::Machine;
-use crate::model::ModelSpec;
-use crate::plan::{DeviceKind, Plan};
 use crate::profile::FrameworkProfile;
-use crate::timeline::{Source, Timeline, TimelineMeta};
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::{DeviceKind, Plan};
+use trainmem_core::timeline::{Source, Timeline, TimelineMeta};
 
 impl<'p> Runner<'p> {
     /// A runner for `program`, stage `stage` of `stages` of `plan`, before anything ran.

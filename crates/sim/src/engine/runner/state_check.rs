@@ -10,22 +10,24 @@
 //! figures, instead of lowering the model and allocating it tensor by tensor. A byte count
 //! that overflows 64 bits is an error naming the figures.
 
-use trainmem_autograd::{Dtype, Program, ProgramBuilder, ValueDtype};
+use trainmem_autograd::{Program, ProgramBuilder, ValueDtype};
+
+use trainmem_core::Category;
+use trainmem_core::Dtype;
 use trainmem_optim::{ModelStateBytes, tensor_state_bytes};
-use trainmem_probe::Category;
 
 use super::Runner;
 use super::model_state::{state_config, state_made_at_construction};
 use crate::SimError;
-use crate::bytes::human;
 use crate::engine::memory::SimOom;
 use crate::engine::{SimOptions, SimResult};
 use crate::params::{
     ParamGroup, ParamOverflow, add, mul, param_groups, total_elems, total_tensors, trainable_groups,
 };
-use crate::plan::Plan;
 use crate::profile::FrameworkProfile;
-use crate::timeline::Phase;
+use trainmem_core::bytes::human;
+use trainmem_core::plan::Plan;
+use trainmem_core::timeline::Phase;
 
 /// One device's model state, worked out from the plan alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
     let Some(groups) = param_groups(&plan.model, plan.framework)? else {
         return Ok(None);
     };
-    if plan.optimizer.kind == trainmem_optim::OptimizerKind::Adafactor {
+    if plan.optimizer.kind == trainmem_core::OptimizerKind::Adafactor {
         // the factored state follows the parameters' shapes, which only the lowered program
         // has: such plans are checked as they are simulated
         return Ok(None);
@@ -110,7 +112,7 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
     )?;
     let tensors = total_tensors(&groups)?;
     // the framework's records are host memory: device bytes only on a CPU device
-    let per_tensor = if plan.device.kind == crate::plan::DeviceKind::Cpu {
+    let per_tensor = if plan.device.kind == trainmem_core::plan::DeviceKind::Cpu {
         profile.bookkeeping.per_param_tensor
     } else {
         0
@@ -189,7 +191,7 @@ fn stand_in() -> Program {
     let mut b = ProgramBuilder::new();
     let x = b.input(1, ValueDtype::Fixed(Dtype::F32));
     b.begin_layer("loss");
-    b.loss(trainmem_autograd::OpKind::MseLoss, &[x, x]);
+    b.loss(trainmem_core::OpKind::MseLoss, &[x, x]);
     b.finish().expect("a loss over an input is a valid program")
 }
 
@@ -243,7 +245,7 @@ mod tests {
 
     use super::*;
     use crate::lower::{LOWERED_LAYERS, lower_for};
-    use crate::model::ModelSpec;
+    use trainmem_core::model::ModelSpec;
 
     /// A transformer plan of `layers` blocks of width `hidden` on a `capacity` device.
     fn deep(layers: u64, hidden: u64, capacity: &str) -> Plan {
@@ -372,7 +374,7 @@ mod tests {
             let f = figures(&plan).expect("no overflow").expect("valid model");
             let r = simulate_lowered_for_test(&plan);
             let init = r.timeline.at_phase(Phase::ModelInit).next().expect("model_init");
-            if plan.device.kind == crate::plan::DeviceKind::Cpu {
+            if plan.device.kind == trainmem_core::plan::DeviceKind::Cpu {
                 prop_assert_eq!(init.device.allocated, f.at_construction);
             } else {
                 prop_assert!(init.device.allocated >= f.at_construction);

@@ -6,7 +6,7 @@ use trainmem_alloc::Snapshot;
 use super::Runner;
 use crate::engine::memory::{SimMemory, SimOom};
 use crate::engine::{Fragmentation, OomReport, Summary};
-use crate::timeline::{Phase, Timeline};
+use trainmem_core::timeline::{Phase, Timeline};
 
 impl Runner<'_> {
     /// The stage's timeline, summary and (with `keep_snapshot`) the allocator's snapshot,

@@ -1,9 +1,11 @@
 //! ZeRO layer hooks: sharded parameters gathered around each layer, fresh gradients
 //! reduce-scattered into shards.
 
-use trainmem_autograd::{Dtype, LayerHooks, ParamId, Pass, Program, TensorId, TensorStore};
+use trainmem_autograd::{LayerHooks, ParamId, Pass, Program, TensorId, TensorStore};
+
+use trainmem_core::Category;
+use trainmem_core::Dtype;
 use trainmem_optim::Sharding;
-use trainmem_probe::Category;
 
 use crate::engine::memory::{SimMemory, SimOom};
 

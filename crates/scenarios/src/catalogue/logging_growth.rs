@@ -2,15 +2,15 @@
 //! them later) grows live memory by about one batch of outputs per step; keeping scalars does
 //! not grow it.
 
-use trainmem_sim::Plan;
-use trainmem_sim::model::ModelSpec;
-use trainmem_sim::plan::MetricRetention;
-use trainmem_sim::timeline::Timeline;
+use trainmem_core::Plan;
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::MetricRetention;
+use trainmem_core::timeline::Timeline;
 
-use super::checks::growth_per_step;
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::growth_per_step;
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -128,10 +128,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_probe::Category;
-    use trainmem_sim::timeline::{Phase, Source};
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::Category;
+    use trainmem_core::timeline::{Phase, Source};
 
     fn timeline(per_step: &[u64]) -> Timeline {
         of(

@@ -2,16 +2,16 @@
 //! activation bytes for backward (the element-wise activations' outputs are recomputed in
 //! backward instead of saved); without checkpointing they are all held.
 
-use trainmem_probe::Category;
-use trainmem_sim::Plan;
-use trainmem_sim::model::ModelSpec;
-use trainmem_sim::plan::CheckpointPolicyKind;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::CheckpointPolicyKind;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, param_bytes, points};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{bytes_at, index_of, param_bytes, points};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -138,9 +138,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::Source;
 
     fn timeline(activation: u64) -> Timeline {
         of(
@@ -168,14 +168,14 @@ mod tests {
     #[test]
     fn the_saving_is_one_hidden_tensor_per_hidden_layer() {
         let mut plan = crate::plans::load("grad-checkpointing").expect("plan");
-        plan.model = ModelSpec::Mlp(trainmem_sim::model::MlpSpec {
+        plan.model = ModelSpec::Mlp(trainmem_core::model::MlpSpec {
             input: 8,
             hidden: vec![16, 32],
             output: 4,
             activation: Default::default(),
             dropout: 0.0,
             bias: true,
-            loss: trainmem_sim::model::Loss::Mse,
+            loss: trainmem_core::model::Loss::Mse,
         });
         plan.training.batch_size = 2;
         plan.training.micro_batch_size = None;

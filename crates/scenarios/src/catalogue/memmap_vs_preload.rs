@@ -2,14 +2,14 @@
 //! (RssFile), growing with the bytes read; a preloaded one costs anonymous memory (RssAnon,
 //! heap bytes under `input`) equal to the data set from the start.
 
-use trainmem_sim::Plan;
-use trainmem_sim::plan::DataStorage;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Plan;
+use trainmem_core::plan::DataStorage;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{host_input, index_of};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{host_input, index_of};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -47,7 +47,7 @@ struct RssView {
     /// The data set's resident mapped bytes at the start sample: its own mappings' share of
     /// RssFile where the run measured it ([`HostBytes::data_rss`]), else the whole RssFile.
     ///
-    /// [`HostBytes::data_rss`]: trainmem_sim::timeline::HostBytes::data_rss
+    /// [`HostBytes::data_rss`]: trainmem_core::timeline::HostBytes::data_rss
     file_start: u64,
     /// The same after the first batch was loaded, minus at start.
     file_first_batch: i64,

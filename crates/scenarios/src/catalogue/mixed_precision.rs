@@ -1,14 +1,14 @@
 //! `mixed-precision`: training in bf16 (no f32 master copy) halves the parameter, gradient,
 //! optimizer-state and activation bytes of the same plan in f32.
 
-use trainmem_probe::Category;
-use trainmem_sim::plan::Dtype;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::plan::Dtype;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, peak, points};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{bytes_at, index_of, peak, points};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -111,8 +111,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 format!(
                     "peak live bytes {pf} in f32 ({}) against {ph} in bf16 ({}) = {ratio:.3} x \
                      (expected 1.8..2.02)",
-                    super::checks::place(&f.samples[i_f]),
-                    super::checks::place(&h.samples[ih]),
+                    crate::checks::place(&f.samples[i_f]),
+                    crate::checks::place(&h.samples[ih]),
                 ),
                 vec![
                     Figure::bytes("peak, bf16", ph),
@@ -127,9 +127,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::Source;
 
     fn timeline(params: u64) -> Timeline {
         of(

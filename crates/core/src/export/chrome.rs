@@ -2,8 +2,8 @@
 //! (a stacked area chart in Perfetto and chrome://tracing), plus instant events naming the
 //! phases. Timestamps are one millisecond per sample.
 
+use crate::Category;
 use serde_json::{Map, Value, json};
-use trainmem_probe::Category;
 
 use super::ExportError;
 use crate::timeline::Timeline;

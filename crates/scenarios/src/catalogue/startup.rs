@@ -3,16 +3,16 @@
 //! graph and the activations it saves appear at the first forward; the optimizer's state at
 //! the first step.
 
-use trainmem_probe::Category;
-use trainmem_sim::Plan;
-use trainmem_sim::model::ModelSpec;
-use trainmem_sim::plan::StateAllocation;
-use trainmem_sim::timeline::{Phase, Source, Timeline};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::StateAllocation;
+use trainmem_core::timeline::{Phase, Source, Timeline};
 
-use super::checks::{bytes_at, index_of};
-use super::ctx::{Ctx, Judgement};
-use super::error::{Result, ScenarioError};
-use super::report::{Figure, VerdictKind};
+use crate::checks::{bytes_at, index_of};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::{Result, ScenarioError};
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

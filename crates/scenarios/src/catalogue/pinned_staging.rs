@@ -3,13 +3,13 @@
 //! consumed (resident until the loader goes away), and locks no more than `RLIMIT_MEMLOCK`
 //! allows; without pinning nothing stays behind.
 
-use trainmem_sim::Plan;
-use trainmem_sim::timeline::{Phase, Source, Timeline};
+use trainmem_core::Plan;
+use trainmem_core::timeline::{Phase, Source, Timeline};
 
-use super::checks::{host_input, index_of};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{host_input, index_of};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

@@ -1,15 +1,15 @@
 //! `checkpoint-save`: live memory spikes by about the model size while a checkpoint is being
 //! written, and falls back right after; with no saves there is no spike.
 
-use trainmem_probe::Category;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{
+use crate::checks::{
     bytes_at, close, delta, index_of, param_bytes, place, points, series_at, spread,
 };
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -165,7 +165,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         ctx.push_verdict(
             VerdictKind::Pattern,
             "each checkpoint file holds the parameter bytes (the spike is the file's content)",
-            trainmem_sim::timeline::Source::Measured,
+            trainmem_core::timeline::Source::Measured,
             Judgement::new(
                 ok,
                 format!(
@@ -221,9 +221,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::Source;
 
     fn timeline(spike: u64) -> Timeline {
         let at = |phase, step, temp: u64| {

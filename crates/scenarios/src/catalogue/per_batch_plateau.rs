@@ -2,17 +2,17 @@
 //! same from step to step — across epochs too — because every step allocates and frees the
 //! same tensors; only the first step differs (the optimizer's state appears in it).
 
-use trainmem_probe::Category;
-use trainmem_sim::Plan;
-use trainmem_sim::model::ModelSpec;
-use trainmem_sim::plan::{MetricRetention, OptimizerKind};
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::model::ModelSpec;
+use trainmem_core::plan::{MetricRetention, OptimizerKind};
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, spread, steps_of};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
 use super::startup::model_parameter_bytes;
+use crate::checks::{bytes_at, index_of, spread, steps_of};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -279,9 +279,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::Source;
 
     fn timeline(levels: &[(Phase, u64, u64, u64)]) -> Timeline {
         of(

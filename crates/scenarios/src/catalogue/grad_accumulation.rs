@@ -1,15 +1,15 @@
 //! `grad-accumulation`: with gradient accumulation the activation peak follows the
 //! micro-batch, not the effective batch; the gradients are the same size either way.
 
-use trainmem_probe::Category;
-use trainmem_sim::timeline::Timeline;
+use trainmem_core::Category;
+use trainmem_core::timeline::Timeline;
 
 use super::activation_retention::{act, passes};
-use super::checks::{bytes_at, peak, spread};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
 use super::startup::model_parameter_bytes;
+use crate::checks::{bytes_at, peak, spread};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -166,9 +166,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::{Phase, Sample, Source};
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::{Phase, Sample, Source};
 
     /// One step of `m` micro-batches: activations `fwd[i]` after each forward, gradients
     /// `grad[i]` after each backward.

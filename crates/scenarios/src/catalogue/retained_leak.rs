@@ -1,12 +1,12 @@
 //! `retained-leak`: keeping each step's graph-holding output grows memory linearly; dropping
 //! the kept outputs (or clearing them periodically) stops it.
 
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{param_bytes, series_at, steps_of};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{param_bytes, series_at, steps_of};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

@@ -13,16 +13,18 @@ use trainmem_alloc::{
     TraceAction, allocation_size,
 };
 use trainmem_burn::MeasuredRun;
+use trainmem_core::Plan;
+use trainmem_core::plan::{DeviceKind, EmptyCachePolicy};
+use trainmem_core::timeline::{Phase, Source, Timeline};
 use trainmem_probe::TraceKind;
-use trainmem_sim::plan::{DeviceKind, EmptyCachePolicy};
-use trainmem_sim::timeline::{Phase, Source, Timeline};
-use trainmem_sim::{Plan, SimResult};
+use trainmem_sim::SimResult;
 
-use super::ctx::{Backend, Ctx, Judgement};
-use super::error::alloc_error;
-use super::error::{Result, ScenarioError};
-use super::replay::{MIN_TRACE, replay};
-use super::report::{Figure, VerdictKind, mib};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::alloc_error;
+use crate::error::{Result, ScenarioError};
+use crate::replay::{MIN_TRACE, replay};
+use crate::report::{Figure, VerdictKind, mib};
+use trainmem_burn::BackendChoice;
 
 const MIB: u64 = 1 << 20;
 
@@ -340,7 +342,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("empty-cache")?;
     let gpu = gpu_plan(&plan);
 
-    if ctx.backend == Backend::Cuda {
+    if ctx.backend == BackendChoice::Cuda {
         return run_on_cuda(ctx, &gpu);
     }
     let mut traced = None;

@@ -1,14 +1,14 @@
 //! `optimizer-jump`: the optimizer's state appears at the first step — +2× the parameter bytes
 //! for Adam, +1× for momentum, nothing for SGD — and stays flat afterwards.
 
-use trainmem_probe::Category;
-use trainmem_sim::plan::OptimizerKind;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::plan::OptimizerKind;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::{bytes_at, index_of, series_at, spread};
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::{bytes_at, index_of, series_at, spread};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

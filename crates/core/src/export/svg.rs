@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use trainmem_probe::Category;
+use crate::Category;
 
 use crate::bytes::human;
 use crate::timeline::{Domain, Timeline};

@@ -2,15 +2,15 @@
 //! the forward until the backward pass frees them, every step, and their amount follows the
 //! batch.
 
-use trainmem_probe::Category;
-use trainmem_sim::Plan;
-use trainmem_sim::model::ModelSpec;
-use trainmem_sim::timeline::{Phase, Timeline};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::model::ModelSpec;
+use trainmem_core::timeline::{Phase, Timeline};
 
-use super::checks::bytes_at;
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::bytes_at;
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
@@ -226,9 +226,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::checks::testing::{sample, timeline as of};
     use super::*;
-    use trainmem_sim::timeline::Source;
+    use crate::checks::testing::{sample, timeline as of};
+    use trainmem_core::timeline::Source;
 
     fn timeline(phases: &[(Phase, u64, u64)]) -> Timeline {
         of(

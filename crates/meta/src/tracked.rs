@@ -1,20 +1,22 @@
-//! trainmem-burn's own training loop on Meta: the loop measured runs use, with only the backend
-//! type changed.
+//! [`Meta`] under trainmem-track's traits, so trainmem-burn's training loop (the loop measured
+//! runs use: `trainmem_burn::run_predicted::<Meta>(plan, opts, device, PRODUCER)`) runs on it
+//! with only the backend type changed.
 //!
 //! [`Meta`] implements trainmem-track's `MemoryBackend` and `TrackableBackend` (a Meta tensor
-//! names its counted buffer, so `Tracked<Meta>` counts exactly what Meta's own ledger counts): at every phase boundary the probe reads
+//! names its counted buffer, so `Tracked<Meta>` counts exactly what Meta's own ledger counts):
+//! at every phase boundary the probe reads
 //! the device's live tensor bytes per category (and, with a [`crate::CachingModel`], the
 //! allocator's allocated and reserved bytes) as device memory. Host figures (the loader's
 //! batches, the counting allocator, RSS) are read as in any measured run.
 
-use trainmem_burn::{BurnRunError, MeasuredRun, RunOptions};
-use trainmem_core::plan::Plan;
-use trainmem_core::timeline::Source;
 use trainmem_track::{BufferInfo, DeviceFigures, MemoryBackend, TrackableBackend};
 
 use crate::backend::Meta;
 use crate::device::MetaDevice;
 use crate::tensor::{MetaQTensor, MetaTensor};
+
+/// The name a run on Meta gives its timeline's producer.
+pub const PRODUCER: &str = "trainmem-meta";
 
 impl MemoryBackend for Meta {
     fn device_memory(device: &MetaDevice) -> Option<DeviceFigures> {
@@ -57,22 +59,4 @@ impl TrackableBackend for Meta {
     fn quantized_buffer(tensor: &MetaQTensor) -> Option<BufferInfo> {
         meta_buffer(tensor.values())
     }
-}
-
-/// Trains `plan` with trainmem-burn's loop on `device` (a fresh [`MetaDevice`] per run keeps
-/// runs apart). The timeline's source is [`Source::Simulated`] (a prediction); tensor bytes are
-/// in its device domain.
-pub fn run_plan(
-    plan: &Plan,
-    opts: RunOptions<'_>,
-    device: MetaDevice,
-) -> Result<MeasuredRun, BurnRunError> {
-    // Meta attributes its own tensors: no tracking layer on top.
-    let opts = RunOptions {
-        track_tensors: false,
-        ..opts
-    };
-    let mut run = trainmem_burn::run_on_backend::<Meta>(plan, opts, device, "trainmem-meta")?;
-    run.timeline.source = Source::Simulated;
-    Ok(run)
 }

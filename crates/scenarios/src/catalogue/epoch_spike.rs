@@ -3,13 +3,13 @@
 //! are taken; persistent workers stop the per-epoch respawn; loading in the training loop
 //! (no workers) removes the refill.
 
-use trainmem_sim::Plan;
-use trainmem_sim::timeline::{Phase, Source, Timeline};
+use trainmem_core::Plan;
+use trainmem_core::timeline::{Phase, Source, Timeline};
 
-use super::checks::host_input;
-use super::ctx::{Ctx, Judgement};
-use super::error::Result;
-use super::report::{Figure, VerdictKind};
+use crate::checks::host_input;
+use crate::ctx::{Ctx, Judgement};
+use crate::error::Result;
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[

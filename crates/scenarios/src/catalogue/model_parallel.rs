@@ -3,14 +3,15 @@
 //! holds the embedding, the last the head), while 1F1B scheduling leaves earlier stages
 //! holding more micro-batches of activations.
 
-use trainmem_probe::Category;
-use trainmem_sim::timeline::{Source, Timeline};
-use trainmem_sim::{Plan, Summary};
+use trainmem_core::Category;
+use trainmem_core::Plan;
+use trainmem_core::timeline::{Source, Timeline};
+use trainmem_sim::Summary;
 
-use super::checks::{param_bytes, peak};
-use super::ctx::{Ctx, Judgement};
-use super::error::{Result, ScenarioError};
-use super::report::{Figure, VerdictKind};
+use crate::checks::{param_bytes, peak};
+use crate::ctx::{Ctx, Judgement};
+use crate::error::{Result, ScenarioError};
+use crate::report::{Figure, VerdictKind};
 
 /// Which bytes cause the pattern and what removes it.
 pub const EXPLANATION: &[&str] = &[
