@@ -29,7 +29,8 @@ const H100_RESERVED: u64 = 570_172_416;
 
 /// What the recorded CUDA runs do not show yet, judged with today's rules:
 /// `scenario: NO verdict (Source)` or `scenario: MISS run category`, `fused ` in front for the
-/// runs with burn's fusion. Each is explained in RESULTS.md ("burn on CUDA, every scenario").
+/// runs with burn's fusion. Each is explained in RESULTS.md ("What the GPU runs do not show
+/// yet").
 const CUDA_GAPS: &[&str] = &[
     "checkpoint-save: NO checkpoint_every = 0: no save, no spike (Measured)",
     "checkpoint-save: NO checkpoint_every = 0: no save, no spike (Simulated)",

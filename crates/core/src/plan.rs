@@ -461,10 +461,11 @@ pub const DEFAULT_COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
 /// The CUDA context's bytes when a plan does not give `device.context`: 552,402,944 B
 /// (526.8 MiB), measured on an NVIDIA H100 80GB HBM3 with driver 580.159.04 as the driver's
 /// total minus free memory (`cuMemGetInfo`) right after trainmem-alloc's `CudaDevice` opened
-/// the device's primary context (trainmem's RESULTS.md, "CUDA (an H100, lent on
-/// 2026-11-24)": 85,017,493,504 B total, 84,465,090,560 B free). PyTorch's context is of the
-/// same order and grows as kernels are loaded lazily (CUDA ≥ 11.7); before lazy loading it
-/// exceeded 1 GB (Hugging Face measured 1,343 MB on a V100 after `torch.ones((1, 1)).cuda()`).
+/// the device's primary context (trainmem's RESULTS.md, "The devices: memory, CUDA context,
+/// cubecl's pools", the H100 of 2026-11-24: 85,017,493,504 B total, 84,465,090,560 B free).
+/// PyTorch's context is of the same order and grows as kernels are loaded lazily (CUDA ≥
+/// 11.7); before lazy loading it exceeded 1 GB (Hugging Face measured 1,343 MB on a V100
+/// after `torch.ones((1, 1)).cuda()`).
 pub const DEFAULT_CUDA_CONTEXT: ByteSize = ByteSize(552_402_944);
 
 impl DevicePlan {

@@ -12,7 +12,8 @@ use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
 use trainmem_meta::{AllocationHook, CubeclModel, DeviceTotals, Meta, MetaDevice, PRODUCER};
 
-/// The H100's memory as cubecl-cuda read it (RESULTS.md, "CUDA (an H100, lent on 2026-11-24)").
+/// The H100's memory as cubecl-cuda read it (RESULTS.md, "The devices: memory, CUDA context,
+/// cubecl's pools", the H100 of 2026-11-24).
 const H100_BYTES: u64 = 85_017_493_504;
 
 /// burn 0.21 on that H100, after the first epoch of this plan (RESULTS.md, the same section):

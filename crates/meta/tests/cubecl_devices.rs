@@ -1,8 +1,8 @@
 //! cubecl's pools predicted for the device at hand: the same plan on the two GPUs lent so far
-//! gives the reserved bytes burn really held on each (RESULTS.md, "CUDA (an H100, lent on
-//! 2026-11-24)" and "CUDA on an H200 (lent on 2026-11-26)"). cubecl-cuda sizes its pools from
-//! the device's total memory (`cuDeviceTotalMem`: the largest page is a quarter of it), which
-//! is all it reads of the device for them.
+//! gives the reserved bytes burn really held on each (RESULTS.md, "The devices: memory, CUDA
+//! context, cubecl's pools": the H100 of 2026-11-24 and the H200 of 2026-11-26). cubecl-cuda
+//! sizes its pools from the device's total memory (`cuDeviceTotalMem`: the largest page is a
+//! quarter of it), which is all it reads of the device for them.
 
 use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};

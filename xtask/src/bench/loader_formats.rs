@@ -524,7 +524,7 @@ where
             // The bound and the loader each start right after the same streaming copy of the
             // source (untimed here, timed below as the reference), so both find the caches in
             // the same state: with the bound run straight after the previous loader epoch
-            // instead, the bound ran 3–4% faster than after the copy (RESULTS.md).
+            // instead, the bound ran 3–4% faster than after the copy.
             contiguous_epoch(src, chunk, &mut dst[i], cpus);
             let f0 = trainmem_probe::rss::minor_faults()?;
             let c0 = process_cpu_ns();

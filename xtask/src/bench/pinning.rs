@@ -3,7 +3,7 @@
 //!
 //! On the virtual machines these benches run on, one vCPU can copy up to 1.75× faster than
 //! another at the same moment, and which one is faster changes from second to second
-//! (RESULTS.md, "Loader formats: the 1-worker rows compare two CPUs"). A row whose bound ran
+//! (RESULTS.md, "Token windows and Arrow: `bench loader-formats`"). A row whose bound ran
 //! on one CPU while the workers built on another measures that lottery as much as the loader.
 //! So the loader-formats bench pins worker `j` and the bound's thread `j` to the same CPU.
 
