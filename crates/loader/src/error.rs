@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::npy::HeaderError;
+use crate::formats::npy::HeaderError;
 
 /// What is wrong with one file.
 #[derive(Debug, thiserror::Error)]

@@ -64,18 +64,18 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use trainmem_probe::{Category, CategoryScope, set_thread_category};
 
-use crate::build_times::{BuildClock, BuildTimes};
-use crate::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
-use crate::config::{ConfigError, LoaderConfig, Order};
-use crate::context::WorkerContext;
 use crate::dataset::Dataset;
+use crate::engine::build_times::{BuildClock, BuildTimes};
+use crate::engine::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
+use crate::engine::config::{ConfigError, LoaderConfig, Order};
+use crate::engine::context::WorkerContext;
+use crate::engine::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
+use crate::engine::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
+use crate::engine::resume::{LoaderState, ResumeError};
+use crate::engine::sampler::EpochPlan;
+use crate::engine::staging::StagingPool;
 use crate::error::DataError;
-use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
-use crate::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
-use crate::resume::{LoaderState, ResumeError};
 use crate::rng::mix;
-use crate::sampler::EpochPlan;
-use crate::staging::StagingPool;
 
 /// How often a waiting consumer checks that its workers are still alive.
 const LIVENESS_POLL: Duration = Duration::from_millis(100);

@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::{Dtype, Element};
 use crate::error::{DataError, FileProblem};
-use crate::npy::{self, HeaderError};
+use crate::formats::mapped::check_not_shrunk;
+use crate::formats::npy::{self, HeaderError};
 
 /// Which kind of file an array came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -460,17 +461,7 @@ impl MappedArray {
             // Reads come from the in-memory copy; the file no longer matters.
             return Ok(());
         }
-        let now = self.file.metadata().map_err(|e| io(&self.path, e))?.len();
-        if now < self.file_len {
-            return Err(DataError::file(
-                &self.path,
-                FileProblem::Shrunk {
-                    opened: self.file_len,
-                    now,
-                },
-            ));
-        }
-        Ok(())
+        check_not_shrunk(&self.file, &self.path, self.file_len)
     }
 
     /// Tells the kernel how the samples will be read: sequentially (aggressive read-ahead) or

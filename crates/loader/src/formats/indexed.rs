@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
 use crate::error::DataError;
-use crate::mapped::MappedFile;
-use crate::tokens::{TokenFile, TokenWindows, WindowSpec};
+use crate::formats::mapped::MappedFile;
+use crate::formats::tokens::{TokenFile, TokenWindows, WindowSpec};
 
 /// The `.idx` magic.
 pub const IDX_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";

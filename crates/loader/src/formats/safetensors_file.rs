@@ -7,11 +7,11 @@ use std::path::Path;
 
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use crate::array::{FileFormat, MappedArray};
 use crate::dataset::{Column, MmapDataset};
 use crate::dtype::Dtype;
 use crate::error::{DataError, FileProblem};
-use crate::mapped::MappedFile;
+use crate::formats::array::{FileFormat, MappedArray};
+use crate::formats::mapped::MappedFile;
 
 /// The dtype of a safetensors element type trainmem can view.
 pub fn dtype_of_safetensors(d: StDtype) -> Option<Dtype> {
