@@ -166,17 +166,17 @@ impl MappedArray {
     pub fn open_raw(path: impl AsRef<Path>) -> Result<MappedArray, DataError> {
         let path = path.as_ref();
         let sidecar = sidecar_path(path);
-        let bad = |message: String| {
+        let bad = |source: crate::BoxError| {
             DataError::file(
                 path,
                 FileProblem::Sidecar {
                     sidecar: sidecar.clone(),
-                    message,
+                    source,
                 },
             )
         };
-        let text = std::fs::read_to_string(&sidecar).map_err(|e| bad(e.to_string()))?;
-        let meta: RawSidecar = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(&sidecar).map_err(|e| bad(e.into()))?;
+        let meta: RawSidecar = serde_json::from_str(&text).map_err(|e| bad(e.into()))?;
         MappedArray::open_raw_with(path, &meta)
     }
 

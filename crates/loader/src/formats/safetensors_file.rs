@@ -42,7 +42,7 @@ pub fn open_safetensors(
     let path = path.as_ref();
     let file = MappedFile::open(path)?;
     let (n, meta) = SafeTensors::read_metadata(file.bytes())
-        .map_err(|e| DataError::file(path, FileProblem::Safetensors(e.to_string())))?;
+        .map_err(|e| DataError::file(path, FileProblem::Safetensors(e)))?;
     let data_start = 8 + n;
     let tensors = meta.tensors();
     let names: Vec<String> = if columns.is_empty() {
