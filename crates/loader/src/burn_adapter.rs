@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use burn::data::dataset::Dataset as BurnTrait;
 
-use crate::arrow_dataset::ArrowDataset;
 use crate::dataset::{Dataset, MmapDataset, SampleView};
 use crate::dtype::{Dtype, Element};
-use crate::tokens::TokenWindows;
+use crate::formats::arrow_dataset::ArrowDataset;
+use crate::formats::tokens::TokenWindows;
 
 /// One sample copied out of a [`MmapDataset`]: the rows of every column.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,7 +131,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::{FixtureSpec, feature_value, write_fixture};
+    use crate::formats::fixtures::{FixtureSpec, feature_value, write_fixture};
 
     #[test]
     fn burn_sees_the_same_samples() {

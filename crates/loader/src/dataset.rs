@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use crate::array::MappedArray;
 use crate::dtype::Element;
 use crate::error::DataError;
+use crate::formats::array::MappedArray;
 
 /// A fixed-length, randomly accessible collection of samples, shared by the loader's workers.
 pub trait Dataset: Send + Sync + 'static {

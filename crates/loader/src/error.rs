@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::npy::HeaderError;
+use crate::formats::npy::HeaderError;
 
 /// What is wrong with one file.
 #[derive(Debug, thiserror::Error)]
@@ -47,12 +47,13 @@ pub enum FileProblem {
         align: usize,
     },
     /// The raw-record sidecar is missing or wrong.
-    #[error("raw sidecar {}: {message}", sidecar.display())]
+    #[error("raw sidecar {}: {source}", sidecar.display())]
     Sidecar {
         /// The sidecar path.
         sidecar: PathBuf,
-        /// What is wrong.
-        message: String,
+        /// What is wrong: the I/O error reading it or the JSON error parsing it.
+        #[source]
+        source: crate::BoxError,
     },
     /// The raw data length is not a whole number of records.
     #[error("{data_bytes} data bytes are not a whole number of {record_bytes}-byte records")]
@@ -95,12 +96,27 @@ pub enum FileProblem {
         /// The declared vocabulary size.
         vocab: u64,
     },
+    /// A part of an Arrow IPC file or stream (a block, a message) that the `arrow` reader
+    /// rejects, at this byte offset of the file.
+    #[error("at byte {offset}: {message}")]
+    ArrowRejected {
+        /// Byte offset of the part in the file.
+        offset: u64,
+        /// What was being read, with the reader's error.
+        message: String,
+        /// The reader's error.
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
     /// An Arrow IPC file or stream the `arrow` reader rejects.
     #[error("arrow: {0}")]
-    Arrow(String),
+    Arrow(#[source] arrow_schema::ArrowError),
+    /// The `arrow` reader panicked on the file (a reader bug on a corrupt file), caught.
+    #[error("arrow: the arrow reader failed on this file (corrupt?)")]
+    ArrowPanicked,
     /// A safetensors file the `safetensors` reader rejects.
     #[error("safetensors: {0}")]
-    Safetensors(String),
+    Safetensors(#[source] safetensors::SafeTensorError),
     /// No column of that name.
     #[error("no column {column:?} (columns: {})", available.join(", "))]
     MissingColumn {
@@ -196,6 +212,24 @@ impl DataError {
             FileProblem::Malformed {
                 offset,
                 message: message.into(),
+            },
+        )
+    }
+
+    /// A [`FileProblem::ArrowRejected`] error about `path` at byte `offset`: `message` (which
+    /// quotes the reader's error) for reading, the reader's error as the source.
+    pub(crate) fn arrow_rejected(
+        path: &std::path::Path,
+        offset: u64,
+        message: String,
+        source: arrow_schema::ArrowError,
+    ) -> DataError {
+        DataError::file(
+            path,
+            FileProblem::ArrowRejected {
+                offset,
+                message,
+                source,
             },
         )
     }

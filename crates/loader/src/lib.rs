@@ -7,6 +7,22 @@
 //! worker threads, in a fixed order, with a bound on the memory held in flight, can use it
 //! alone (with feature `burn` it also plugs into burn's `Dataset` trait).
 //!
+//! # Two rooms
+//!
+//! The source keeps the file formats and the loading engine apart, with a few shared leaves
+//! (the [`Dataset`] trait and [`MmapDataset`], [`Dtype`], the errors, the random generator, the
+//! page-cache tools) beside them. Every public item is re-exported from this root (and the
+//! public modules `npy`, `config`, `augment`, `fixtures` and `format_fixtures` too), so no
+//! import names either folder.
+//!
+//! * `src/formats/`: one module per kind of data file (`.npy` and raw records, token files,
+//!   Megatron indexed, Arrow IPC, safetensors), each validated at open and read zero-copy from a
+//!   memory mapping, plus the fixture writers. A new format is a module here implementing
+//!   [`Dataset`] (and, when it needs its own batching, a [`BatchBuilder`]).
+//! * `src/engine/`: everything between a [`Dataset`] and the caller's batches, whatever the
+//!   format: the knobs, the sampler, the workers and reorder buffer, the batch builders' context
+//!   and buffers, the memory accounting and build times, resumption.
+//!
 //! # The parts
 //!
 //! * Data sets: [`MappedArray`] (one `.npy` file, versions 1–3, or a raw record file with a
@@ -288,68 +304,56 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod array;
-mod arrow_collate;
-mod arrow_dataset;
-mod arrow_ipc_file;
-pub mod augment;
-mod batch_writer;
-mod build_times;
-mod builder;
-pub mod config;
-mod context;
 mod dataset;
 mod dtype;
+mod engine;
 mod error;
-pub mod fixtures;
-pub mod format_fixtures;
-mod indexed;
-mod loader;
-mod mapped;
-mod memory;
-pub mod npy;
-mod pacing;
+mod formats;
 mod pagecache;
-mod resume;
 mod rng;
-mod safetensors_file;
-mod sampler;
-mod staging;
-mod tokens;
 
 #[cfg(feature = "burn")]
 pub mod burn_adapter;
 
-pub use array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
-pub use arrow_collate::{
-    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, Segment, StackArrowColumns,
-    scalar_bytes,
-};
-pub use arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
-pub use arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
-pub use augment::{RandomResize, ResizeColumns, ScratchResize};
-pub use batch_writer::BatchWriter;
-pub use build_times::BuildTimes;
-pub use builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns};
-pub use config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
-pub use context::WorkerContext;
+// Shared by both rooms.
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
 pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
 pub use error::{DataError, FileProblem};
-pub use indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_indexed};
-pub use loader::{Epoch, Loader, LoaderError, WorkerInfo};
-pub use mapped::MappedFile;
-pub use memory::{LoaderMemory, MemoryWatch};
-pub use pacing::current_cpu;
 pub use pagecache::{
     MappedPages, evict_page_cache, mapped_pages, mapped_pages_in, read_in_huge_pages,
 };
-pub use resume::{LoaderState, ResumeError};
 pub use rng::{Rng, mix};
-pub use safetensors_file::{dtype_of_safetensors, open_safetensors};
-pub use sampler::{EpochPlan, epoch_order, shard_order};
-pub use staging::{BatchBuffer, prefetch_pages};
-pub use tokens::{
+
+// The file formats.
+pub use formats::array::{FileFormat, MappedArray, RawSidecar, sidecar_path};
+pub use formats::arrow_collate::{
+    PackCollate, PackedBatch, PadCollate, PadTo, PaddedBatch, Segment, StackArrowColumns,
+    scalar_bytes,
+};
+pub use formats::arrow_dataset::{ArrowColumn, ArrowDataset, ArrowRow, ColumnKind, dtype_of_arrow};
+pub use formats::arrow_ipc_file::{ARROW_MAGIC, ArrowFormat};
+pub use formats::indexed::{IDX_MAGIC, IndexedTokens, code_of_dtype, dtype_of_code, write_indexed};
+pub use formats::mapped::MappedFile;
+pub use formats::safetensors_file::{dtype_of_safetensors, open_safetensors};
+pub use formats::tokens::{
     StackWindows, TOKEN_DTYPES, TokenBatch, TokenFile, TokenWindows, Window, WindowOrder,
     WindowSpec,
 };
+pub use formats::{fixtures, format_fixtures, npy};
+
+// The loading engine.
+pub use engine::augment::{RandomResize, ResizeColumns, ScratchResize};
+pub use engine::batch_writer::BatchWriter;
+pub use engine::build_times::BuildTimes;
+pub use engine::builder::{
+    BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns,
+};
+pub use engine::config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
+pub use engine::context::WorkerContext;
+pub use engine::loader::{Epoch, Loader, LoaderError, WorkerInfo};
+pub use engine::memory::{LoaderMemory, MemoryWatch};
+pub use engine::pacing::current_cpu;
+pub use engine::resume::{LoaderState, ResumeError};
+pub use engine::sampler::{EpochPlan, epoch_order, shard_order};
+pub use engine::staging::{BatchBuffer, prefetch_pages};
+pub use engine::{augment, config};

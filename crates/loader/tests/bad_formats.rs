@@ -178,6 +178,16 @@ fn truncated_arrow_files_and_streams_are_errors() {
             }
         }
     }
+    // A stream cut inside a message: the offset, and the arrow reader's error as the source.
+    let p = altered(&dir, "hf_stream.arrow", |b| b.truncate(4000));
+    let err = ArrowDataset::open(&p).expect_err("cut inside a message");
+    names(&err, "arrow stream");
+    assert!(
+        matches!(problem(&err), FileProblem::ArrowRejected { .. }),
+        "{err}"
+    );
+    let source = std::error::Error::source(problem(&err)).expect("a source");
+    assert!(source.is::<arrow_schema::ArrowError>(), "{source:?}");
 }
 
 #[test]
@@ -187,6 +197,8 @@ fn a_truncated_safetensors_file_is_an_error() {
     let err = open_safetensors(&p, &[]).expect_err("truncated");
     names(&err, "tensors.safetensors");
     assert!(matches!(problem(&err), FileProblem::Safetensors(_)));
+    let source = std::error::Error::source(problem(&err)).expect("a source");
+    assert!(source.is::<safetensors::SafeTensorError>(), "{source:?}");
     let err = open_safetensors(data("tensors.safetensors"), &["pixels"]).expect_err("missing");
     assert!(matches!(problem(&err), FileProblem::MissingColumn { .. }));
 }

@@ -287,6 +287,9 @@ fn raw_record_files() {
         matches!(problem(&err), FileProblem::Sidecar { .. }),
         "{err}"
     );
+    // The JSON parser's error is kept as the source, not only its text.
+    let source = std::error::Error::source(problem(&err)).expect("a source");
+    assert!(source.is::<serde_json::Error>(), "{source:?}");
 }
 
 #[test]

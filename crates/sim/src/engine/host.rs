@@ -189,7 +189,7 @@ impl HostModel {
     /// The same model with trainmem-loader's staging pool: with `pin_memory`, batches are
     /// built in pooled page-locked blocks of `columns` (bytes per sample of each column of
     /// the batch, e.g. features and labels), each column rounded up to whole pages
-    /// (trainmem-loader `staging.rs`: `size.div_ceil(PAGE) * PAGE`). Without `pin_memory`
+    /// (trainmem-loader `engine/staging.rs`: `size.div_ceil(PAGE) * PAGE`). Without `pin_memory`
     /// the model is unchanged (fresh buffers per batch).
     pub fn with_staging_pool(mut self, columns: &[u64], micro_batch: u64) -> HostModel {
         let block = columns

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{LoaderConfig, Order, Shard};
+use crate::engine::config::{LoaderConfig, Order, Shard};
 
 /// A loader's position in its run: the next batch it delivers is batch `batches_delivered` of
 /// epoch `epoch`. Saved with a training checkpoint, it restarts the data stream where the

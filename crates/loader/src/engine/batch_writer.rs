@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::staging::{BatchBuffer, StagingPool};
+use crate::engine::staging::{BatchBuffer, StagingPool};
 
 /// A batch buffer being written front to back: the bytes before the cursor are written, the
 /// rest not yet (so the buffer is only handed out by [`BatchWriter::finish`], which zeroes
@@ -125,7 +125,7 @@ impl BatchWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryCounters;
+    use crate::engine::memory::MemoryCounters;
 
     fn pools() -> [Option<Arc<StagingPool>>; 2] {
         let mem = Arc::new(MemoryCounters::default());

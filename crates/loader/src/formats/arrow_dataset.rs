@@ -11,11 +11,11 @@ use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 
-use crate::arrow_ipc_file::{ArrowFormat, decode};
 use crate::dataset::Dataset;
 use crate::dtype::{Dtype, Element};
 use crate::error::{DataError, FileProblem};
-use crate::mapped::MappedFile;
+use crate::formats::arrow_ipc_file::{ArrowFormat, decode};
+use crate::formats::mapped::{MappedFile, check_not_shrunk};
 
 /// The shape of one row of an Arrow column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -474,21 +474,7 @@ impl Dataset for ArrowDataset {
     }
 
     fn check(&self) -> Result<(), DataError> {
-        let now = self
-            .file
-            .metadata()
-            .map_err(|e| DataError::file(&self.path, FileProblem::Io(e)))?
-            .len();
-        if now < self.file_len {
-            return Err(DataError::file(
-                &self.path,
-                FileProblem::Shrunk {
-                    opened: self.file_len,
-                    now,
-                },
-            ));
-        }
-        Ok(())
+        check_not_shrunk(&self.file, &self.path, self.file_len)
     }
 }
 

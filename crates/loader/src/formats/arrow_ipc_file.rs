@@ -41,8 +41,8 @@ pub(crate) struct Decoded {
     pub batches: Vec<RecordBatch>,
 }
 
-fn arrow_err(path: &Path, e: impl std::fmt::Display) -> DataError {
-    DataError::file(path, FileProblem::Arrow(e.to_string()))
+fn arrow_err(path: &Path, e: ArrowError) -> DataError {
+    DataError::file(path, FileProblem::Arrow(e))
 }
 
 /// Decodes `buf` (a whole file) as an Arrow IPC file or stream. The `arrow` readers check
@@ -56,12 +56,7 @@ pub(crate) fn decode(path: &Path, buf: Buffer) -> Result<Decoded, DataError> {
             decode_stream(path, buf.clone())
         }
     }));
-    result.unwrap_or_else(|_| {
-        Err(arrow_err(
-            path,
-            "the arrow reader failed on this file (corrupt?)",
-        ))
-    })
+    result.unwrap_or_else(|_| Err(DataError::file(path, FileProblem::ArrowPanicked)))
 }
 
 fn decode_file(path: &Path, buf: &Buffer) -> Result<Decoded, DataError> {
@@ -71,7 +66,9 @@ fn decode_file(path: &Path, buf: &Buffer) -> Result<Decoded, DataError> {
         return Err(bad(len, "truncated: too short for an Arrow file".into()));
     }
     let trailer: [u8; 10] = buf[len - 10..].try_into().unwrap_or_default();
-    let footer_len = read_footer_length(trailer).map_err(|e| bad(len - 10, e.to_string()))?;
+    let rejected =
+        |at: usize, e: ArrowError| DataError::arrow_rejected(path, at as u64, e.to_string(), e);
+    let footer_len = read_footer_length(trailer).map_err(|e| rejected(len - 10, e))?;
     let footer_start = (len - 10)
         .checked_sub(footer_len)
         .filter(|&s| s >= 8)
@@ -82,6 +79,7 @@ fn decode_file(path: &Path, buf: &Buffer) -> Result<Decoded, DataError> {
             )
         })?;
     let footer = arrow_ipc::root_as_footer(&buf[footer_start..len - 10])
+        // flatbuffers' error is no `std::error::Error` here (no `std` feature): keep its text.
         .map_err(|e| bad(footer_start, format!("footer: {e}")))?;
     let fb_schema = footer
         .schema()
@@ -115,14 +113,14 @@ fn decode_file(path: &Path, buf: &Buffer) -> Result<Decoded, DataError> {
         let data = block_buf(block)?;
         decoder
             .read_dictionary(block, &data)
-            .map_err(|e| bad(block.offset() as usize, e.to_string()))?;
+            .map_err(|e| rejected(block.offset() as usize, e))?;
     }
     let mut batches = Vec::new();
     for block in footer.recordBatches().iter().flatten() {
         let data = block_buf(block)?;
         if let Some(b) = decoder
             .read_record_batch(block, &data)
-            .map_err(|e| bad(block.offset() as usize, e.to_string()))?
+            .map_err(|e| rejected(block.offset() as usize, e))?
         {
             batches.push(b);
         }
@@ -140,7 +138,7 @@ fn decode_stream(path: &Path, mut buf: Buffer) -> Result<Decoded, DataError> {
     let mut batches = Vec::new();
     let at = |buf: &Buffer| (total - buf.len()) as u64;
     let stream_err = |buf: &Buffer, e: ArrowError| {
-        DataError::malformed(path, at(buf), format!("arrow stream: {e}"))
+        DataError::arrow_rejected(path, at(buf), format!("arrow stream: {e}"), e)
     };
     while !buf.is_empty() {
         match decoder.decode(&mut buf) {
@@ -150,10 +148,11 @@ fn decode_stream(path: &Path, mut buf: Buffer) -> Result<Decoded, DataError> {
         }
     }
     decoder.finish().map_err(|e| {
-        DataError::malformed(
+        DataError::arrow_rejected(
             path,
             total as u64,
             format!("arrow stream: {e} (truncated?)"),
+            e,
         )
     })?;
     let schema = decoder.schema().ok_or_else(|| {

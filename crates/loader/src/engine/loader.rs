@@ -65,18 +65,18 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use trainmem_core::Category;
 use trainmem_probe::{CategoryScope, set_thread_category};
 
-use crate::build_times::{BuildClock, BuildTimes};
-use crate::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
-use crate::config::{ConfigError, LoaderConfig, Order};
-use crate::context::WorkerContext;
 use crate::dataset::Dataset;
+use crate::engine::build_times::{BuildClock, BuildTimes};
+use crate::engine::builder::{BatchBuilder, BoxError, HeldBytes, MapCollate};
+use crate::engine::config::{ConfigError, LoaderConfig, Order};
+use crate::engine::context::WorkerContext;
+use crate::engine::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
+use crate::engine::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
+use crate::engine::resume::{LoaderState, ResumeError};
+use crate::engine::sampler::EpochPlan;
+use crate::engine::staging::StagingPool;
 use crate::error::DataError;
-use crate::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
-use crate::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
-use crate::resume::{LoaderState, ResumeError};
 use crate::rng::mix;
-use crate::sampler::EpochPlan;
-use crate::staging::StagingPool;
 
 /// How often a waiting consumer checks that its workers are still alive.
 const LIVENESS_POLL: Duration = Duration::from_millis(100);
@@ -620,6 +620,60 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         Ok(pool)
     }
 
+    /// The workers' side of starting `epoch` at batch `first`: the workers to build it (this
+    /// epoch's own, or the persistent pool, respawned if its threads are gone), and the job
+    /// they build, adopted from the work built `ahead` or started afresh; and how many of its
+    /// batches have been sent to them already.
+    fn worker_state(
+        &mut self,
+        epoch: u64,
+        plan: &Arc<EpochPlan>,
+        ahead: &mut Option<Ahead<Bd::Batch>>,
+        first: usize,
+    ) -> Result<(State<Bd::Batch>, usize), LoaderError> {
+        let own = if self.config.persistent_workers {
+            if self.pool.as_ref().is_none_or(WorkerPool::all_exited) {
+                if let Some(mut a) = ahead.take() {
+                    // Its tasks went to workers that are gone: start the epoch afresh
+                    // (the sampler bytes stay counted, now for this epoch).
+                    a.job.cancel.store(true, Ordering::Relaxed);
+                    a.armed = false;
+                }
+                self.pool = Some(self.spawn_pool()?);
+            }
+            None
+        } else {
+            Some(self.spawn_pool()?)
+        };
+        Ok(match ahead.as_mut() {
+            Some(a) => {
+                a.armed = false;
+                let state = State::Workers {
+                    job: Arc::clone(&a.job),
+                    results: a.results.clone(),
+                    reorder: BTreeMap::new(),
+                    own_pool: own,
+                };
+                (state, a.sent)
+            }
+            None => {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                let state = State::Workers {
+                    job: Arc::new(Job {
+                        epoch,
+                        plan: Arc::clone(plan),
+                        results: tx,
+                        cancel: Arc::new(AtomicBool::new(false)),
+                    }),
+                    results: rx,
+                    reorder: BTreeMap::new(),
+                    own_pool: own,
+                };
+                (state, first)
+            }
+        })
+    }
+
     /// Starts the next epoch (0, 1, 2, ..., or the one a [`Self::restore`] named, at its
     /// restored batch).
     pub fn epoch(&mut self) -> Result<Epoch<'_, D, Bd>, LoaderError> {
@@ -658,55 +712,16 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         if ahead.is_none() {
             self.shared.memory.add(Term::Sampler, sampler_bytes);
         }
-        let mut sent = first;
-        let state = if self.config.workers == 0 {
-            State::Inline(WorkerContext::new(
+        let (state, sent) = if self.config.workers == 0 {
+            let ctx = WorkerContext::new(
                 None,
                 0,
                 Arc::clone(&self.shared.memory),
                 self.shared.staging.clone(),
-            ))
+            );
+            (State::Inline(ctx), first)
         } else {
-            let own = if self.config.persistent_workers {
-                if self.pool.as_ref().is_none_or(WorkerPool::all_exited) {
-                    if let Some(mut a) = ahead.take() {
-                        // Its tasks went to workers that are gone: start the epoch afresh
-                        // (the sampler bytes stay counted, now for this epoch).
-                        a.job.cancel.store(true, Ordering::Relaxed);
-                        a.armed = false;
-                    }
-                    self.pool = Some(self.spawn_pool()?);
-                }
-                None
-            } else {
-                Some(self.spawn_pool()?)
-            };
-            match ahead.as_mut() {
-                Some(a) => {
-                    a.armed = false;
-                    sent = a.sent;
-                    State::Workers {
-                        job: Arc::clone(&a.job),
-                        results: a.results.clone(),
-                        reorder: BTreeMap::new(),
-                        own_pool: own,
-                    }
-                }
-                None => {
-                    let (tx, rx) = crossbeam_channel::unbounded();
-                    State::Workers {
-                        job: Arc::new(Job {
-                            epoch,
-                            plan: Arc::clone(&plan),
-                            results: tx,
-                            cancel: Arc::new(AtomicBool::new(false)),
-                        }),
-                        results: rx,
-                        reorder: BTreeMap::new(),
-                        own_pool: own,
-                    }
-                }
-            }
+            self.worker_state(epoch, &plan, &mut ahead, first)?
         };
         drop(ahead);
         let mut it = Epoch {
@@ -884,6 +899,33 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         }
     }
 
+    /// After a wait for batch `want` (begun at `started`) that received nothing: the error
+    /// that ends the epoch if the wait has run past `timeout` or no worker is left to build
+    /// the batch; `None` while the caller should wait on.
+    fn stalled(
+        &self,
+        want: usize,
+        started: Instant,
+        timeout: Option<Duration>,
+    ) -> Option<LoaderError> {
+        if let Some(t) = timeout
+            && started.elapsed() >= t
+        {
+            return Some(LoaderError::Timeout {
+                epoch: self.epoch,
+                batch: want,
+                timeout_ms: t.as_millis() as u64,
+            });
+        }
+        if self.workers_exited() {
+            return Some(LoaderError::WorkersGone {
+                epoch: self.epoch,
+                batch: want,
+            });
+        }
+        None
+    }
+
     fn next_from_workers(&mut self) -> Result<Bd::Batch, LoaderError> {
         let timeout = self.loader.config.timeout_ms.map(Duration::from_millis);
         let started = Instant::now();
@@ -934,22 +976,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                     reorder.insert(k, r);
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
-                    if let Some(t) = timeout
-                        && started.elapsed() >= t
-                    {
+                    if let Some(e) = self.stalled(want, started, timeout) {
                         self.stop();
-                        return Err(LoaderError::Timeout {
-                            epoch: self.epoch,
-                            batch: want,
-                            timeout_ms: t.as_millis() as u64,
-                        });
-                    }
-                    if self.workers_exited() {
-                        self.stop();
-                        return Err(LoaderError::WorkersGone {
-                            epoch: self.epoch,
-                            batch: want,
-                        });
+                        return Err(e);
                     }
                 }
             }

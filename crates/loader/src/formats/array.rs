@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::{Dtype, Element};
 use crate::error::{DataError, FileProblem};
-use crate::npy::{self, HeaderError};
+use crate::formats::mapped::check_not_shrunk;
+use crate::formats::npy::{self, HeaderError};
 
 /// Which kind of file an array came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,17 +166,17 @@ impl MappedArray {
     pub fn open_raw(path: impl AsRef<Path>) -> Result<MappedArray, DataError> {
         let path = path.as_ref();
         let sidecar = sidecar_path(path);
-        let bad = |message: String| {
+        let bad = |source: crate::BoxError| {
             DataError::file(
                 path,
                 FileProblem::Sidecar {
                     sidecar: sidecar.clone(),
-                    message,
+                    source,
                 },
             )
         };
-        let text = std::fs::read_to_string(&sidecar).map_err(|e| bad(e.to_string()))?;
-        let meta: RawSidecar = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(&sidecar).map_err(|e| bad(e.into()))?;
+        let meta: RawSidecar = serde_json::from_str(&text).map_err(|e| bad(e.into()))?;
         MappedArray::open_raw_with(path, &meta)
     }
 
@@ -261,62 +262,9 @@ impl MappedArray {
         data_offset: usize,
         exact_len: bool,
     ) -> Result<MappedArray, DataError> {
-        let overflow = || DataError::file(path, FileProblem::Overflow(shape.clone()));
-        let elems = checked_prod(&shape).ok_or_else(overflow)?;
-        let data_len = elems
-            .checked_mul(dtype.size() as usize)
-            .ok_or_else(overflow)?;
-        let needed = (data_offset as u64)
-            .checked_add(data_len as u64)
-            .ok_or_else(overflow)?;
-        if needed > file_len {
-            return Err(DataError::file(
-                path,
-                FileProblem::Truncated {
-                    shape,
-                    dtype,
-                    expected: data_len as u64,
-                    actual: file_len.saturating_sub(data_offset as u64),
-                },
-            ));
-        }
-        if exact_len && needed < file_len {
-            return Err(DataError::file(
-                path,
-                FileProblem::TrailingBytes {
-                    expected: data_len as u64,
-                    extra: file_len - needed,
-                },
-            ));
-        }
-        if !data_offset.is_multiple_of(dtype.size() as usize) {
-            return Err(DataError::file(
-                path,
-                FileProblem::Misaligned {
-                    offset: data_offset,
-                    align: (dtype.size() as usize),
-                },
-            ));
-        }
-        let map = if file_len == 0 {
-            None
-        } else {
-            // SAFETY: mapping a file is unsafe because another process may truncate or modify
-            // it while mapped. The length was validated just above, the file stays open with
-            // the map, and `check_unchanged` re-validates it at every epoch start; the module
-            // docs state the remaining hazard (an in-place shrink mid-epoch) for users.
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| io(path, e))?;
-            if (map.len() as u64) < needed {
-                return Err(DataError::file(
-                    path,
-                    FileProblem::Shrunk {
-                        opened: file_len,
-                        now: map.len() as u64,
-                    },
-                ));
-            }
-            Some(map)
-        };
+        let (data_len, needed) =
+            data_extent(path, file_len, dtype, &shape, data_offset, exact_len)?;
+        let map = map_data(path, &file, file_len, needed)?;
         // Per-sample bytes from the sample shape, so it is right even with zero samples.
         let sample_bytes = checked_prod(&shape[1..]).unwrap_or(0) * (dtype.size() as usize);
         Ok(MappedArray {
@@ -460,17 +408,7 @@ impl MappedArray {
             // Reads come from the in-memory copy; the file no longer matters.
             return Ok(());
         }
-        let now = self.file.metadata().map_err(|e| io(&self.path, e))?.len();
-        if now < self.file_len {
-            return Err(DataError::file(
-                &self.path,
-                FileProblem::Shrunk {
-                    opened: self.file_len,
-                    now,
-                },
-            ));
-        }
-        Ok(())
+        check_not_shrunk(&self.file, &self.path, self.file_len)
     }
 
     /// Tells the kernel how the samples will be read: sequentially (aggressive read-ahead) or
@@ -489,6 +427,85 @@ impl MappedArray {
         #[cfg(not(unix))]
         let _ = sequential;
     }
+}
+
+/// The data bytes `shape` of `dtype` take, and the file length they need from
+/// `data_offset`, checked against the file's length `file_len` (enough bytes, and no more
+/// with `exact_len`) and the element alignment.
+fn data_extent(
+    path: &Path,
+    file_len: u64,
+    dtype: Dtype,
+    shape: &[usize],
+    data_offset: usize,
+    exact_len: bool,
+) -> Result<(usize, u64), DataError> {
+    let overflow = || DataError::file(path, FileProblem::Overflow(shape.to_vec()));
+    let elems = checked_prod(shape).ok_or_else(overflow)?;
+    let data_len = elems
+        .checked_mul(dtype.size() as usize)
+        .ok_or_else(overflow)?;
+    let needed = (data_offset as u64)
+        .checked_add(data_len as u64)
+        .ok_or_else(overflow)?;
+    if needed > file_len {
+        return Err(DataError::file(
+            path,
+            FileProblem::Truncated {
+                shape: shape.to_vec(),
+                dtype,
+                expected: data_len as u64,
+                actual: file_len.saturating_sub(data_offset as u64),
+            },
+        ));
+    }
+    if exact_len && needed < file_len {
+        return Err(DataError::file(
+            path,
+            FileProblem::TrailingBytes {
+                expected: data_len as u64,
+                extra: file_len - needed,
+            },
+        ));
+    }
+    if !data_offset.is_multiple_of(dtype.size() as usize) {
+        return Err(DataError::file(
+            path,
+            FileProblem::Misaligned {
+                offset: data_offset,
+                align: (dtype.size() as usize),
+            },
+        ));
+    }
+    Ok((data_len, needed))
+}
+
+/// Maps `file` (`file_len` bytes at open; none for an empty file), refusing a mapping shorter
+/// than the `needed` bytes the data ends at.
+fn map_data(
+    path: &Path,
+    file: &File,
+    file_len: u64,
+    needed: u64,
+) -> Result<Option<Mmap>, DataError> {
+    if file_len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: mapping a file is unsafe because another process may truncate or modify it while
+    // mapped. The length was validated by `data_extent`, the file stays open with the map, and
+    // `check_unchanged` re-validates it at every epoch start; the module docs state the
+    // remaining hazard (an in-place shrink mid-epoch) for users.
+    let map = unsafe { Mmap::map(file) }.map_err(|e| io(path, e))?;
+    if (map.len() as u64) < needed {
+        return Err(DataError::file(
+            path,
+            FileProblem::Shrunk {
+                opened: file_len,
+                now: map.len() as u64,
+            },
+        ));
+    }
+    Ok(Some(map))
 }
 
 fn checked_prod(dims: &[usize]) -> Option<usize> {

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
 use crate::error::DataError;
-use crate::mapped::MappedFile;
-use crate::tokens::{TokenFile, TokenWindows, WindowSpec};
+use crate::formats::mapped::MappedFile;
+use crate::formats::tokens::{TokenFile, TokenWindows, WindowSpec};
 
 /// The `.idx` magic.
 pub const IDX_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
@@ -108,111 +108,15 @@ impl IndexedTokens {
         bin: MappedFile,
         vocab: Option<u64>,
     ) -> Result<IndexedTokens, DataError> {
-        let bad = |at: usize, m: String| DataError::malformed(idx.path(), at as u64, m);
-        if idx.get(0, 9) != Some(&IDX_MAGIC[..]) {
-            return Err(bad(
-                0,
-                "no MMIDIDX magic (not a Megatron indexed data set .idx)".into(),
-            ));
-        }
-        let version = read_u64(&idx, 9)?;
-        if version != 1 {
-            return Err(bad(9, format!("version {version}, only 1 is known")));
-        }
-        let code = idx.get(17, 1).map_or(0, |b| b[0]);
-        let dtype =
-            dtype_of_code(code).ok_or_else(|| bad(17, format!("unknown dtype code {code}")))?;
-        let s = count(&idx, 18, "sequence count")?;
-        let d = count(&idx, 26, "document index count")?;
-        let sizes_at = HEADER;
-        let ptrs_at = sizes_at + 4 * s;
-        let docs_at = ptrs_at + 8 * s;
-        let end = docs_at + 8 * d;
-        let len = idx.len() as usize;
-        if end > len {
-            return Err(bad(
-                len,
-                format!(
-                    "truncated: {s} sequences and {d} document entries need {end} bytes, the .idx holds {len}"
-                ),
-            ));
-        }
-        if len != end && len != end + s {
-            return Err(bad(
-                end,
-                format!(
-                    "{} bytes after the document index (corrupt .idx?)",
-                    len - end
-                ),
-            ));
-        }
-        let item = dtype.size() as usize;
-        let tokens = TokenFile::from_mapped(bin, dtype, None)?;
-        let bin_len = tokens.mapped().len();
-        let mut seqs = Vec::with_capacity(s);
-        for i in 0..s {
-            let size_at = sizes_at + 4 * i;
-            let size = idx
-                .get(size_at, 4)
-                .map_or(-1, |b| i32::from_le_bytes(b.try_into().unwrap_or([255; 4])));
-            let ptr_at = ptrs_at + 8 * i;
-            let ptr = read_u64(&idx, ptr_at)?;
-            let size = usize::try_from(size)
-                .map_err(|_| bad(size_at, format!("sequence {i} has negative length {size}")))?;
-            let end = ptr.checked_add((size * item) as u64);
-            if end.is_none_or(|e| e > bin_len) || ptr % item as u64 != 0 {
-                return Err(bad(
-                    ptr_at,
-                    format!(
-                        "sequence {i} ({size} tokens at byte {ptr}) points past the end of the {bin_len}-byte .bin {} or off the {item}-byte grid",
-                        tokens.path().display()
-                    ),
-                ));
-            }
-            seqs.push(((ptr / item as u64) as usize, size));
-        }
-        let mut documents = Vec::with_capacity(d.saturating_sub(1));
-        let mut prev = 0usize;
-        for k in 0..d {
-            let at = docs_at + 8 * k;
-            let v = read_u64(&idx, at)?;
-            let v = usize::try_from(v)
-                .ok()
-                .filter(|&v| v <= s && v >= prev && (k > 0 || v == 0));
-            let v = v.ok_or_else(|| {
-                bad(
-                    at,
-                    format!(
-                        "document index entry {k} is not in {prev}..={s} (or the first is not 0)"
-                    ),
-                )
-            })?;
-            if k > 0 {
-                documents.push(document_span(&seqs[prev..v]).ok_or_else(|| {
-                    bad(
-                        at,
-                        format!(
-                            "document {} has sequences that are not contiguous in the .bin",
-                            k - 1
-                        ),
-                    )
-                })?);
-            }
-            prev = v;
-        }
-        if d > 0 && prev != s {
-            return Err(bad(
-                end - 8,
-                format!(
-                    "the document index ends at sequence {prev}, not at the sequence count {s}"
-                ),
-            ));
-        }
+        let layout = IdxLayout::read(&idx)?;
+        let tokens = TokenFile::from_mapped(bin, layout.dtype, None)?;
+        let seqs = layout.sequences(&idx, &tokens)?;
+        let documents = layout.documents(&idx, &seqs)?;
         let t = IndexedTokens {
             idx_path: idx.path().to_path_buf(),
             tokens,
             documents,
-            sequences: s,
+            sequences: layout.sequences,
         };
         if let Some(v) = vocab {
             for &(start, n) in &t.documents {
@@ -273,6 +177,172 @@ impl IndexedTokens {
             };
         }
         TokenWindows::over(self.tokens, spec, &[stream.unwrap_or((0, 0))])
+    }
+}
+
+/// Where the tables of an `.idx` lie, from its header (validated: magic, version, dtype code,
+/// counts, and a file length that holds the tables).
+struct IdxLayout {
+    dtype: Dtype,
+    /// Sequence count `S`.
+    sequences: usize,
+    /// Document index count `D`.
+    doc_entries: usize,
+    sizes_at: usize,
+    ptrs_at: usize,
+    docs_at: usize,
+    /// The end of the document index.
+    end: usize,
+}
+
+fn bad(idx: &MappedFile, at: usize, message: String) -> DataError {
+    DataError::malformed(idx.path(), at as u64, message)
+}
+
+impl IdxLayout {
+    /// Reads and checks the header, and the `.idx` length against the tables it announces.
+    fn read(idx: &MappedFile) -> Result<IdxLayout, DataError> {
+        if idx.get(0, 9) != Some(&IDX_MAGIC[..]) {
+            return Err(bad(
+                idx,
+                0,
+                "no MMIDIDX magic (not a Megatron indexed data set .idx)".into(),
+            ));
+        }
+        let version = read_u64(idx, 9)?;
+        if version != 1 {
+            return Err(bad(idx, 9, format!("version {version}, only 1 is known")));
+        }
+        let code = idx.get(17, 1).map_or(0, |b| b[0]);
+        let dtype = dtype_of_code(code)
+            .ok_or_else(|| bad(idx, 17, format!("unknown dtype code {code}")))?;
+        let s = count(idx, 18, "sequence count")?;
+        let d = count(idx, 26, "document index count")?;
+        let sizes_at = HEADER;
+        let ptrs_at = sizes_at + 4 * s;
+        let docs_at = ptrs_at + 8 * s;
+        let end = docs_at + 8 * d;
+        let len = idx.len() as usize;
+        if end > len {
+            return Err(bad(
+                idx,
+                len,
+                format!(
+                    "truncated: {s} sequences and {d} document entries need {end} bytes, the .idx holds {len}"
+                ),
+            ));
+        }
+        if len != end && len != end + s {
+            return Err(bad(
+                idx,
+                end,
+                format!(
+                    "{} bytes after the document index (corrupt .idx?)",
+                    len - end
+                ),
+            ));
+        }
+        Ok(IdxLayout {
+            dtype,
+            sequences: s,
+            doc_entries: d,
+            sizes_at,
+            ptrs_at,
+            docs_at,
+            end,
+        })
+    }
+
+    /// Each sequence's first token and length, checked to lie inside the `.bin` on its
+    /// element grid.
+    fn sequences(
+        &self,
+        idx: &MappedFile,
+        tokens: &TokenFile,
+    ) -> Result<Vec<(usize, usize)>, DataError> {
+        let item = self.dtype.size() as usize;
+        let bin_len = tokens.mapped().len();
+        let mut seqs = Vec::with_capacity(self.sequences);
+        for i in 0..self.sequences {
+            let size_at = self.sizes_at + 4 * i;
+            let size = idx
+                .get(size_at, 4)
+                .map_or(-1, |b| i32::from_le_bytes(b.try_into().unwrap_or([255; 4])));
+            let ptr_at = self.ptrs_at + 8 * i;
+            let ptr = read_u64(idx, ptr_at)?;
+            let size = usize::try_from(size).map_err(|_| {
+                bad(
+                    idx,
+                    size_at,
+                    format!("sequence {i} has negative length {size}"),
+                )
+            })?;
+            let end = ptr.checked_add((size * item) as u64);
+            if end.is_none_or(|e| e > bin_len) || ptr % item as u64 != 0 {
+                return Err(bad(
+                    idx,
+                    ptr_at,
+                    format!(
+                        "sequence {i} ({size} tokens at byte {ptr}) points past the end of the {bin_len}-byte .bin {} or off the {item}-byte grid",
+                        tokens.path().display()
+                    ),
+                ));
+            }
+            seqs.push(((ptr / item as u64) as usize, size));
+        }
+        Ok(seqs)
+    }
+
+    /// Each document's token span, from the document index (which must start at 0, never run
+    /// backwards, and end at the sequence count) over `seqs` (which must be contiguous within a
+    /// document).
+    fn documents(
+        &self,
+        idx: &MappedFile,
+        seqs: &[(usize, usize)],
+    ) -> Result<Vec<(usize, usize)>, DataError> {
+        let (s, d) = (self.sequences, self.doc_entries);
+        let mut documents = Vec::with_capacity(d.saturating_sub(1));
+        let mut prev = 0usize;
+        for k in 0..d {
+            let at = self.docs_at + 8 * k;
+            let v = read_u64(idx, at)?;
+            let v = usize::try_from(v)
+                .ok()
+                .filter(|&v| v <= s && v >= prev && (k > 0 || v == 0));
+            let v = v.ok_or_else(|| {
+                bad(
+                    idx,
+                    at,
+                    format!(
+                        "document index entry {k} is not in {prev}..={s} (or the first is not 0)"
+                    ),
+                )
+            })?;
+            if k > 0 {
+                documents.push(document_span(&seqs[prev..v]).ok_or_else(|| {
+                    bad(
+                        idx,
+                        at,
+                        format!(
+                            "document {} has sequences that are not contiguous in the .bin",
+                            k - 1
+                        ),
+                    )
+                })?);
+            }
+            prev = v;
+        }
+        if d > 0 && prev != s {
+            return Err(bad(
+                idx,
+                self.end - 8,
+                format!(
+                    "the document index ends at sequence {prev}, not at the sequence count {s}"
+                ),
+            ));
+        }
+        Ok(documents)
     }
 }
 

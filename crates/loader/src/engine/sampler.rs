@@ -1,6 +1,6 @@
 //! Samplers: the order of one epoch (sequential, shuffled, sharded) cut into batches.
 
-use crate::config::{LoaderConfig, Order, Shard};
+use crate::engine::config::{LoaderConfig, Order, Shard};
 use crate::rng::{Rng, mix};
 
 /// The sample order of one epoch and its batches.

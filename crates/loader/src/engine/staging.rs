@@ -13,10 +13,10 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::batch_writer::BatchWriter;
 use crate::dtype::Element;
-use crate::memory::{MemoryCounters, Term};
-use crate::pacing::current_cpu;
+use crate::engine::batch_writer::BatchWriter;
+use crate::engine::memory::{MemoryCounters, Term};
+use crate::engine::pacing::current_cpu;
 
 const PAGE: usize = 4096;
 const HEAP_ALIGN: usize = 64;

@@ -2,11 +2,11 @@
 //! per-sample transform plus collate ([`MapCollate`]), and the zero-copy-to-one-copy column
 //! stacker for memory-mapped data sets ([`StackColumns`] → [`ColumnBatch`]).
 
-use crate::array::MappedArray;
-use crate::context::WorkerContext;
 use crate::dataset::{Dataset, MmapDataset};
 use crate::dtype::{Dtype, Element};
-use crate::staging::{BatchBuffer, prefetch_pages};
+use crate::engine::context::WorkerContext;
+use crate::engine::staging::{BatchBuffer, prefetch_pages};
+use crate::formats::array::MappedArray;
 
 /// The error type builders and transforms return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

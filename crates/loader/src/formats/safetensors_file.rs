@@ -7,11 +7,11 @@ use std::path::Path;
 
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use crate::array::{FileFormat, MappedArray};
 use crate::dataset::{Column, MmapDataset};
 use crate::dtype::Dtype;
 use crate::error::{DataError, FileProblem};
-use crate::mapped::MappedFile;
+use crate::formats::array::{FileFormat, MappedArray};
+use crate::formats::mapped::MappedFile;
 
 /// The dtype of a safetensors element type trainmem can view.
 pub fn dtype_of_safetensors(d: StDtype) -> Option<Dtype> {
@@ -42,7 +42,7 @@ pub fn open_safetensors(
     let path = path.as_ref();
     let file = MappedFile::open(path)?;
     let (n, meta) = SafeTensors::read_metadata(file.bytes())
-        .map_err(|e| DataError::file(path, FileProblem::Safetensors(e.to_string())))?;
+        .map_err(|e| DataError::file(path, FileProblem::Safetensors(e)))?;
     let data_start = 8 + n;
     let tensors = meta.tensors();
     let names: Vec<String> = if columns.is_empty() {

@@ -7,10 +7,10 @@
 //! batches stay stackable. Other columns are copied unchanged. [`ResizeColumns`] is the batch
 //! builder that applies it to one column of a [`MmapDataset`].
 
-use crate::builder::{BatchBuilder, BoxError, ColumnBatch, copy_rows};
-use crate::context::WorkerContext;
 use crate::dataset::MmapDataset;
 use crate::dtype::Dtype;
+use crate::engine::builder::{BatchBuilder, BoxError, ColumnBatch, copy_rows};
+use crate::engine::context::WorkerContext;
 
 /// Random zoom in or out of an image, through variable-size scratch.
 #[derive(Debug, Clone, Copy, PartialEq)]

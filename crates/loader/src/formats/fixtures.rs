@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::array::{RawSidecar, sidecar_path};
 use crate::dtype::{Dtype, Element};
 use crate::error::DataError;
-use crate::npy::write_header;
+use crate::formats::array::{RawSidecar, sidecar_path};
+use crate::formats::npy::write_header;
 use crate::rng::mix;
 
 /// What to generate.

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::batch_writer::BatchWriter;
-use crate::memory::{MemoryCounters, Term};
+use crate::engine::batch_writer::BatchWriter;
+use crate::engine::memory::{MemoryCounters, Term};
+use crate::engine::staging::{BatchBuffer, StagingPool};
 use crate::rng::Rng;
-use crate::staging::{BatchBuffer, StagingPool};
 
 /// Per-worker state handed to the batch builder.
 #[derive(Debug)]

@@ -23,6 +23,17 @@ fn io(path: &Path, e: std::io::Error) -> DataError {
     DataError::file(path, FileProblem::Io(e))
 }
 
+/// Errors ([`FileProblem::Shrunk`]) if `file`, `opened` bytes long when it was opened as
+/// `path`, is shorter now: a mapping made then would reach past its end, and reading there
+/// raises SIGBUS. Every memory-mapped data set runs this check before it is read again.
+pub(crate) fn check_not_shrunk(file: &File, path: &Path, opened: u64) -> Result<(), DataError> {
+    let now = file.metadata().map_err(|e| io(path, e))?.len();
+    if now < opened {
+        return Err(DataError::file(path, FileProblem::Shrunk { opened, now }));
+    }
+    Ok(())
+}
+
 impl MappedFile {
     /// Opens and maps `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<MappedFile, DataError> {
@@ -84,17 +95,7 @@ impl MappedFile {
 
     /// Errors if the file is now shorter than at open (reading it could raise SIGBUS).
     pub fn check_unchanged(&self) -> Result<(), DataError> {
-        let now = self.file.metadata().map_err(|e| io(&self.path, e))?.len();
-        if now < self.len {
-            return Err(DataError::file(
-                &self.path,
-                FileProblem::Shrunk {
-                    opened: self.len,
-                    now,
-                },
-            ));
-        }
-        Ok(())
+        check_not_shrunk(&self.file, &self.path, self.len)
     }
 
     /// Advises the kernel of the coming access pattern (sequential or random).
