@@ -1248,7 +1248,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Snapshot {
             segments,
             device_traces: vec![self.trace.entries().iter().cloned().collect()],
-            allocator_settings: AllocatorSettings::from_config(&self.config),
+            allocator_settings: Some(AllocatorSettings::from_config(&self.config)),
         }
     }
 
@@ -1256,6 +1256,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn segment_info(&self, head: u32, expandable: bool) -> SegmentInfo {
         let hn = &self.nodes[head as usize];
         let mut seg = SegmentInfo {
+            device: 0,
             address: hn.addr,
             total_size: 0,
             allocated_size: 0,
@@ -1263,7 +1264,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             requested_size: 0,
             stream: self.pools[hn.slot as usize].stream,
             segment_type: hn.pool,
+            segment_pool_id: (0, 0),
             is_expandable: expandable,
+            frames: Vec::new(),
             blocks: Vec::new(),
         };
         let mut cur = head;
@@ -1287,7 +1290,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 size: n.size,
                 requested_size: n.requested,
                 state,
-                label: self.labels[cur as usize].clone(),
+                frames: Vec::new(),
+                category: self.labels[cur as usize].clone(),
             });
             cur = n.next;
         }

@@ -8,7 +8,7 @@
 
 use serde_pickle::Value;
 use trainmem_alloc::Snapshot;
-use trainmem_alloc::pytorch::{MemorySnapshot, pickle};
+use trainmem_alloc::pytorch::pickle;
 
 pub use trainmem_alloc::pytorch::pickle::{VIEWER_OPCODES, first_unsupported_opcode};
 
@@ -16,12 +16,12 @@ use super::ExportError;
 
 /// Builds the snapshot dict as a pickle value.
 pub fn snapshot_value(snap: &Snapshot) -> Value {
-    pickle::to_value(&MemorySnapshot::from(snap))
+    pickle::to_value(snap)
 }
 
 /// The snapshot pickle bytes (protocol 3).
 pub fn snapshot_pickle(snap: &Snapshot) -> Result<Vec<u8>, ExportError> {
-    pickle::write_snapshot(snap).map_err(|e| ExportError::Pickle(e.to_string()))
+    pickle::to_bytes(snap).map_err(|e| ExportError::Pickle(e.to_string()))
 }
 
 #[cfg(test)]
