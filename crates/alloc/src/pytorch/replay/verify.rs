@@ -89,7 +89,49 @@ struct Checker<'a> {
     v: Verification,
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
+    /// A checker holding what the recorded `trace` did: its segment calls in order, and its
+    /// counts of segment calls, allocations and out-of-memory errors.
+    fn of_recording(trace: &'a [TraceEntry]) -> Self {
+        let recorded: Vec<Recorded> = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                matches!(
+                    e.action,
+                    TraceAction::SegmentAlloc | TraceAction::SegmentFree
+                )
+            })
+            .map(|(index, e)| Recorded {
+                index,
+                action: e.action.clone(),
+                addr: e.addr,
+                size: e.size,
+            })
+            .collect();
+        let mut c = Checker {
+            trace,
+            next: 0,
+            v: Verification::default(),
+            recorded,
+        };
+        for r in &c.recorded {
+            match r.action {
+                TraceAction::SegmentAlloc => c.v.segment_allocs.recorded += 1,
+                _ => c.v.segment_frees.recorded += 1,
+            }
+        }
+        c.v.allocs.recorded = trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Alloc)
+            .count() as u64;
+        c.v.ooms.recorded = trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Oom)
+            .count() as u64;
+        c
+    }
+
     fn diverge(&mut self, entry: Option<usize>, pytorch: String, trainmem: String) {
         if self.v.first_divergence.is_some() {
             return;
@@ -192,42 +234,7 @@ pub fn verify(
     device: usize,
 ) -> Result<Verification, ReplayError> {
     let trace = super::snapshot_replay::device_trace(snapshot, device)?;
-    let recorded: Vec<Recorded> = trace
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| {
-            matches!(
-                e.action,
-                TraceAction::SegmentAlloc | TraceAction::SegmentFree
-            )
-        })
-        .map(|(index, e)| Recorded {
-            index,
-            action: e.action.clone(),
-            addr: e.addr,
-            size: e.size,
-        })
-        .collect();
-    let mut c = Checker {
-        trace,
-        next: 0,
-        v: Verification::default(),
-        recorded,
-    };
-    for r in &c.recorded {
-        match r.action {
-            TraceAction::SegmentAlloc => c.v.segment_allocs.recorded += 1,
-            _ => c.v.segment_frees.recorded += 1,
-        }
-    }
-    c.v.allocs.recorded = trace
-        .iter()
-        .filter(|e| e.action == TraceAction::Alloc)
-        .count() as u64;
-    c.v.ooms.recorded = trace
-        .iter()
-        .filter(|e| e.action == TraceAction::Oom)
-        .count() as u64;
+    let mut c = Checker::of_recording(trace);
     replay.replayer.allocator_mut().enable_trace(None);
     let mut prev = None;
     for (at, op) in std::mem::take(&mut replay.ops) {
