@@ -113,16 +113,23 @@
 //!
 //! [`MemoryStats`] has PyTorch's stat names and `{all, small_pool, large_pool} ×
 //! {current, peak, allocated, freed}`; [`MemoryStats::to_map`] flattens it to
-//! `"allocated_bytes.all.current"`-style keys. [`Snapshot`] and [`TraceEntry`] serialise with
-//! the field names of PyTorch's snapshot dict.
+//! `"allocated_bytes.all.current"`-style keys.
+//!
+//! One model describes a PyTorch memory snapshot, whoever made it: [`Snapshot`] (segments
+//! as [`SegmentInfo`] with their [`BlockInfo`]s in a [`BlockState`], one trace of
+//! [`TraceEntry`]s per device, each a [`TraceAction`], stacks as [`Frame`]s, and the
+//! [`AllocatorSettings`]). [`CachingAllocator::snapshot`] and [`CachingAllocator::trace`]
+//! return it; it serialises with the field names of PyTorch's snapshot dict; the pickle
+//! reader fills it from PyTorch's files and the replay engine replays it. The allocator
+//! records a label as a block's and its events' category, with no stack and no allocation
+//! per event.
 //!
 //! ## PyTorch's formats and replay
 //!
-//! [`pytorch`] holds PyTorch's memory-snapshot formats in one place: the snapshot dict
-//! ([`pytorch::MemorySnapshot`]), memory_viz pickles read and written
-//! ([`pytorch::pickle`]), and the one replay engine ([`pytorch::replay::Replayer`]) that
-//! applies JSON-lines traces, a snapshot's `device_traces`, or a caller's own events to a
-//! [`CachingAllocator`] over any device.
+//! [`pytorch`] holds PyTorch's memory-snapshot formats in one place: memory_viz pickles read
+//! into a [`Snapshot`] and written from one ([`pytorch::pickle`]), and the one replay engine
+//! ([`pytorch::replay::Replayer`]) that applies JSON-lines traces, a snapshot's
+//! `device_traces`, or a caller's own events to a [`CachingAllocator`] over any device.
 //!
 //! ## Starting from a given state
 //!
@@ -182,7 +189,10 @@ pub use size::{
     LARGE_BUFFER, MIB, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, PoolKind, ROUND_LARGE, SMALL_BUFFER,
     SMALL_SIZE, allocation_size, format_size, round_size,
 };
-pub use snapshot::{AllocatorSettings, BlockInfo, BlockState, SegmentInfo, Snapshot};
+pub use snapshot::{
+    AllocatorSettings, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, TRAINMEM_FRAME_FILE,
+    UNKNOWN_CATEGORY,
+};
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use stream::StreamId;
 pub use trace::{TraceAction, TraceEntry};

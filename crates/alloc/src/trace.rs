@@ -1,40 +1,49 @@
-//! The optional event trace (PyTorch's `device_traces`): one entry per allocator event.
+//! The event trace (PyTorch's `device_traces`): one [`TraceEntry`] per allocator event, as
+//! the allocator records it and as a snapshot file holds it.
 
 use std::collections::VecDeque;
 
-use serde::ser::{SerializeMap, SerializeStruct};
+use serde::ser::SerializeMap;
 
 use crate::label::Label;
+use crate::snapshot::{Frame, WrittenFrames, label_of};
 use crate::stream::StreamId;
 
-/// What happened. Serialised with PyTorch's action strings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+/// What happened, with PyTorch's action strings.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TraceAction {
-    /// A block was handed to a client. `size` = the unrounded request.
+    /// A block was handed to a client (`alloc`). `size` = the unrounded request.
     Alloc,
-    /// A client freed a block. `size` = the block's requested size. If the block was used on
-    /// other streams, the memory returns to the cache only at the matching `FreeCompleted`.
+    /// A client freed a block (`free_requested`). `size` = the block's requested size. If the
+    /// block was used on other streams, the memory returns to the cache only at the matching
+    /// `FreeCompleted`.
     FreeRequested,
-    /// A freed block returned to the cache. `size` = the block's requested size.
+    /// A freed block returned to the cache (`free_completed`). `size` = the block's requested
+    /// size.
     FreeCompleted,
-    /// A segment was allocated from the device. `size` = the segment size.
+    /// A segment was allocated from the device (`segment_alloc`). `size` = the segment size.
     SegmentAlloc,
-    /// A segment was returned to the device. `size` = the segment size.
+    /// A segment was returned to the device (`segment_free`). `size` = the segment size.
     SegmentFree,
-    /// Expandable segments: pages were mapped at the end of (or into a hole of) a segment.
-    /// `addr`/`size` = the mapped range.
+    /// Expandable segments: pages were mapped at the end of (or into a hole of) a segment
+    /// (`segment_map`). `addr`/`size` = the mapped range.
     SegmentMap,
-    /// Expandable segments: whole free pages were unmapped. `addr`/`size` = the range.
+    /// Expandable segments: whole free pages were unmapped (`segment_unmap`). `addr`/`size` =
+    /// the range.
     SegmentUnmap,
-    /// An allocation failed. `size` = the rounded request; `addr` holds the bytes the device
-    /// reported free (serialised as `device_free`).
+    /// A snapshot was taken while recording (`snapshot`); the allocator never records one.
+    Snapshot,
+    /// An allocation failed (`oom`). `size` = the rounded request; `addr` holds the bytes the
+    /// device reported free (written as `device_free`).
     Oom,
+    /// Any other action string in a snapshot file, kept as read (the allocator never records
+    /// one).
+    Other(String),
 }
 
 impl TraceAction {
-    /// The action string (`"alloc"`, `"free_requested"`, …).
-    pub fn as_str(self) -> &'static str {
+    /// PyTorch's action string (`"alloc"`, `"free_requested"`, …).
+    pub fn as_str(&self) -> &str {
         match self {
             TraceAction::Alloc => "alloc",
             TraceAction::FreeRequested => "free_requested",
@@ -43,57 +52,88 @@ impl TraceAction {
             TraceAction::SegmentFree => "segment_free",
             TraceAction::SegmentMap => "segment_map",
             TraceAction::SegmentUnmap => "segment_unmap",
+            TraceAction::Snapshot => "snapshot",
             TraceAction::Oom => "oom",
+            TraceAction::Other(s) => s,
         }
+    }
+
+    /// The action named by `s` (unknown strings give [`TraceAction::Other`]).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "alloc" => TraceAction::Alloc,
+            "free_requested" => TraceAction::FreeRequested,
+            "free_completed" => TraceAction::FreeCompleted,
+            "segment_alloc" => TraceAction::SegmentAlloc,
+            "segment_free" => TraceAction::SegmentFree,
+            "segment_map" => TraceAction::SegmentMap,
+            "segment_unmap" => TraceAction::SegmentUnmap,
+            "snapshot" => TraceAction::Snapshot,
+            "oom" => TraceAction::Oom,
+            other => TraceAction::Other(other.to_string()),
+        }
+    }
+
+    /// True for the segment events (`segment_alloc`, `segment_free`, `segment_map`,
+    /// `segment_unmap`).
+    pub fn is_segment_event(&self) -> bool {
+        matches!(
+            self,
+            TraceAction::SegmentAlloc
+                | TraceAction::SegmentFree
+                | TraceAction::SegmentMap
+                | TraceAction::SegmentUnmap
+        )
+    }
+}
+
+impl std::fmt::Display for TraceAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for TraceAction {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
 /// One trace entry.
 ///
 /// Serialised as PyTorch's trace dict: `action`, `addr` (or `device_free` for `oom`), `size`,
-/// `stream`, `time_us` (trainmem's time value, see
-/// [`CachingAllocator::set_time`](crate::CachingAllocator::set_time)), `frames` and, when set,
-/// `label`. A labelled entry carries one frame `{"filename": "trainmem", "line": 0, "name":
-/// <label>}` so viewers that show stacks show the label.
+/// `stream`, `time_us` (when known), `frames` and, when set, the category as `label` (see the
+/// [`snapshot`](crate::Snapshot) model for the frame a category without frames is written
+/// with).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
     /// The event.
     pub action: TraceAction,
-    /// Block or segment address; for [`TraceAction::Oom`], the device's free bytes.
+    /// Block or segment address; for [`TraceAction::Oom`], the bytes the device reported free
+    /// (PyTorch's `device_free` key).
     pub addr: u64,
     /// Bytes, as [`TraceAction`] defines per action.
     pub size: u64,
-    /// The stream of the block or segment.
+    /// The stream of the block or segment (a CUDA stream handle in PyTorch's files).
     pub stream: StreamId,
-    /// Non-decreasing time: a logical clock (1, 2, 3, …) unless the caller sets times.
-    pub time: u64,
-    /// The caller's label for the block, if any.
-    pub label: Option<Label>,
+    /// Time stamp (`time_us`; torch ≥ ~2.1). The allocator always sets it: a non-decreasing
+    /// logical clock (1, 2, 3, …) unless the caller sets times (see
+    /// [`CachingAllocator::set_time`](crate::CachingAllocator::set_time)).
+    pub time_us: Option<u64>,
+    /// The stack of the event (empty when unknown, and in the allocator's own trace).
+    pub frames: Vec<Frame>,
+    /// The event's category: the caller's label for the block in the allocator's trace.
+    /// pytorch.org/memory_viz colours the timeline by category and needs an `"unknown"` one
+    /// among them when any event has a category (see
+    /// [`Snapshot::needs_unknown_category`](crate::Snapshot::needs_unknown_category)).
+    pub category: Option<Label>,
 }
 
-struct Frame<'a>(&'a Label);
-
-impl serde::Serialize for Frame<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Frame", 3)?;
-        st.serialize_field("filename", "trainmem")?;
-        st.serialize_field("line", &0u32)?;
-        st.serialize_field("name", self.0.as_str())?;
-        st.end()
-    }
-}
-
-/// Serialises the `frames` list for an optional label.
-pub(crate) struct Frames<'a>(pub(crate) Option<&'a Label>);
-
-impl serde::Serialize for Frames<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let mut seq = s.serialize_seq(Some(usize::from(self.0.is_some())))?;
-        if let Some(l) = self.0 {
-            seq.serialize_element(&Frame(l))?;
-        }
-        seq.end()
+impl TraceEntry {
+    /// The label trainmem attached to the event: its category unless that is `"unknown"`,
+    /// else the name of a single trainmem frame.
+    pub fn label(&self) -> Option<&str> {
+        label_of(self.category.as_ref(), &self.frames)
     }
 }
 
@@ -108,9 +148,14 @@ impl serde::Serialize for TraceEntry {
         }
         m.serialize_entry("size", &self.size)?;
         m.serialize_entry("stream", &self.stream.0)?;
-        m.serialize_entry("time_us", &self.time)?;
-        m.serialize_entry("frames", &Frames(self.label.as_ref()))?;
-        if let Some(l) = &self.label {
+        if let Some(t) = self.time_us {
+            m.serialize_entry("time_us", &t)?;
+        }
+        m.serialize_entry(
+            "frames",
+            &WrittenFrames::of(&self.frames, self.category.as_ref()),
+        )?;
+        if let Some(l) = &self.category {
             m.serialize_entry("label", l.as_str())?;
         }
         m.end()
@@ -196,8 +241,9 @@ impl TraceBuffer {
             addr,
             size,
             stream,
-            time: self.now,
-            label: label.cloned(),
+            time_us: Some(self.now),
+            frames: Vec::new(),
+            category: label.cloned(),
         });
     }
 }
@@ -217,13 +263,13 @@ mod tests {
         }
         let e: Vec<u64> = t.entries().iter().map(|e| e.addr).collect();
         assert_eq!(e, vec![3, 4]);
-        let times: Vec<u64> = t.entries().iter().map(|e| e.time).collect();
+        let times: Vec<u64> = t.entries().iter().map(|e| e.time_us.unwrap_or(0)).collect();
         assert_eq!(times, vec![4, 5]);
         t.set_time(100);
         t.record(TraceAction::Alloc, 9, 1, StreamId(0), None);
         t.set_time(50); // never goes back
         t.record(TraceAction::Alloc, 10, 1, StreamId(0), None);
-        let times: Vec<u64> = t.entries().iter().map(|e| e.time).collect();
+        let times: Vec<u64> = t.entries().iter().map(|e| e.time_us.unwrap_or(0)).collect();
         assert_eq!(times, vec![100, 100]);
     }
 
@@ -234,8 +280,9 @@ mod tests {
             addr: 77,
             size: 512,
             stream: StreamId(3),
-            time: 9,
-            label: Some(Label::from("activation")),
+            time_us: Some(9),
+            frames: Vec::new(),
+            category: Some(Label::from("activation")),
         };
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["action"], "oom");
@@ -246,7 +293,7 @@ mod tests {
         assert_eq!(v["label"], "activation");
         let e2 = TraceEntry {
             action: TraceAction::FreeRequested,
-            label: None,
+            category: None,
             ..e
         };
         let v = serde_json::to_value(&e2).unwrap();

@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
+use trainmem_alloc::AllocatorConfig;
+use trainmem_alloc::pytorch::pickle;
 use trainmem_alloc::pytorch::replay::{Replayer, TraceFormat, replay_trace};
-use trainmem_alloc::pytorch::{Action, MemorySnapshot, pickle};
-use trainmem_alloc::{AllocatorConfig, TraceAction};
+use trainmem_alloc::{Snapshot, TraceAction};
 
 /// What a file holds, counted with Python's own unpickler.
 struct Expected {
@@ -100,7 +101,7 @@ fn snapshots_dir() -> Option<PathBuf> {
     }
 }
 
-fn read(dir: &std::path::Path, file: &str) -> Option<(Vec<u8>, MemorySnapshot)> {
+fn read(dir: &std::path::Path, file: &str) -> Option<(Vec<u8>, Snapshot)> {
     let path = dir.join(file);
     let Ok(bytes) = std::fs::read(&path) else {
         println!("skipped: {} is absent", path.display());
@@ -129,7 +130,7 @@ fn real_snapshots_read_with_the_counts_in_the_files() {
             .device_traces
             .iter()
             .flatten()
-            .filter(|e| e.action == Action::SegmentAlloc)
+            .filter(|e| e.action == TraceAction::SegmentAlloc)
             .count();
         assert_eq!(n_seg, segment_allocs, "{file}: segment_alloc entries");
         for s in &snap.segments {
@@ -168,7 +169,7 @@ fn traces_from_an_empty_allocator_replay_to_the_recorded_segments() {
         };
         let recorded: Vec<u64> = snap.device_traces[0]
             .iter()
-            .filter(|e| e.action == Action::SegmentAlloc)
+            .filter(|e| e.action == TraceAction::SegmentAlloc)
             .map(|e| e.size)
             .collect();
         let mut r = Replayer::simulated(80 << 30, AllocatorConfig::default());

@@ -196,7 +196,7 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             trainmem_sim::render_text(&plan, &rep).as_bytes(),
         )?;
         if let Some(snap) = &r.snapshot {
-            write(files::MEMORY_VIZ_PICKLE, &pickle::write_snapshot(snap)?)?;
+            write(files::MEMORY_VIZ_PICKLE, &pickle::to_bytes(snap)?)?;
         }
         if !args.json {
             eprintln!(

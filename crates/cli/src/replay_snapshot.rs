@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use trainmem_alloc::pytorch::MemorySnapshot;
+use trainmem_alloc::Snapshot;
 use trainmem_alloc::pytorch::replay::{
     RecordedFigures, Replayer, SnapshotReplay, SnapshotTraceInfo, Verification, ops_from_trace,
     prepare, recorded, verify,
@@ -116,7 +116,7 @@ pub fn run(args: &ReplayArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 /// The replay itself: from the rebuilt start state (checked against the recording with
 /// `--verify`), or from empty when the start cannot be rebuilt.
 fn replay(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     args: &ReplayArgs,
     config: Option<AllocatorConfig>,
 ) -> anyhow::Result<(Start, Option<Verification>)> {

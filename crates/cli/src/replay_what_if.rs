@@ -6,8 +6,7 @@
 
 use anyhow::Context;
 use trainmem_alloc::pytorch::replay::{Outcome, RecordedFigures, Scenario, run_scenario};
-use trainmem_alloc::pytorch::{Action, MemorySnapshot};
-use trainmem_alloc::{AllocatorConfig, format_size};
+use trainmem_alloc::{AllocatorConfig, Snapshot, TraceAction, format_size};
 
 use crate::cmd_replay::ReplayArgs;
 
@@ -73,7 +72,7 @@ pub fn parse_scenario(text: &str) -> anyhow::Result<Scenario> {
 }
 
 /// The remedies tried when the run does not fit.
-fn standard_remedies(snapshot: &MemorySnapshot, device: usize) -> Vec<&'static str> {
+fn standard_remedies(snapshot: &Snapshot, device: usize) -> Vec<&'static str> {
     let mut out = vec![
         "max_split_size_mb:128",
         "max_split_size_mb:512",
@@ -85,7 +84,7 @@ fn standard_remedies(snapshot: &MemorySnapshot, device: usize) -> Vec<&'static s
     let has_snapshots = snapshot
         .device_traces
         .get(device)
-        .is_some_and(|t| t.iter().any(|e| e.action == Action::Snapshot));
+        .is_some_and(|t| t.iter().any(|e| e.action == TraceAction::Snapshot));
     if has_snapshots {
         out.push("empty_cache_at_snapshots:True");
     }
@@ -96,7 +95,7 @@ fn standard_remedies(snapshot: &MemorySnapshot, device: usize) -> Vec<&'static s
 /// configurations and the standard ones) and the answer.
 /// `None` when neither `--what-if` nor a question asks for any.
 pub fn evaluate(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     args: &ReplayArgs,
     recorded: &RecordedFigures,
 ) -> anyhow::Result<Option<WhatIf>> {

@@ -328,7 +328,7 @@ fn out_writes_every_export_readme_lists() {
     }
     assert_eq!(
         pk,
-        pickle::write_snapshot(r.snapshot.as_ref().expect("a snapshot")).unwrap()
+        pickle::to_bytes(r.snapshot.as_ref().expect("a snapshot")).unwrap()
     );
 
     // the timeline JSON export the library writes

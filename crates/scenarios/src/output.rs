@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use trainmem_alloc::AllocatorConfig;
-use trainmem_alloc::pytorch::pickle::write_snapshot;
+use trainmem_alloc::pytorch::pickle;
 use trainmem_core::Category;
 use trainmem_core::export::{chrome::chrome_trace, files, svg::render_svg};
 use trainmem_core::plan::DeviceKind;
@@ -69,7 +69,7 @@ fn measured_memory_viz(runs: &[RunRecord]) -> Option<(Vec<u8>, String)> {
             .map(|m| (r, m))
     })?;
     let replayed = replay(&run.plan, m, AllocatorConfig::default(), false).ok()?;
-    let pickle = write_snapshot(&replayed.snapshot).ok()?;
+    let pickle = pickle::to_bytes(&replayed.snapshot).ok()?;
     Some((
         pickle,
         format!(
@@ -268,7 +268,7 @@ fn memory_viz(report: &ScenarioReport) -> Result<Option<(Vec<u8>, String)>> {
          pytorch.org/memory_viz"
     };
     Ok(Some((
-        write_snapshot(&snapshot).map_err(ScenarioError::Pickle)?,
+        pickle::to_bytes(&snapshot).map_err(ScenarioError::Pickle)?,
         note.to_string(),
     )))
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use trainmem_alloc::AllocatorConfig;
-use trainmem_alloc::pytorch::MemorySnapshot;
+use trainmem_alloc::Snapshot;
 use trainmem_alloc::pytorch::replay::{Op, Origin, Replayer, ops_from_trace, prepare};
 
 use super::alloc::workload::{self, WorkloadConfig};
@@ -37,12 +37,12 @@ pub struct ReplayBenchArgs {
 }
 
 /// The shared snapshots, the one with the most events first.
-fn largest_shared_snapshot() -> anyhow::Result<(PathBuf, MemorySnapshot)> {
+fn largest_shared_snapshot() -> anyhow::Result<(PathBuf, Snapshot)> {
     let shared = std::env::var_os("TRAINMEM_SHARED_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
     let dir = shared.join("pytorch-snapshots");
-    let mut best: Option<(usize, PathBuf, MemorySnapshot)> = None;
+    let mut best: Option<(usize, PathBuf, Snapshot)> = None;
     for path in pickles(&dir).with_context(|| format!("listing {}", dir.display()))? {
         let snap = read(&path)?;
         let events: usize = snap.device_traces.iter().map(Vec::len).sum();
@@ -74,7 +74,7 @@ fn pickles(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn read(path: &Path) -> anyhow::Result<MemorySnapshot> {
+fn read(path: &Path) -> anyhow::Result<Snapshot> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     trainmem_alloc::pytorch::pickle::from_bytes(&bytes)
         .with_context(|| format!("reading {}", path.display()))

@@ -82,7 +82,12 @@ fn growing_requests_tile_one_expandable_segment() {
         (s.address, s.total_size, s.blocks.len()),
         (at(0), 80 * MIB, 1)
     );
-    assert!(snap.allocator_settings.expandable_segments);
+    assert!(
+        snap.allocator_settings
+            .as_ref()
+            .unwrap()
+            .expandable_segments
+    );
     let maps: Vec<(u64, u64)> = a
         .trace()
         .iter()

@@ -117,7 +117,6 @@ pub fn check_invariants<D: DeviceMemory>(
 /// Walks every segment from its head block, checking the tiling and each block, and
 /// recounting the statistics.
 fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, InvariantViolation> {
-    let max_split = alloc.config.max_split_size_or_max();
     let mut walk = Walk::default();
     let mut by_addr = std::collections::HashMap::new();
     for (i, n) in alloc.nodes.iter().enumerate() {
@@ -133,79 +132,113 @@ fn walk_segments<D: DeviceMemory>(alloc: &CachingAllocator<D>) -> Result<Walk, I
                 "segment {base:#x} has no head block"
             )));
         };
-        let hn = &alloc.nodes[head as usize];
-        let seg = Seg {
-            base,
-            pool: pidx(hn.pool),
-            stream: alloc.pools[hn.slot as usize].stream,
-            split: hn.next != NONE,
-            expandable: is_exp,
-        };
-        if !is_exp {
-            walk.reserved += seg_size;
-            walk.counts.segment[seg.pool] += 1;
-            walk.counts.reserved_bytes[seg.pool] += seg_size;
-            if seg_size >= max_split {
-                walk.counts.oversize_segments += 1;
-            }
-        }
-        let mut cursor = base;
-        let mut prev = NONE;
-        let mut prev_state = NodeState::Vacant;
-        let mut cur = head;
-        while cur != NONE {
-            let n = &alloc.nodes[cur as usize];
-            walk.visited += 1;
-            ensure!(
-                n.state != NodeState::Vacant,
-                "vacant block {cur} linked into segment {base:#x}"
-            );
-            ensure!(
-                n.addr == cursor,
-                "segment {base:#x}: block at {:#x}, expected {cursor:#x} (gap or overlap)",
-                n.addr
-            );
-            ensure!(
-                n.prev == prev,
-                "segment {base:#x}: block {cur} has prev {} instead of {prev}",
-                n.prev
-            );
-            ensure!(
-                n.pool == hn.pool && alloc.pools[n.slot as usize].stream == seg.stream,
-                "segment {base:#x}: block {cur} has another pool or stream"
-            );
-            ensure!(
-                n.size > 0 && n.size.is_multiple_of(MIN_BLOCK_SIZE),
-                "block {cur} has size {}",
-                n.size
-            );
-            ensure!(
-                n.expandable == is_exp,
-                "segment {base:#x}: block {cur} disagrees on being expandable"
-            );
-            ensure!(
-                n.state != prev_state || !matches!(n.state, NodeState::Free | NodeState::Unmapped),
-                "segment {base:#x}: two neighbouring {:?} blocks at {:#x}",
-                n.state,
-                n.addr
-            );
-            if is_exp && n.state != NodeState::Unmapped {
-                walk.reserved += n.size;
-                walk.counts.reserved_bytes[seg.pool] += n.size;
-            }
-            check_block(alloc, &seg, cur, max_split, &mut walk)?;
-            prev_state = n.state;
-            cursor += n.size;
-            prev = cur;
-            cur = n.next;
-        }
-        ensure!(
-            cursor == base + seg_size,
-            "segment {base:#x}: blocks end at {cursor:#x}, segment ends at {:#x}",
-            base + seg_size
-        );
+        walk_segment(alloc, base, seg_size, is_exp, head, &mut walk)?;
     }
     Ok(walk)
+}
+
+/// Walks one segment (`base`, `seg_size`, expandable or not) from its `head` block: the
+/// blocks tile it, link both ways and agree on pool, stream and kind; each is checked and
+/// counted.
+fn walk_segment<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    base: u64,
+    seg_size: u64,
+    is_exp: bool,
+    head: u32,
+    walk: &mut Walk,
+) -> Result<(), InvariantViolation> {
+    let max_split = alloc.config.max_split_size_or_max();
+    let hn = &alloc.nodes[head as usize];
+    let seg = Seg {
+        base,
+        pool: pidx(hn.pool),
+        stream: alloc.pools[hn.slot as usize].stream,
+        split: hn.next != NONE,
+        expandable: is_exp,
+    };
+    if !is_exp {
+        walk.reserved += seg_size;
+        walk.counts.segment[seg.pool] += 1;
+        walk.counts.reserved_bytes[seg.pool] += seg_size;
+        if seg_size >= max_split {
+            walk.counts.oversize_segments += 1;
+        }
+    }
+    let mut cursor = base;
+    let mut prev = NONE;
+    let mut prev_state = NodeState::Vacant;
+    let mut cur = head;
+    while cur != NONE {
+        let n = &alloc.nodes[cur as usize];
+        walk.visited += 1;
+        check_link(alloc, &seg, hn.pool, cur, cursor, prev, prev_state)?;
+        if is_exp && n.state != NodeState::Unmapped {
+            walk.reserved += n.size;
+            walk.counts.reserved_bytes[seg.pool] += n.size;
+        }
+        check_block(alloc, &seg, cur, max_split, walk)?;
+        prev_state = n.state;
+        cursor += n.size;
+        prev = cur;
+        cur = n.next;
+    }
+    ensure!(
+        cursor == base + seg_size,
+        "segment {base:#x}: blocks end at {cursor:#x}, segment ends at {:#x}",
+        base + seg_size
+    );
+    Ok(())
+}
+
+/// Checks block `cur`'s place in segment `seg` (of `pool`): live, at `cursor`, linked back
+/// to `prev`, of the segment's pool, stream and kind, of a whole number of 512 B units, and
+/// not a second free (or unmapped) block after a `prev_state` one.
+fn check_link<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    seg: &Seg,
+    pool: PoolKind,
+    cur: u32,
+    cursor: u64,
+    prev: u32,
+    prev_state: NodeState,
+) -> Result<(), InvariantViolation> {
+    let base = seg.base;
+    let n = &alloc.nodes[cur as usize];
+    ensure!(
+        n.state != NodeState::Vacant,
+        "vacant block {cur} linked into segment {base:#x}"
+    );
+    ensure!(
+        n.addr == cursor,
+        "segment {base:#x}: block at {:#x}, expected {cursor:#x} (gap or overlap)",
+        n.addr
+    );
+    ensure!(
+        n.prev == prev,
+        "segment {base:#x}: block {cur} has prev {} instead of {prev}",
+        n.prev
+    );
+    ensure!(
+        n.pool == pool && alloc.pools[n.slot as usize].stream == seg.stream,
+        "segment {base:#x}: block {cur} has another pool or stream"
+    );
+    ensure!(
+        n.size > 0 && n.size.is_multiple_of(MIN_BLOCK_SIZE),
+        "block {cur} has size {}",
+        n.size
+    );
+    ensure!(
+        n.expandable == seg.expandable,
+        "segment {base:#x}: block {cur} disagrees on being expandable"
+    );
+    ensure!(
+        n.state != prev_state || !matches!(n.state, NodeState::Free | NodeState::Unmapped),
+        "segment {base:#x}: two neighbouring {:?} blocks at {:#x}",
+        n.state,
+        n.addr
+    );
+    Ok(())
 }
 
 /// Checks one block by its state (free: filed in its free set, not next to another free
@@ -219,47 +252,8 @@ fn check_block<D: DeviceMemory>(
 ) -> Result<(), InvariantViolation> {
     let n = &alloc.nodes[cur as usize];
     match n.state {
-        NodeState::Unmapped => {
-            let page = expandable_page_size(n.pool);
-            walk.unmapped += 1;
-            ensure!(
-                seg.expandable,
-                "unmapped block {cur} outside an expandable segment"
-            );
-            ensure!(
-                (n.addr - seg.base).is_multiple_of(page) && n.size.is_multiple_of(page),
-                "unmapped block {cur} at {:#x} of {} bytes is not whole pages of {page}",
-                n.addr,
-                n.size
-            );
-            ensure!(
-                alloc.pools[n.slot as usize].unmapped[seg.pool].get(&n.addr) == Some(&cur),
-                "unmapped block {cur} at {:#x} missing from its unmapped set",
-                n.addr
-            );
-        }
-        NodeState::Free => {
-            walk.free += 1;
-            let sp = &alloc.pools[n.slot as usize];
-            ensure!(
-                sp.stream == seg.stream,
-                "free block {cur} filed under stream {:?}",
-                sp.stream
-            );
-            ensure!(
-                sp.free[seg.pool].get(&fkey(n.size, n.addr)) == Some(&cur),
-                "free block {cur} at {:#x} missing from its free set",
-                n.addr
-            );
-            ensure!(
-                n.event_count == 0 && !n.has_uses,
-                "free block {cur} has stream uses"
-            );
-            if seg.split && !seg.expandable {
-                walk.counts.inactive_split[seg.pool] += 1;
-                walk.counts.inactive_split_bytes[seg.pool] += n.size;
-            }
-        }
+        NodeState::Unmapped => check_unmapped_block(alloc, seg, cur, walk)?,
+        NodeState::Free => check_free_block(alloc, seg, cur, walk)?,
         NodeState::Allocated => {
             ensure!(
                 alloc
@@ -293,6 +287,65 @@ fn check_block<D: DeviceMemory>(
             walk.counts.requested_bytes[seg.pool] += n.requested;
         }
         NodeState::Vacant => unreachable!(),
+    }
+    Ok(())
+}
+
+/// Checks an unmapped block: inside an expandable segment, whole pages, in its unmapped set.
+fn check_unmapped_block<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    seg: &Seg,
+    cur: u32,
+    walk: &mut Walk,
+) -> Result<(), InvariantViolation> {
+    let n = &alloc.nodes[cur as usize];
+    let page = expandable_page_size(n.pool);
+    walk.unmapped += 1;
+    ensure!(
+        seg.expandable,
+        "unmapped block {cur} outside an expandable segment"
+    );
+    ensure!(
+        (n.addr - seg.base).is_multiple_of(page) && n.size.is_multiple_of(page),
+        "unmapped block {cur} at {:#x} of {} bytes is not whole pages of {page}",
+        n.addr,
+        n.size
+    );
+    ensure!(
+        alloc.pools[n.slot as usize].unmapped[seg.pool].get(&n.addr) == Some(&cur),
+        "unmapped block {cur} at {:#x} missing from its unmapped set",
+        n.addr
+    );
+    Ok(())
+}
+
+/// Checks a free block (filed in its stream's free set, no stream uses) and counts it.
+fn check_free_block<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    seg: &Seg,
+    cur: u32,
+    walk: &mut Walk,
+) -> Result<(), InvariantViolation> {
+    let n = &alloc.nodes[cur as usize];
+    walk.free += 1;
+    let sp = &alloc.pools[n.slot as usize];
+    ensure!(
+        sp.stream == seg.stream,
+        "free block {cur} filed under stream {:?}",
+        sp.stream
+    );
+    ensure!(
+        sp.free[seg.pool].get(&fkey(n.size, n.addr)) == Some(&cur),
+        "free block {cur} at {:#x} missing from its free set",
+        n.addr
+    );
+    ensure!(
+        n.event_count == 0 && !n.has_uses,
+        "free block {cur} has stream uses"
+    );
+    if seg.split && !seg.expandable {
+        walk.counts.inactive_split[seg.pool] += 1;
+        walk.counts.inactive_split_bytes[seg.pool] += n.size;
     }
     Ok(())
 }
@@ -340,6 +393,15 @@ fn check_indexes<D: DeviceMemory>(
             "free set entry {key:?} does not describe its block"
         );
     }
+    check_live_indexes(alloc, walk)
+}
+
+/// Checks the indexes of live blocks against the walk: the address map, the labels, the
+/// stream uses, the pending frees, and the reserved total.
+fn check_live_indexes<D: DeviceMemory>(
+    alloc: &CachingAllocator<D>,
+    walk: &Walk,
+) -> Result<(), InvariantViolation> {
     let allocated_blocks: u64 = walk.counts.allocation.iter().sum();
     if let Some(m) = &alloc.addr_index {
         ensure!(

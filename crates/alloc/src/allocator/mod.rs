@@ -127,6 +127,35 @@ impl Node {
     }
 }
 
+/// A free block about to be handed out, as it was found (before any split).
+#[derive(Clone, Copy, Debug)]
+struct FoundBlock {
+    /// Its size before the split.
+    size: u64,
+    pool: PoolKind,
+    /// The next block of its segment (`NONE` at the end).
+    next: u32,
+    addr: u64,
+    stream: StreamId,
+    /// Its stream's slot in `pools`.
+    slot: u32,
+    /// True when it was already part of a split segment.
+    already_split: bool,
+    /// True when it lies in an expandable segment.
+    expandable: bool,
+}
+
+/// What merging a freed block with its free neighbours absorbed.
+struct Merged {
+    /// The key of a merged neighbour still in the free set: the merged block is re-filed in
+    /// its place (one move of the entries between the two positions).
+    old_key: Option<u128>,
+    /// Neighbours merged (free blocks of a split segment, so inactive splits that end).
+    count: i64,
+    /// Their bytes.
+    bytes: i64,
+}
+
 /// The free blocks of one stream, per pool, keyed by `size << 64 | address`: best fit is
 /// the first key at or after `size << 64` (PyTorch orders by (stream, size, address); keeping
 /// one map per stream gives the same order within a stream with a cheaper key).
@@ -545,70 +574,103 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         orig: u64,
         label: Option<Label>,
     ) -> Block {
-        let max_split = self.config.max_split_size_or_max();
-        let (bsize, pool, next, addr, stream, slot, already_split, expandable) = {
-            let n = &self.nodes[idx as usize];
-            (
-                n.size,
-                n.pool,
-                n.next,
-                n.addr,
-                self.pools[n.slot as usize].stream,
-                n.slot,
-                n.is_split(),
-                n.expandable,
-            )
-        };
-        let remaining = bsize - size;
-        // With expandable segments on, both pools split off any remainder of 512 B or more.
-        let split = if pool == PoolKind::Small || self.config.expandable_segments() {
+        let found = self.found_block(idx);
+        if self.should_split(found.pool, size, found.size - size) {
+            self.split_found_block(idx, &found, filed, size);
+        } else {
+            self.take_whole_block(&found, filed);
+        }
+        self.hand_out(idx, &found, orig, label)
+    }
+
+    /// What [`alloc_found_block`](Self::alloc_found_block) needs of free block `idx` before
+    /// it changes.
+    #[inline]
+    fn found_block(&self, idx: u32) -> FoundBlock {
+        let n = &self.nodes[idx as usize];
+        FoundBlock {
+            size: n.size,
+            pool: n.pool,
+            next: n.next,
+            addr: n.addr,
+            stream: self.pools[n.slot as usize].stream,
+            slot: n.slot,
+            already_split: n.is_split(),
+            expandable: n.expandable,
+        }
+    }
+
+    /// Whether a free block of `pool` serving a request of `size` splits off its `remaining`
+    /// bytes: in the small pool, when they are at least 512 B; in the large pool, when the
+    /// request is below max_split_size and they exceed 1 MiB. With expandable segments on,
+    /// both pools split off any remainder of 512 B or more.
+    #[inline]
+    fn should_split(&self, pool: PoolKind, size: u64, remaining: u64) -> bool {
+        if pool == PoolKind::Small || self.config.expandable_segments() {
             remaining >= MIN_BLOCK_SIZE
         } else {
-            size < max_split && remaining > SMALL_SIZE
-        };
-        // Expandable segments stay out of the inactive-split statistics (PyTorch: their
-        // fully free pages can always be given back).
-        let count_split = !expandable;
-        if split {
-            let p = pidx(pool);
-            let mut rest = Node::free_block(
-                addr + size,
-                remaining,
-                pool,
-                slot,
-                self.pool_calls[p],
-                idx,
-                next,
-            );
-            rest.expandable = expandable;
-            let r = self.new_node(rest);
-            if next != NONE {
-                self.nodes[next as usize].prev = r;
-            }
-            let n = &mut self.nodes[idx as usize];
-            n.next = r;
-            n.size = size;
-            let set = &mut self.pools[slot as usize].free[p];
-            match filed {
-                Some(found) => set.replace_found(found, fkey(remaining, addr + size), r),
-                None => set.insert(fkey(remaining, addr + size), r),
-            }
-            if !count_split {
-            } else if already_split {
-                self.stats.inactive_split_bytes.decrease(pool, size);
-            } else {
-                self.stats.inactive_split_bytes.increase(pool, remaining);
-                self.stats.inactive_split.increase(pool, 1);
-            }
-        } else if already_split && count_split {
-            self.stats.inactive_split_bytes.decrease(pool, bsize);
-            self.stats.inactive_split.decrease(pool, 1);
+            size < self.config.max_split_size_or_max() && remaining > SMALL_SIZE
         }
-        if let Some(found) = filed
-            && !split
-        {
-            self.pools[slot as usize].free[pidx(pool)].remove_found(found);
+    }
+
+    /// Splits the free block `b` (slot `idx`) into the request's `size` at the front and a
+    /// free remainder, filed in the free set in the block's place (`filed`) or anew, and
+    /// counts the split in the inactive-split statistics. Expandable segments stay out of
+    /// those (PyTorch: their fully free pages can always be given back).
+    #[inline]
+    fn split_found_block(&mut self, idx: u32, b: &FoundBlock, filed: Option<Found>, size: u64) {
+        let remaining = b.size - size;
+        let p = pidx(b.pool);
+        let mut rest = Node::free_block(
+            b.addr + size,
+            remaining,
+            b.pool,
+            b.slot,
+            self.pool_calls[p],
+            idx,
+            b.next,
+        );
+        rest.expandable = b.expandable;
+        let r = self.new_node(rest);
+        if b.next != NONE {
+            self.nodes[b.next as usize].prev = r;
         }
+        let n = &mut self.nodes[idx as usize];
+        n.next = r;
+        n.size = size;
+        let set = &mut self.pools[b.slot as usize].free[p];
+        match filed {
+            Some(found) => set.replace_found(found, fkey(remaining, b.addr + size), r),
+            None => set.insert(fkey(remaining, b.addr + size), r),
+        }
+        if b.expandable {
+            return;
+        }
+        if b.already_split {
+            self.stats.inactive_split_bytes.decrease(b.pool, size);
+        } else {
+            self.stats.inactive_split_bytes.increase(b.pool, remaining);
+            self.stats.inactive_split.increase(b.pool, 1);
+        }
+    }
+
+    /// Takes the free block `b` whole: out of its free set (`filed`, on a cache hit), and out
+    /// of the inactive-split statistics if it was a split block of a whole segment.
+    #[inline]
+    fn take_whole_block(&mut self, b: &FoundBlock, filed: Option<Found>) {
+        if b.already_split && !b.expandable {
+            self.stats.inactive_split_bytes.decrease(b.pool, b.size);
+            self.stats.inactive_split.decrease(b.pool, 1);
+        }
+        if let Some(found) = filed {
+            self.pools[b.slot as usize].free[pidx(b.pool)].remove_found(found);
+        }
+    }
+
+    /// Marks block `idx` (found as `b`, now split to its final size) allocated for a request
+    /// of `orig` bytes with `label`, counts it, traces it and returns the client's handle.
+    #[inline]
+    fn hand_out(&mut self, idx: u32, b: &FoundBlock, orig: u64, label: Option<Label>) -> Block {
         let seq = self.next_seq;
         self.next_seq += 1;
         let n = &mut self.nodes[idx as usize];
@@ -617,8 +679,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         n.seq = seq;
         self.labels[idx as usize] = label;
         let final_size = n.size;
+        let pool = b.pool;
         if let Some(m) = &mut self.addr_index {
-            m.insert(addr, idx);
+            m.insert(b.addr, idx);
         }
         let st = &mut self.stats;
         st.allocation.increase(pool, 1);
@@ -626,13 +689,13 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         st.active.increase(pool, 1);
         st.active_bytes.increase(pool, final_size);
         st.requested_bytes.increase(pool, orig);
-        if final_size >= max_split {
+        if final_size >= self.config.max_split_size_or_max() {
             st.oversize_allocations.increase(1);
         }
         if self.trace.enabled {
             let label = self.labels[idx as usize].as_ref();
             self.trace
-                .record(TraceAction::Alloc, addr, orig, stream, label);
+                .record(TraceAction::Alloc, b.addr, orig, b.stream, label);
         }
         Block {
             id: BlockId {
@@ -640,10 +703,10 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 index: idx,
                 seq,
             },
-            address: addr,
+            address: b.addr,
             size: final_size,
             requested_size: orig,
-            stream,
+            stream: b.stream,
         }
     }
 
@@ -798,19 +861,49 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             label.as_ref(),
         );
         let p = pidx(pool);
-        let mut before_count: i64 = 0;
-        let mut before_bytes: i64 = 0;
-        // The key of a merged neighbour still in the free set: the merged block is re-filed in
-        // its place at the end (one move of the entries between the two positions).
-        let mut old_key: Option<u128> = None;
-        // Merge with the previous block.
+        let merged = self.merge_free_neighbours(idx, slot, p);
+        let (mut before_count, mut before_bytes) = (merged.count, merged.bytes);
+        let n = &mut self.nodes[idx as usize];
+        n.gc_base = self.pool_calls[p];
+        if n.expandable {
+            (before_count, before_bytes) = (0, 0);
+        }
+        let (after_count, after_bytes) = if n.is_split() && !n.expandable {
+            (1i64, n.size as i64)
+        } else {
+            (0, 0)
+        };
+        let (size, start) = (n.size, n.addr);
+        let set = &mut self.pools[slot as usize].free[p];
+        match merged.old_key {
+            Some(k) => set.replace(k, fkey(size, start), idx),
+            None => set.insert(fkey(size, start), idx),
+        }
+        let st = &mut self.stats;
+        st.inactive_split.change(pool, after_count - before_count);
+        st.inactive_split_bytes
+            .change(pool, after_bytes - before_bytes);
+        st.active.decrease(pool, 1);
+        st.active_bytes.decrease(pool, orig_size);
+        st.requested_bytes.decrease(pool, requested);
+    }
+
+    /// Merges the freed block `idx` (slot `slot`, pool index `p`) with its free neighbours,
+    /// taking the next one out of its free set; the previous (or, when it is the only one
+    /// merged, the next) one stays filed for the merged block to take its place.
+    fn merge_free_neighbours(&mut self, idx: u32, slot: u32, p: usize) -> Merged {
+        let mut merged = Merged {
+            old_key: None,
+            count: 0,
+            bytes: 0,
+        };
         let prev = self.nodes[idx as usize].prev;
         if prev != NONE && self.nodes[prev as usize].state == NodeState::Free {
             let pn = &self.nodes[prev as usize];
             let (paddr, psize, pprev) = (pn.addr, pn.size, pn.prev);
-            old_key = Some(fkey(psize, paddr));
-            before_count += 1;
-            before_bytes += psize as i64;
+            merged.old_key = Some(fkey(psize, paddr));
+            merged.count += 1;
+            merged.bytes += psize as i64;
             let n = &mut self.nodes[idx as usize];
             n.addr = paddr;
             n.size += psize;
@@ -824,11 +917,11 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         if next != NONE && self.nodes[next as usize].state == NodeState::Free {
             let nn = &self.nodes[next as usize];
             let (naddr, nsize, nnext) = (nn.addr, nn.size, nn.next);
-            if let Some(k) = old_key.replace(fkey(nsize, naddr)) {
+            if let Some(k) = merged.old_key.replace(fkey(nsize, naddr)) {
                 self.pools[slot as usize].free[p].remove(k);
             }
-            before_count += 1;
-            before_bytes += nsize as i64;
+            merged.count += 1;
+            merged.bytes += nsize as i64;
             let n = &mut self.nodes[idx as usize];
             n.size += nsize;
             n.next = nnext;
@@ -837,29 +930,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             }
             self.vacate(next);
         }
-        let n = &mut self.nodes[idx as usize];
-        n.gc_base = self.pool_calls[p];
-        if n.expandable {
-            (before_count, before_bytes) = (0, 0);
-        }
-        let (after_count, after_bytes) = if n.is_split() && !n.expandable {
-            (1i64, n.size as i64)
-        } else {
-            (0, 0)
-        };
-        let (size, start) = (n.size, n.addr);
-        let set = &mut self.pools[slot as usize].free[p];
-        match old_key {
-            Some(k) => set.replace(k, fkey(size, start), idx),
-            None => set.insert(fkey(size, start), idx),
-        }
-        let st = &mut self.stats;
-        st.inactive_split.change(pool, after_count - before_count);
-        st.inactive_split_bytes
-            .change(pool, after_bytes - before_bytes);
-        st.active.decrease(pool, 1);
-        st.active_bytes.decrease(pool, orig_size);
-        st.requested_bytes.decrease(pool, requested);
+        merged
     }
 
     // ----------------------------------------------------------------- streams
@@ -1248,7 +1319,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Snapshot {
             segments,
             device_traces: vec![self.trace.entries().iter().cloned().collect()],
-            allocator_settings: AllocatorSettings::from_config(&self.config),
+            allocator_settings: Some(AllocatorSettings::from_config(&self.config)),
         }
     }
 
@@ -1256,6 +1327,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     fn segment_info(&self, head: u32, expandable: bool) -> SegmentInfo {
         let hn = &self.nodes[head as usize];
         let mut seg = SegmentInfo {
+            device: 0,
             address: hn.addr,
             total_size: 0,
             allocated_size: 0,
@@ -1263,7 +1335,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             requested_size: 0,
             stream: self.pools[hn.slot as usize].stream,
             segment_type: hn.pool,
+            segment_pool_id: (0, 0),
             is_expandable: expandable,
+            frames: Vec::new(),
             blocks: Vec::new(),
         };
         let mut cur = head;
@@ -1287,7 +1361,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
                 size: n.size,
                 requested_size: n.requested,
                 state,
-                label: self.labels[cur as usize].clone(),
+                frames: Vec::new(),
+                category: self.labels[cur as usize].clone(),
             });
             cur = n.next;
         }

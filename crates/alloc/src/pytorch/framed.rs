@@ -1,5 +1,5 @@
 //! A memory snapshot read with every stack it recorded: the trace events and blocks of
-//! [`MemorySnapshot`] plus, for each of them, the stack of its allocation as an id into a
+//! [`Snapshot`] plus, for each of them, the stack of its allocation as an id into a
 //! table of distinct stacks over a table of distinct frames. PyTorch shares each frame
 //! between all the entries that have it; the tables keep that sharing, so a snapshot of a
 //! million events with fifty frames each costs its distinct frames, not fifty million.
@@ -7,7 +7,7 @@
 //! The pickle is read in one pass by the safe pickle reader (the machine behind
 //! [`read_tree`]): nothing in it is executed, code-running opcodes are refused, nesting is
 //! capped and cycles are refused. Each `frames` list becomes a stack id as it is read, and
-//! the trace entries are read straight from the reader's flat arena into [`TraceEvent`]s; no
+//! the trace entries are read straight from the reader's flat arena into [`TraceEntry`]s; no
 //! tree is kept. [`FramedSnapshot::annotated`] writes the same file back (given its bytes)
 //! with a category set on every trace event and block and everything else as recorded
 //! (frames, `external_annotations`, `compile_context`, ...).
@@ -17,11 +17,11 @@ use std::rc::Rc;
 
 use serde_pickle::{HashableValue, Value};
 
-use super::model::{Action, Frame, MemorySnapshot, TraceEvent, UNKNOWN_CATEGORY};
 use super::pickle::arena::{Arena, Kind, Val, read_arena};
 use super::pickle::tree::{PyValue, TreeError, read_tree};
 use super::pickle::tree_write::write_tree;
 use super::pickle::{PickleError, from_value};
+use crate::{Frame, Label, Snapshot, StreamId, TraceAction, TraceEntry, UNKNOWN_CATEGORY};
 
 /// Reading a snapshot with its stacks failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,7 @@ pub const NO_STACK: u32 = 0;
 /// A snapshot with the stacks of its trace events and blocks.
 pub struct FramedSnapshot {
     /// The snapshot (trace events and blocks without frames: see the stack tables).
-    pub snapshot: MemorySnapshot,
+    pub snapshot: Snapshot,
     /// The distinct frames.
     pub frames: Vec<Frame>,
     /// The distinct stacks, as frame ids, innermost frame first; stack [`NO_STACK`] is empty.
@@ -130,7 +130,7 @@ fn invalid(at: &str, message: impl Into<String>) -> PickleError {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Key {
     Other,
-    Action,
+    TraceAction,
     Addr,
     DeviceFree,
     Size,
@@ -143,7 +143,7 @@ enum Key {
 impl Key {
     fn of(s: &str) -> Key {
         match s {
-            "action" => Key::Action,
+            "action" => Key::TraceAction,
             "addr" => Key::Addr,
             "device_free" => Key::DeviceFree,
             "size" => Key::Size,
@@ -183,7 +183,7 @@ impl Entries<'_, '_> {
             let Val::Str(k) = p[0] else { continue };
             let slot = match self.keys.get(k as usize).copied().unwrap_or(Key::Other) {
                 Key::Other => continue,
-                Key::Action => &mut f.action,
+                Key::TraceAction => &mut f.action,
                 Key::Addr => &mut f.addr,
                 Key::DeviceFree => &mut f.device_free,
                 Key::Size => &mut f.size,
@@ -224,7 +224,7 @@ impl Entries<'_, '_> {
     }
 
     /// The entry `e` as an event with its stack id; `at` names it in messages.
-    fn event(&self, e: Val, at: &str) -> Result<(TraceEvent, u32), PickleError> {
+    fn event(&self, e: Val, at: &str) -> Result<(TraceEntry, u32), PickleError> {
         let Some(pairs) = self.arena.pairs(e) else {
             return Err(invalid(
                 at,
@@ -233,7 +233,7 @@ impl Entries<'_, '_> {
         };
         let f = self.fields(pairs);
         let action = match f.action {
-            Some(v @ Val::Str(_)) => Action::parse(self.arena.as_str(v).unwrap_or_default()),
+            Some(v @ Val::Str(_)) => TraceAction::parse(self.arena.as_str(v).unwrap_or_default()),
             Some(other) => {
                 return Err(invalid(
                     &format!("{at}.action"),
@@ -244,9 +244,9 @@ impl Entries<'_, '_> {
         };
         let required = matches!(
             action,
-            Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+            TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted
         ) || action.is_segment_event();
-        let (addr, addr_key) = if action == Action::Oom {
+        let (addr, addr_key) = if action == TraceAction::Oom {
             (f.device_free, "device_free")
         } else {
             (f.addr, "addr")
@@ -255,16 +255,16 @@ impl Entries<'_, '_> {
             None | Some(Val::None) => None,
             t => Some(self.uint(t, "time_us", at, false)?),
         };
-        let ev = TraceEvent {
+        let ev = TraceEntry {
             addr: self.uint(addr, addr_key, at, required)?,
             size: self.uint(f.size, "size", at, required)?,
-            stream: self.uint(f.stream, "stream", at, false)?,
+            stream: StreamId(self.uint(f.stream, "stream", at, false)?),
             time_us,
             frames: Vec::new(),
             category: f
                 .category
                 .and_then(|c| self.arena.as_str(c))
-                .map(str::to_string),
+                .map(|c| Label::from(c.to_string())),
             action,
         };
         Ok((ev, f.frames.map_or(NO_STACK, |v| self.arena.stack_of(v))))

@@ -1,8 +1,10 @@
 //! PyTorch's memory-snapshot formats, in one place.
 //!
-//! * [`MemorySnapshot`] and its parts: the snapshot dict (`segments`, `device_traces`,
-//!   `allocator_settings`) as `torch.cuda.memory._snapshot()` returns it and PyTorch's viewers
-//!   read it; [`MemorySnapshot::from`] the allocator's own [`Snapshot`](crate::Snapshot).
+//! The snapshot dict itself (`segments`, `device_traces`, `allocator_settings`, as
+//! `torch.cuda.memory._snapshot()` returns it and PyTorch's viewers read it) is the crate's
+//! one snapshot model, [`Snapshot`](crate::Snapshot), which the allocator's own
+//! [`snapshot`](crate::CachingAllocator::snapshot) returns too.
+//!
 //! * [`pickle`]: reading snapshot pickles (PyTorch's or trainmem's) and writing ones that
 //!   `python -m torch.cuda._memory_viz` and pytorch.org/memory_viz open.
 //! * [`framed`]: a snapshot read with the stack of every trace event and block (frames
@@ -10,13 +12,6 @@
 //! * [`replay`]: the replay engine: JSON-lines traces or a snapshot's `device_traces` as ops
 //!   applied to a [`CachingAllocator`](crate::CachingAllocator) over any device.
 
-mod convert;
 pub mod framed;
-mod model;
 pub mod pickle;
 pub mod replay;
-
-pub use model::{
-    Action, BlockRecord, Frame, MemorySnapshot, SegmentRecord, TRAINMEM_FRAME_FILE, TraceEvent,
-    UNKNOWN_CATEGORY,
-};

@@ -3,7 +3,7 @@
 //! line to report it under.
 
 use serde::Serialize;
-use trainmem_alloc::pytorch::Frame;
+use trainmem_alloc::Frame;
 
 /// The phase a stack shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

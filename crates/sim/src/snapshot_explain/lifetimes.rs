@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use trainmem_alloc::BlockState;
 use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
 use trainmem_alloc::pytorch::replay::free_action;
-use trainmem_alloc::pytorch::{Action, MemorySnapshot};
+use trainmem_alloc::{Snapshot, TraceAction};
 use trainmem_core::Category;
 
 use super::frames::{StackPhase, is_workspace, phase_of};
@@ -83,7 +83,7 @@ fn trains(p: Option<StackPhase>) -> bool {
 
 /// Builds the allocations and windows of `device`'s trace.
 pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
-    let snap: &MemorySnapshot = &f.snapshot;
+    let snap: &Snapshot = &f.snapshot;
     let Some(trace) = snap.device_traces.get(device) else {
         return Lifetimes::default();
     };
@@ -161,7 +161,7 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
     for (k, e) in trace.iter().enumerate() {
         let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
         match &e.action {
-            Action::Alloc => {
+            TraceAction::Alloc => {
                 if let Some(old) = live.insert(e.addr, allocs.len()) {
                     allocs[old].free_at = Some(k);
                     out.unmatched_allocs += 1;

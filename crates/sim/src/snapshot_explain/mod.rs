@@ -24,7 +24,7 @@ pub mod timeline;
 use std::collections::HashMap;
 
 use serde::Serialize;
-use trainmem_alloc::pytorch::Action;
+use trainmem_alloc::TraceAction;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_alloc::pytorch::replay::{PreparedTrace, prepare_trace};
 use trainmem_core::Category;
@@ -410,7 +410,7 @@ pub fn explain_snapshot(
     );
     let oom = trace
         .iter()
-        .position(|e| e.action == Action::Oom)
+        .position(|e| e.action == TraceAction::Oom)
         .map(|k| moment(f, &lt, k, opts.top_sites, &mut names));
     let (mut by_frames, mut total) = (0u64, 0u64);
     for a in lt.allocations.iter().filter(|a| a.live_after(peak_at)) {
@@ -476,12 +476,14 @@ pub fn explain_snapshot(
     let mut live_by_addr: HashMap<u64, u32> = HashMap::new();
     for (k, e) in trace.iter().enumerate() {
         match e.action {
-            Action::Alloc => {
+            TraceAction::Alloc => {
                 if let Some(i) = entry_allocation[k] {
                     live_by_addr.insert(e.addr, i);
                 }
             }
-            Action::FreeRequested | Action::FreeCompleted if entry_allocation[k].is_none() => {
+            TraceAction::FreeRequested | TraceAction::FreeCompleted
+                if entry_allocation[k].is_none() =>
+            {
                 entry_allocation[k] = live_by_addr.get(&e.addr).copied();
             }
             _ => {}

@@ -354,7 +354,7 @@ struct Writer {
     next_memo: u32,
     with_frames: bool,
     /// Memo keys of strings written.
-    strings: HashMap<&'static str, u32>,
+    strings: HashMap<String, u32>,
     /// Frames: content and memo key once written.
     frames: Vec<(F, Option<u32>)>,
     frame_ids: HashMap<F, usize>,
@@ -432,13 +432,13 @@ impl Writer {
     }
 
     /// A string written once and recalled after.
-    fn key(&mut self, s: &'static str) {
+    fn key(&mut self, s: &str) {
         match self.strings.get(s) {
             Some(&k) => self.get(k),
             None => {
                 self.raw_str(s);
                 let k = self.memoize();
-                self.strings.insert(s, k);
+                self.strings.insert(s.to_string(), k);
             }
         }
     }
@@ -536,7 +536,7 @@ impl Writer {
         self.out.extend_from_slice(b"eu");
     }
 
-    fn entry(&mut self, action: &'static str, addr: u64, size: u64, frames: Frames) -> u32 {
+    fn entry(&mut self, action: &str, addr: u64, size: u64, frames: Frames) -> u32 {
         if self.events > 0 && self.events.is_multiple_of(APPENDS_BATCH) {
             self.out.extend_from_slice(b"e(");
         }

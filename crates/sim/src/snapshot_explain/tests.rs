@@ -176,7 +176,7 @@ fn the_synthetic_writer_counts_its_entries_and_keeps_its_stacks() {
     let f = FramedSnapshot::read(&b.bytes).unwrap();
     let trace = &f.snapshot.device_traces[0];
     assert_eq!(trace.len(), b.events);
-    let tensor = |e: &trainmem_alloc::pytorch::TraceEvent| !e.action.is_segment_event();
+    let tensor = |e: &trainmem_alloc::TraceEntry| !e.action.is_segment_event();
     let entries = |b: &SyntheticSnapshot| {
         FramedSnapshot::read(&b.bytes)
             .unwrap()

@@ -21,8 +21,8 @@
 //! list node (an allocation and its frees share one).
 
 use super::tree::{MAX_NESTING, TreeError};
+use crate::Frame;
 use crate::fast_hash::FastMap;
-use crate::pytorch::model::Frame;
 
 /// One value: a scalar, or the index of a string, bytes, a wide integer or a container.
 /// (A word of tag and a word of payload: every payload starts at byte 8, so a copy is two

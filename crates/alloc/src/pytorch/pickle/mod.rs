@@ -9,7 +9,7 @@
 //! alloc.enable_trace(None);
 //! let x = alloc.malloc_labeled(3 << 20, StreamId::DEFAULT, "activation")?;
 //! alloc.free(x.id)?;
-//! let bytes = pickle::write_snapshot(&alloc.snapshot())?;   // open at pytorch.org/memory_viz
+//! let bytes = pickle::to_bytes(&alloc.snapshot())?;   // open at pytorch.org/memory_viz
 //! let back = pickle::from_bytes(&bytes)?;
 //! assert_eq!(back.segments.len(), 1);
 //! assert_eq!(back.device_traces[0][1].label(), Some("activation"));
@@ -27,7 +27,7 @@ pub use opcodes::{VIEWER_OPCODES, first_unsupported_opcode};
 pub use read::{from_bytes, from_value};
 pub use tree::{PyValue, TreeError, read_tree};
 pub use tree_write::write_tree;
-pub use write::{to_bytes, to_value, write_snapshot};
+pub use write::{to_bytes, to_value};
 
 /// First byte of every pickle of protocol 2 or later (the PROTO opcode).
 pub const PICKLE_MAGIC: u8 = 0x80;

@@ -1,5 +1,5 @@
 //! Reading a memory-snapshot pickle (`torch.cuda.memory._dump_snapshot()`, or one trainmem
-//! wrote) into a [`MemorySnapshot`].
+//! wrote) into a [`Snapshot`].
 //!
 //! Only plain data is read: dicts, lists, tuples, strings, numbers, booleans and None. A pickle
 //! that refers to Python classes or functions has them replaced by None (nothing is ever
@@ -13,16 +13,14 @@ use std::collections::BTreeMap;
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::PickleError;
-use crate::pytorch::model::{
-    Action, BlockRecord, Frame, MemorySnapshot, SegmentRecord, TraceEvent,
-};
 use crate::size::PoolKind;
-use crate::snapshot::{AllocatorSettings, BlockState};
+use crate::{AllocatorSettings, BlockState, Label, StreamId};
+use crate::{BlockInfo, Frame, SegmentInfo, Snapshot, TraceAction, TraceEntry};
 
 type Dict = BTreeMap<HashableValue, Value>;
 
 /// Reads a snapshot pickle.
-pub fn from_bytes(bytes: &[u8]) -> Result<MemorySnapshot, PickleError> {
+pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, PickleError> {
     let options = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
@@ -32,7 +30,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<MemorySnapshot, PickleError> {
 
 /// Reads a snapshot from an unpickled value: a dict with `device_traces` (required) and
 /// `segments` and `allocator_settings` (optional).
-pub fn from_value(value: &Value) -> Result<MemorySnapshot, PickleError> {
+pub fn from_value(value: &Value) -> Result<Snapshot, PickleError> {
     let Value::Dict(top) = value else {
         return Err(PickleError::NotASnapshot);
     };
@@ -64,7 +62,7 @@ pub fn from_value(value: &Value) -> Result<MemorySnapshot, PickleError> {
         Some(v) => Some(settings(v)?),
         None => None,
     };
-    Ok(MemorySnapshot {
+    Ok(Snapshot {
         segments,
         device_traces,
         allocator_settings,
@@ -209,7 +207,7 @@ fn frames(map: &Dict) -> Vec<Frame> {
         .collect()
 }
 
-fn segment(v: &Value, at: &str) -> Result<SegmentRecord, PickleError> {
+fn segment(v: &Value, at: &str) -> Result<SegmentInfo, PickleError> {
     let m = dict(v, at)?;
     let address = uint(m, "address", at)?;
     let segment_type = match string(m, "segment_type", at)? {
@@ -242,14 +240,14 @@ fn segment(v: &Value, at: &str) -> Result<SegmentRecord, PickleError> {
             .collect::<Result<_, PickleError>>()?,
         None => Vec::new(),
     };
-    Ok(SegmentRecord {
+    Ok(SegmentInfo {
         device: opt_uint(m, "device", at)?.unwrap_or(0),
         address,
         total_size: uint(m, "total_size", at)?,
         allocated_size: opt_uint(m, "allocated_size", at)?.unwrap_or(0),
         active_size: opt_uint(m, "active_size", at)?.unwrap_or(0),
         requested_size: opt_uint(m, "requested_size", at)?.unwrap_or(0),
-        stream: opt_uint(m, "stream", at)?.unwrap_or(0),
+        stream: StreamId(opt_uint(m, "stream", at)?.unwrap_or(0)),
         segment_type,
         segment_pool_id,
         is_expandable: flag(m, "is_expandable"),
@@ -259,7 +257,7 @@ fn segment(v: &Value, at: &str) -> Result<SegmentRecord, PickleError> {
 }
 
 /// A block; `address` defaults to the end of the previous block (old snapshots omit it).
-fn block(v: &Value, at: &str, address: u64) -> Result<BlockRecord, PickleError> {
+fn block(v: &Value, at: &str, address: u64) -> Result<BlockInfo, PickleError> {
     let m = dict(v, at)?;
     let size = uint(m, "size", at)?;
     let state = match string(m, "state", at)? {
@@ -273,27 +271,27 @@ fn block(v: &Value, at: &str, address: u64) -> Result<BlockRecord, PickleError> 
             ));
         }
     };
-    Ok(BlockRecord {
+    Ok(BlockInfo {
         address: opt_uint(m, "address", at)?.unwrap_or(address),
         size,
         requested_size: opt_uint(m, "requested_size", at)?.unwrap_or(size),
         state,
         frames: frames(m),
-        category: opt_string(m, "category", at)?,
+        category: opt_string(m, "category", at)?.map(Label::from),
     })
 }
 
-fn event(v: &Value, at: &str) -> Result<TraceEvent, PickleError> {
+fn event(v: &Value, at: &str) -> Result<TraceEntry, PickleError> {
     let m = dict(v, at)?;
-    let action = Action::parse(string(m, "action", at)?);
+    let action = TraceAction::parse(string(m, "action", at)?);
     let block_or_segment = matches!(
         action,
-        Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+        TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted
     ) || action.is_segment_event();
     let (addr, size) = if block_or_segment {
         (uint(m, "addr", at)?, uint(m, "size", at)?)
     } else {
-        let addr_key = if action == Action::Oom {
+        let addr_key = if action == TraceAction::Oom {
             "device_free"
         } else {
             "addr"
@@ -303,14 +301,14 @@ fn event(v: &Value, at: &str) -> Result<TraceEvent, PickleError> {
             opt_uint(m, "size", at)?.unwrap_or(0),
         )
     };
-    Ok(TraceEvent {
+    Ok(TraceEntry {
         action,
         addr,
         size,
-        stream: opt_uint(m, "stream", at)?.unwrap_or(0),
+        stream: StreamId(opt_uint(m, "stream", at)?.unwrap_or(0)),
         time_us: opt_uint(m, "time_us", at)?,
         frames: frames(m),
-        category: opt_string(m, "category", at)?,
+        category: opt_string(m, "category", at)?.map(Label::from),
     })
 }
 

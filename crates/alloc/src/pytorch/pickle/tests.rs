@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use serde_pickle::{HashableValue, Value};
 
 use super::*;
-use crate::pytorch::{Action, Frame, MemorySnapshot, TraceEvent, UNKNOWN_CATEGORY};
-use crate::{BlockState, CachingAllocator, SimulatedDevice, Snapshot, StreamId};
+use crate::{
+    BlockState, CachingAllocator, Frame, Label, SimulatedDevice, Snapshot, StreamId, TraceAction,
+    TraceEntry, UNKNOWN_CATEGORY,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -34,9 +36,19 @@ fn traced_snapshot() -> Snapshot {
 #[test]
 fn round_trip_keeps_segments_blocks_and_traces() {
     let snap = traced_snapshot();
-    let bytes = write_snapshot(&snap).unwrap();
+    let bytes = to_bytes(&snap).unwrap();
     let back = from_bytes(&bytes).unwrap();
-    assert_eq!(back, MemorySnapshot::from(&snap));
+    // as written: with the "unknown" category, and each label as its one trainmem frame
+    let mut written = snap.clone();
+    written.add_unknown_category();
+    let frames = |label: Option<&str>| label.map(|l| vec![Frame::for_label(l)]);
+    for e in written.device_traces.iter_mut().flatten() {
+        e.frames = frames(e.label()).unwrap_or_default();
+    }
+    for b in written.segments.iter_mut().flat_map(|s| &mut s.blocks) {
+        b.frames = frames(b.label()).unwrap_or_default();
+    }
+    assert_eq!(back, written);
 
     assert_eq!(back.segments.len(), snap.segments.len());
     for (r, s) in back.segments.iter().zip(&snap.segments) {
@@ -53,7 +65,7 @@ fn round_trip_keeps_segments_blocks_and_traces() {
                 s.total_size,
                 s.allocated_size,
                 s.active_size,
-                s.stream.0
+                s.stream
             )
         );
         assert_eq!(r.segment_type, s.segment_type);
@@ -63,7 +75,7 @@ fn round_trip_keeps_segments_blocks_and_traces() {
                 (rb.address, rb.size, rb.requested_size, rb.state),
                 (sb.address, sb.size, sb.requested_size, sb.state)
             );
-            assert_eq!(rb.label(), sb.label.as_ref().map(|l| l.as_str()));
+            assert_eq!(rb.label(), sb.label());
         }
     }
     assert!(
@@ -76,16 +88,13 @@ fn round_trip_keeps_segments_blocks_and_traces() {
     let (trace, original) = (&back.device_traces[0], &snap.device_traces[0]);
     assert_eq!(trace.len(), original.len());
     for (e, o) in trace.iter().zip(original) {
-        assert_eq!(e.action, Action::from(o.action));
-        assert_eq!((e.addr, e.size, e.stream), (o.addr, o.size, o.stream.0));
-        assert_eq!(e.time_us, Some(o.time));
-        assert_eq!(e.label(), o.label.as_ref().map(|l| l.as_str()));
+        assert_eq!(e.action, o.action);
+        assert_eq!((e.addr, e.size, e.stream), (o.addr, o.size, o.stream));
+        assert_eq!(e.time_us, o.time_us);
+        assert_eq!(e.label(), o.label());
     }
-    assert!(trace.iter().any(|e| e.action == Action::Oom));
-    assert_eq!(
-        back.allocator_settings.as_ref(),
-        Some(&snap.allocator_settings)
-    );
+    assert!(trace.iter().any(|e| e.action == TraceAction::Oom));
+    assert_eq!(back.allocator_settings, snap.allocator_settings);
     // Written again, the same bytes.
     assert_eq!(to_bytes(&back).unwrap(), bytes);
 }
@@ -121,7 +130,7 @@ fn as_int(v: &Value) -> i64 {
 #[test]
 fn written_pickle_holds_what_the_viewers_read() {
     let snap = traced_snapshot();
-    let bytes = write_snapshot(&snap).unwrap();
+    let bytes = to_bytes(&snap).unwrap();
     assert_eq!(bytes[0], PICKLE_MAGIC);
     assert_eq!(first_unsupported_opcode(&bytes), None);
     let top: Value = serde_pickle::value_from_slice(&bytes, Default::default()).unwrap();
@@ -205,17 +214,17 @@ fn written_pickle_holds_what_the_viewers_read() {
     }
 }
 
-fn event(action: Action, category: Option<&str>) -> TraceEvent {
-    TraceEvent {
+fn event(action: TraceAction, category: Option<&str>) -> TraceEntry {
+    TraceEntry {
         action,
         addr: 0x1000,
         size: 512,
-        stream: 0,
+        stream: StreamId::DEFAULT,
         time_us: Some(5),
         frames: category
             .map(|c| vec![Frame::for_label(c)])
             .unwrap_or_default(),
-        category: category.map(str::to_string),
+        category: category.map(|c| Label::from(c.to_string())),
     }
 }
 
@@ -229,22 +238,22 @@ fn a_fully_labelled_trace_gets_an_unknown_category() {
         .unwrap();
     let snap = a.snapshot();
     assert!(
-        snap.device_traces[0].iter().all(|e| e.label.is_some()),
+        snap.device_traces[0].iter().all(|e| e.label().is_some()),
         "segment_alloc and alloc both carry the label"
     );
-    let m = MemorySnapshot::from(&snap);
+    let m = from_bytes(&to_bytes(&snap).unwrap()).unwrap();
     assert!(!m.needs_unknown_category());
     let last = m.device_traces[0].last().unwrap();
-    assert_eq!(last.action, Action::Snapshot);
+    assert_eq!(last.action, TraceAction::Snapshot);
     assert_eq!(last.category.as_deref(), Some(UNKNOWN_CATEGORY));
     assert_eq!(last.size, 4096);
     assert_eq!(m.categories(), vec!["activation", UNKNOWN_CATEGORY]);
 
     // Built by hand without "unknown": the writer fixes it; the unlabelled event gets it.
-    let hand = MemorySnapshot {
+    let hand = Snapshot {
         device_traces: vec![vec![
-            event(Action::SegmentAlloc, None),
-            event(Action::Alloc, Some("gradient")),
+            event(TraceAction::SegmentAlloc, None),
+            event(TraceAction::Alloc, Some("gradient")),
         ]],
         ..Default::default()
     };
@@ -257,8 +266,8 @@ fn a_fully_labelled_trace_gets_an_unknown_category() {
     );
 
     // No categories at all (PyTorch's own snapshots): nothing is added.
-    let plain = MemorySnapshot {
-        device_traces: vec![vec![event(Action::Alloc, None)]],
+    let plain = Snapshot {
+        device_traces: vec![vec![event(TraceAction::Alloc, None)]],
         ..Default::default()
     };
     assert!(!plain.needs_unknown_category());
@@ -315,8 +324,8 @@ fn python_pickles_with_shared_frames_are_read() {
     assert_eq!(
         actions,
         vec![
-            (Action::Alloc, 4096, 100),
-            (Action::FreeCompleted, 4096, 100)
+            (TraceAction::Alloc, 4096, 100),
+            (TraceAction::FreeCompleted, 4096, 100)
         ]
     );
 }
@@ -332,7 +341,7 @@ fn bad_input_is_an_error_that_says_where() {
         from_bytes(&[0x80, 0x03, 0xff]),
         Err(PickleError::Decode(_))
     ));
-    let no_traces = MemorySnapshot::default();
+    let no_traces = Snapshot::default();
     let mut v = to_value(&no_traces);
     if let Value::Dict(d) = &mut v {
         d.remove(&HashableValue::String("device_traces".into()));
@@ -341,7 +350,7 @@ fn bad_input_is_an_error_that_says_where() {
     let err = from_bytes(&bytes).unwrap_err();
     assert!(err.to_string().contains("_record_memory_history"), "{err}");
 
-    let mut m = MemorySnapshot::from(&traced_snapshot());
+    let mut m = traced_snapshot();
     m.segments.truncate(1);
     let mut v = to_value(&m);
     let Value::Dict(top) = &mut v else { panic!() };

@@ -1,4 +1,4 @@
-//! Writing a [`MemorySnapshot`] as a pickle PyTorch's viewers open.
+//! Writing a [`Snapshot`] as a pickle PyTorch's viewers open.
 //!
 //! Written with serde-pickle (protocol 3) from strings, integers, floats, booleans, lists,
 //! tuples and dicts only: no bytes, sets or globals, which the web viewer's unpickler does not
@@ -10,9 +10,8 @@ use std::collections::BTreeMap;
 use serde_pickle::{HashableValue, SerOptions, Value};
 
 use super::PickleError;
-use crate::pytorch::model::Action;
-use crate::pytorch::model::{BlockRecord, Frame, MemorySnapshot, SegmentRecord, TraceEvent};
-use crate::snapshot::{AllocatorSettings, Snapshot};
+use crate::snapshot::WrittenFrames;
+use crate::{AllocatorSettings, BlockInfo, SegmentInfo, Snapshot, TraceAction, TraceEntry};
 
 fn s(x: &str) -> Value {
     Value::String(x.to_string())
@@ -30,36 +29,39 @@ fn dict(entries: Vec<(&str, Value)>) -> Value {
     Value::Dict(m)
 }
 
-fn frames(frames: &[Frame]) -> Value {
+fn frames(frames: WrittenFrames<'_>) -> Value {
     Value::List(
         frames
-            .iter()
-            .map(|f| {
+            .each()
+            .map(|(filename, line, name)| {
                 dict(vec![
-                    ("filename", s(&f.filename)),
-                    ("line", Value::I64(f.line)),
-                    ("name", s(&f.name)),
+                    ("filename", s(filename)),
+                    ("line", Value::I64(line)),
+                    ("name", s(name)),
                 ])
             })
             .collect(),
     )
 }
 
-fn block(b: &BlockRecord) -> Value {
+fn block(b: &BlockInfo) -> Value {
     let mut e = vec![
         ("address", i(b.address)),
         ("size", i(b.size)),
         ("requested_size", i(b.requested_size)),
         ("state", s(b.state.as_str())),
-        ("frames", frames(&b.frames)),
+        (
+            "frames",
+            frames(WrittenFrames::of(&b.frames, b.category.as_ref())),
+        ),
     ];
     if let Some(c) = &b.category {
-        e.push(("category", s(c)));
+        e.push(("category", s(c.as_str())));
     }
     dict(e)
 }
 
-fn segment(seg: &SegmentRecord) -> Value {
+fn segment(seg: &SegmentInfo) -> Value {
     dict(vec![
         ("device", i(seg.device)),
         ("address", i(seg.address)),
@@ -67,14 +69,14 @@ fn segment(seg: &SegmentRecord) -> Value {
         ("allocated_size", i(seg.allocated_size)),
         ("active_size", i(seg.active_size)),
         ("requested_size", i(seg.requested_size)),
-        ("stream", i(seg.stream)),
+        ("stream", i(seg.stream.0)),
         ("segment_type", s(seg.segment_type.as_str())),
         (
             "segment_pool_id",
             Value::Tuple(vec![i(seg.segment_pool_id.0), i(seg.segment_pool_id.1)]),
         ),
         ("is_expandable", Value::Bool(seg.is_expandable)),
-        ("frames", frames(&seg.frames)),
+        ("frames", frames(WrittenFrames::Recorded(&seg.frames))),
         (
             "blocks",
             Value::List(seg.blocks.iter().map(block).collect()),
@@ -82,8 +84,8 @@ fn segment(seg: &SegmentRecord) -> Value {
     ])
 }
 
-fn event(t: &TraceEvent) -> Value {
-    let addr_key = if t.action == Action::Oom {
+fn event(t: &TraceEntry) -> Value {
+    let addr_key = if t.action == TraceAction::Oom {
         "device_free"
     } else {
         "addr"
@@ -92,14 +94,17 @@ fn event(t: &TraceEvent) -> Value {
         ("action", s(t.action.as_str())),
         (addr_key, i(t.addr)),
         ("size", i(t.size)),
-        ("stream", i(t.stream)),
+        ("stream", i(t.stream.0)),
     ];
     if let Some(time) = t.time_us {
         e.push(("time_us", i(time)));
     }
-    e.push(("frames", frames(&t.frames)));
+    e.push((
+        "frames",
+        frames(WrittenFrames::of(&t.frames, t.category.as_ref())),
+    ));
     if let Some(c) = &t.category {
-        e.push(("category", s(c)));
+        e.push(("category", s(c.as_str())));
     }
     dict(e)
 }
@@ -122,7 +127,7 @@ fn settings(st: &AllocatorSettings) -> Value {
     ])
 }
 
-fn value_of(snap: &MemorySnapshot) -> Value {
+fn value_of(snap: &Snapshot) -> Value {
     let traces = snap
         .device_traces
         .iter()
@@ -143,9 +148,9 @@ fn value_of(snap: &MemorySnapshot) -> Value {
 
 /// The snapshot dict as a pickle value: keys `segments`, `device_traces` and (when present)
 /// `allocator_settings`. A snapshot that
-/// [needs an `"unknown"` category](MemorySnapshot::needs_unknown_category) gets one
-/// ([`MemorySnapshot::add_unknown_category`]) so pytorch.org/memory_viz can draw it.
-pub fn to_value(snap: &MemorySnapshot) -> Value {
+/// [needs an `"unknown"` category](Snapshot::needs_unknown_category) gets one
+/// ([`Snapshot::add_unknown_category`]) so pytorch.org/memory_viz can draw it.
+pub fn to_value(snap: &Snapshot) -> Value {
     if snap.needs_unknown_category() {
         let mut fixed = snap.clone();
         fixed.add_unknown_category();
@@ -156,12 +161,6 @@ pub fn to_value(snap: &MemorySnapshot) -> Value {
 }
 
 /// The snapshot as pickle bytes (protocol 3), as [`to_value`] builds it.
-pub fn to_bytes(snap: &MemorySnapshot) -> Result<Vec<u8>, PickleError> {
+pub fn to_bytes(snap: &Snapshot) -> Result<Vec<u8>, PickleError> {
     serde_pickle::value_to_vec(&to_value(snap), SerOptions::new()).map_err(PickleError::Encode)
-}
-
-/// The allocator's snapshot as a memory_viz pickle: [`MemorySnapshot::from`] then
-/// [`to_bytes`].
-pub fn write_snapshot(snap: &Snapshot) -> Result<Vec<u8>, PickleError> {
-    to_bytes(&MemorySnapshot::from(snap))
 }

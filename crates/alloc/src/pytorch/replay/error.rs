@@ -32,10 +32,13 @@ pub enum ReplayError {
     Malformed {
         /// 1-based line number.
         line: u64,
-        /// What the JSON parser said.
+        /// What the JSON parser said (without its position in the one-line string).
         message: String,
         /// The line's first 120 characters.
         text: String,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// The snapshot pickle could not be read.
     #[error(transparent)]

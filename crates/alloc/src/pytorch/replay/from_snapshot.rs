@@ -8,7 +8,7 @@ use super::error::ReplayError;
 use super::op::{Op, Origin};
 use crate::fast_hash::FastMap;
 use crate::label::Label;
-use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
+use crate::{Snapshot, TraceAction, TraceEntry};
 
 /// What a snapshot's trace held besides the ops to replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -30,11 +30,11 @@ pub struct SnapshotTraceInfo {
 
 /// The free action a trace is replayed by: `free_completed` when the trace has any (the
 /// moment a block returns to the cache, after other streams' use), else `free_requested`.
-pub fn free_action(trace: &[TraceEvent]) -> Action {
-    if trace.iter().any(|e| e.action == Action::FreeCompleted) {
-        Action::FreeCompleted
+pub fn free_action(trace: &[TraceEntry]) -> TraceAction {
+    if trace.iter().any(|e| e.action == TraceAction::FreeCompleted) {
+        TraceAction::FreeCompleted
     } else {
-        Action::FreeRequested
+        TraceAction::FreeRequested
     }
 }
 
@@ -45,14 +45,14 @@ pub fn free_action(trace: &[TraceEvent]) -> Action {
 /// one `empty_cache` (tagged with the run's last entry): PyTorch frees segments only when it
 /// releases its cache, on `torch.cuda.empty_cache()` or when cudaMalloc fails.
 pub fn seeded_ops(
-    trace: &[TraceEvent],
+    trace: &[TraceEntry],
     device: usize,
     live: &[u64],
 ) -> (Vec<(Origin, Op)>, SnapshotTraceInfo) {
     let free_action = free_action(trace);
     let mut info = SnapshotTraceInfo {
         entries: trace.len(),
-        free_action: if free_action == Action::FreeCompleted {
+        free_action: if free_action == TraceAction::FreeCompleted {
             "free_completed"
         } else {
             "free_requested"
@@ -69,7 +69,7 @@ pub fn seeded_ops(
     for (index, e) in trace.iter().enumerate() {
         let at = Origin::Entry { device, index };
         match &e.action {
-            Action::Alloc => {
+            TraceAction::Alloc => {
                 ids.insert(e.addr, next_id);
                 let label = e.label().map(|l| Label::from(l.to_string()));
                 ops.push((
@@ -77,7 +77,7 @@ pub fn seeded_ops(
                     Op::Alloc {
                         id: next_id,
                         size: e.size,
-                        stream: e.stream,
+                        stream: e.stream.0,
                         label,
                     },
                 ));
@@ -87,19 +87,19 @@ pub fn seeded_ops(
                 Some(id) => ops.push((at, Op::Free { id })),
                 None => info.frees_of_unknown_blocks += 1,
             },
-            Action::SegmentFree => {
+            TraceAction::SegmentFree => {
                 info.segment_entries += 1;
                 if trace
                     .get(index + 1)
-                    .is_none_or(|n| n.action != Action::SegmentFree)
+                    .is_none_or(|n| n.action != TraceAction::SegmentFree)
                 {
                     ops.push((at, Op::EmptyCache));
                 }
             }
-            Action::Oom => {
+            TraceAction::Oom => {
                 // The request that failed: PyTorch records no alloc for it.
                 info.recorded_ooms += 1;
-                ops.push((at, Op::alloc(next_id, e.size, e.stream)));
+                ops.push((at, Op::alloc(next_id, e.size, e.stream.0)));
                 next_id += 1;
             }
             a if a.is_segment_event() => info.segment_entries += 1,
@@ -113,7 +113,7 @@ pub fn seeded_ops(
 /// and each free of a block allocated in the trace, using `free_completed` entries when the
 /// trace has any, else `free_requested`.
 pub fn ops_from_trace(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
 ) -> Result<(Vec<(Origin, Op)>, SnapshotTraceInfo), ReplayError> {
     let devices = snapshot.device_traces.len();
@@ -121,11 +121,13 @@ pub fn ops_from_trace(
         .device_traces
         .get(device)
         .ok_or(ReplayError::NoSuchDevice { device, devices })?;
-    let has_completed = entries.iter().any(|e| e.action == Action::FreeCompleted);
+    let has_completed = entries
+        .iter()
+        .any(|e| e.action == TraceAction::FreeCompleted);
     let free_action = if has_completed {
-        Action::FreeCompleted
+        TraceAction::FreeCompleted
     } else {
-        Action::FreeRequested
+        TraceAction::FreeRequested
     };
     let mut info = SnapshotTraceInfo {
         devices,
@@ -143,7 +145,7 @@ pub fn ops_from_trace(
     for (index, e) in entries.iter().enumerate() {
         let at = Origin::Entry { device, index };
         match &e.action {
-            Action::Alloc => {
+            TraceAction::Alloc => {
                 match live.entry(e.addr) {
                     Entry::Occupied(_) => {
                         return Err(ReplayError::AddressAlreadyLive { at, addr: e.addr });
@@ -155,7 +157,7 @@ pub fn ops_from_trace(
                 let op = Op::Alloc {
                     id: next_id,
                     size: e.size,
-                    stream: e.stream,
+                    stream: e.stream.0,
                     label: e.label().map(|l| Label::from(l.to_string())),
                 };
                 ops.push((at, op));
@@ -165,7 +167,7 @@ pub fn ops_from_trace(
                 Some(id) => ops.push((at, Op::Free { id })),
                 None => info.frees_of_unknown_blocks += 1,
             },
-            Action::Oom => info.recorded_ooms += 1,
+            TraceAction::Oom => info.recorded_ooms += 1,
             a if a.as_str().starts_with("segment_") => info.segment_entries += 1,
             _ => {}
         }
@@ -177,20 +179,20 @@ pub fn ops_from_trace(
 mod tests {
     use super::*;
 
-    fn entry(action: &str, addr: u64, size: u64) -> TraceEvent {
-        TraceEvent {
-            action: Action::parse(action),
+    fn entry(action: &str, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            action: TraceAction::parse(action),
             addr,
             size,
-            stream: 0,
+            stream: crate::StreamId::DEFAULT,
             time_us: None,
             frames: Vec::new(),
             category: None,
         }
     }
 
-    fn snapshot(traces: Vec<Vec<TraceEvent>>) -> MemorySnapshot {
-        MemorySnapshot {
+    fn snapshot(traces: Vec<Vec<TraceEntry>>) -> Snapshot {
+        Snapshot {
             device_traces: traces,
             ..Default::default()
         }

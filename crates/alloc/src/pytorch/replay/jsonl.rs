@@ -17,6 +17,7 @@ pub fn parse_line(line: &str, line_no: u64) -> Result<Option<Op>, ReplayError> {
             line: line_no,
             message: strip_position(&err.to_string()).to_string(),
             text: text.chars().take(120).collect(),
+            source: err,
         })
 }
 

@@ -2,10 +2,10 @@
 //! figure worked out from PyTorch's rules.
 
 use super::*;
-use crate::pytorch::model::{Action, BlockRecord, MemorySnapshot, SegmentRecord, TraceEvent};
 use crate::size::{MIB, PoolKind};
 use crate::snapshot::BlockState;
 use crate::{AllocatorConfig, SeedBlock, StreamId};
+use crate::{BlockInfo, SegmentInfo, Snapshot, TraceAction, TraceEntry};
 
 /// A segment's address and size, and its blocks' addresses and sizes.
 type Layout = (u64, u64, Vec<(u64, u64)>);
@@ -15,20 +15,20 @@ const S2: u64 = 0x7200_0000;
 const B: u64 = 0x7400_0000;
 const N: u64 = 0x7600_0000;
 
-fn ev(action: &str, addr: u64, size: u64, stream: u64) -> TraceEvent {
-    TraceEvent {
-        action: Action::parse(action),
+fn ev(action: &str, addr: u64, size: u64, stream: u64) -> TraceEntry {
+    TraceEntry {
+        action: TraceAction::parse(action),
         addr,
         size,
-        stream,
+        stream: StreamId(stream),
         time_us: None,
         frames: Vec::new(),
         category: None,
     }
 }
 
-fn block(address: u64, size: u64, requested: u64) -> BlockRecord {
-    BlockRecord {
+fn block(address: u64, size: u64, requested: u64) -> BlockInfo {
+    BlockInfo {
         address,
         size,
         requested_size: requested,
@@ -42,20 +42,20 @@ fn block(address: u64, size: u64, requested: u64) -> BlockRecord {
     }
 }
 
-fn segment(address: u64, total_size: u64, stream: u64, blocks: Vec<BlockRecord>) -> SegmentRecord {
+fn segment(address: u64, total_size: u64, stream: u64, blocks: Vec<BlockInfo>) -> SegmentInfo {
     let allocated: u64 = blocks
         .iter()
         .filter(|b| b.state != BlockState::Inactive)
         .map(|b| b.size)
         .sum();
-    SegmentRecord {
+    SegmentInfo {
         device: 0,
         address,
         total_size,
         allocated_size: allocated,
         active_size: allocated,
         requested_size: 0,
-        stream,
+        stream: StreamId(stream),
         segment_type: if total_size == 2 * MIB {
             PoolKind::Small
         } else {
@@ -72,7 +72,7 @@ fn segment(address: u64, total_size: u64, stream: u64, blocks: Vec<BlockRecord>)
 /// (2 MiB small: W live) and B (20 MiB: V live). W is freed and S2 released (a run of
 /// `segment_free`), Y is freed, 18 MiB needs a new segment N (A's 16 MiB free block is too
 /// small), then V is freed. Final state: A = [X][free 16 MiB], B = [free 20 MiB], N = [18 MiB].
-fn part_way_snapshot() -> MemorySnapshot {
+fn part_way_snapshot() -> Snapshot {
     let trace = vec![
         ev("snapshot", 0, 0, 0),
         ev("free_requested", S2, 1000, 0),
@@ -85,7 +85,7 @@ fn part_way_snapshot() -> MemorySnapshot {
         ev("free_requested", B, 19 * MIB + 1, 0),
         ev("free_completed", B, 19 * MIB + 1, 0),
     ];
-    MemorySnapshot {
+    Snapshot {
         segments: vec![
             segment(
                 A,
@@ -203,7 +203,7 @@ fn a_cached_block_of_another_stream_is_not_reused() {
         ev("alloc", N, 6 * MIB, 0),
         ev("alloc", A, 6 * MIB, 5),
     ];
-    let snap = MemorySnapshot {
+    let snap = Snapshot {
         segments: vec![
             segment(
                 A,
@@ -385,7 +385,7 @@ mod recorded_part_way {
             for op in &during {
                 apply(&mut a, &mut live, op);
             }
-            let snap = MemorySnapshot::from(&a.snapshot());
+            let snap = a.snapshot();
             let trace = &snap.device_traces[0];
             let own = run_config(&snap).expect("trainmem's own settings");
             let start = start_state(&snap, 0, trace, &own).expect("consistent");

@@ -14,7 +14,7 @@ use super::start_state::{StartState, start_state};
 use crate::allocator::CachingAllocator;
 use crate::config::AllocatorConfig;
 use crate::device::SimulatedDevice;
-use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
+use crate::{Snapshot, TraceAction, TraceEntry};
 
 /// What the recording itself says, from its events alone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -42,7 +42,7 @@ pub struct RecordedFigures {
 }
 
 impl RecordedFigures {
-    fn from_trace(start: &StartState, trace: &[TraceEvent]) -> Self {
+    fn from_trace(start: &StartState, trace: &[TraceEntry]) -> Self {
         let start_reserved = start.reserved();
         let mut f = RecordedFigures {
             start_reserved,
@@ -54,16 +54,16 @@ impl RecordedFigures {
         };
         for e in trace {
             match e.action {
-                Action::SegmentAlloc => {
+                TraceAction::SegmentAlloc => {
                     f.segment_allocs += 1;
                     f.final_reserved += e.size;
                     f.peak_reserved = f.peak_reserved.max(f.final_reserved);
                 }
-                Action::SegmentFree => {
+                TraceAction::SegmentFree => {
                     f.segment_frees += 1;
                     f.final_reserved = f.final_reserved.saturating_sub(e.size);
                 }
-                Action::Oom => {
+                TraceAction::Oom => {
                     f.ooms += 1;
                     f.oom_capacity.get_or_insert(f.final_reserved + e.addr);
                 }
@@ -100,7 +100,7 @@ impl SnapshotReplay {
 
 /// The configuration the run recorded in `allocator_settings` (PyTorch's defaults when the
 /// snapshot has none).
-pub fn run_config(snapshot: &MemorySnapshot) -> Result<AllocatorConfig, ReplayError> {
+pub fn run_config(snapshot: &Snapshot) -> Result<AllocatorConfig, ReplayError> {
     match &snapshot.allocator_settings {
         Some(s) => s.to_config().map_err(ReplayError::Settings),
         None => Ok(AllocatorConfig::default()),
@@ -108,17 +108,14 @@ pub fn run_config(snapshot: &MemorySnapshot) -> Result<AllocatorConfig, ReplayEr
 }
 
 /// The recording's own figures for `device`, from the rebuilt start state and the trace.
-pub fn recorded(snapshot: &MemorySnapshot, device: usize) -> Result<RecordedFigures, ReplayError> {
+pub fn recorded(snapshot: &Snapshot, device: usize) -> Result<RecordedFigures, ReplayError> {
     let trace = device_trace(snapshot, device)?;
     let start = start_state(snapshot, device, trace, &run_config(snapshot)?)?;
     Ok(RecordedFigures::from_trace(&start, trace))
 }
 
 /// The trace of `device`.
-pub fn device_trace(
-    snapshot: &MemorySnapshot,
-    device: usize,
-) -> Result<&[TraceEvent], ReplayError> {
+pub fn device_trace(snapshot: &Snapshot, device: usize) -> Result<&[TraceEntry], ReplayError> {
     let devices = snapshot.device_traces.len();
     snapshot
         .device_traces
@@ -174,23 +171,20 @@ impl PreparedTrace {
 }
 
 /// Prepares `device`'s trace of `snapshot` for replays (see [`PreparedTrace`]).
-pub fn prepare_trace(
-    snapshot: &MemorySnapshot,
-    device: usize,
-) -> Result<PreparedTrace, ReplayError> {
+pub fn prepare_trace(snapshot: &Snapshot, device: usize) -> Result<PreparedTrace, ReplayError> {
     let trace = device_trace(snapshot, device)?;
     let own = run_config(snapshot)?;
     let start = start_state(snapshot, device, trace, &own)?;
     let recorded = RecordedFigures::from_trace(&start, trace);
     let planned = trace
         .iter()
-        .filter(|e| e.action == Action::SegmentAlloc)
+        .filter(|e| e.action == TraceAction::SegmentAlloc)
         .map(|e| (e.size, e.addr))
         .collect();
     let snapshot_points = trace
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.action == Action::Snapshot)
+        .filter(|(_, e)| e.action == TraceAction::Snapshot)
         .map(|(index, _)| index)
         .collect();
     let (ops, mut info) = seeded_ops(trace, device, &start.live);
@@ -211,7 +205,7 @@ pub fn prepare_trace(
 /// the start state rebuilt with the run's own rules. `config` is the configuration to
 /// replay under (`None`: the run's own, with new segments at the recorded addresses).
 pub fn prepare(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
     capacity: u64,
     config: Option<AllocatorConfig>,

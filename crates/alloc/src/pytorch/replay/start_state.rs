@@ -17,10 +17,10 @@ use super::from_snapshot::free_action;
 use crate::allocator::{SeedBlock, SeedSegment, SeedState};
 use crate::config::AllocatorConfig;
 use crate::fast_hash::FastMap;
-use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
 use crate::size::{PoolKind, SMALL_BUFFER, SMALL_SIZE, round_size};
 use crate::snapshot::BlockState;
 use crate::stream::StreamId;
+use crate::{Snapshot, TraceAction, TraceEntry};
 
 /// The start state could not be rebuilt: the trace and the final segments disagree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,9 +130,9 @@ impl StartState {
 /// Rebuilds the state of `device`'s allocator when its trace began, with the run's rounding
 /// rules from `config`.
 pub fn start_state(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
-    trace: &[TraceEvent],
+    trace: &[TraceEntry],
     config: &AllocatorConfig,
 ) -> Result<StartState, StartStateError> {
     let (segments, live) = undo_trace(snapshot, device, trace)?;
@@ -167,9 +167,9 @@ type Undone = (BTreeMap<u64, StartSegment>, BTreeMap<u64, StartBlock>);
 
 /// Walks the trace backwards from the final segments.
 fn undo_trace(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
-    trace: &[TraceEvent],
+    trace: &[TraceEntry],
 ) -> Result<Undone, StartStateError> {
     let mut segments = BTreeMap::new();
     let mut live: FastMap<u64, StartBlock> = FastMap::default();
@@ -180,7 +180,7 @@ fn undo_trace(
     {
         let seg = StartSegment {
             size: s.total_size,
-            stream: StreamId(s.stream),
+            stream: s.stream,
             pool: s.segment_type,
         };
         segments.insert(s.address, seg);
@@ -196,11 +196,11 @@ fn undo_trace(
     for (index, e) in trace.iter().enumerate().rev() {
         let addr = e.addr;
         let broken = match &e.action {
-            Action::SegmentAlloc => segments
+            TraceAction::SegmentAlloc => segments
                 .remove(&addr)
                 .is_none()
                 .then_some(StartStateError::SegmentAllocOfUnknown { index, addr }),
-            Action::SegmentFree => {
+            TraceAction::SegmentFree => {
                 let pool = if e.size == SMALL_BUFFER {
                     PoolKind::Small
                 } else {
@@ -208,14 +208,14 @@ fn undo_trace(
                 };
                 let seg = StartSegment {
                     size: e.size,
-                    stream: StreamId(e.stream),
+                    stream: e.stream,
                     pool,
                 };
                 segments
                     .insert(addr, seg)
                     .map(|_| StartStateError::SegmentFreeOfLive { index, addr })
             }
-            Action::Alloc => live
+            TraceAction::Alloc => live
                 .remove(&addr)
                 .is_none()
                 .then_some(StartStateError::AllocOfUnknown { index, addr }),

@@ -138,7 +138,7 @@ fn labelled_replay_over_host_memory_samples_between_ops() {
     let snap = r.allocator().snapshot();
     let labels: Vec<&str> = snap.device_traces[0]
         .iter()
-        .filter_map(|e| e.label.as_ref().map(|l| l.as_str()))
+        .filter_map(|e| e.label())
         .collect();
     assert!(labels.contains(&"parameter") && labels.contains(&"activation"));
     assert_eq!(r.into_allocator().memory_reserved(), 20 * MIB);
@@ -178,7 +178,7 @@ fn a_written_snapshot_replays_to_the_same_stats() {
             alloc.free(victim.id).unwrap();
         }
     }
-    let bytes = crate::pytorch::pickle::write_snapshot(&alloc.snapshot()).unwrap();
+    let bytes = crate::pytorch::pickle::to_bytes(&alloc.snapshot()).unwrap();
     let mut r = Replayer::simulated(8 << 30, AllocatorConfig::default());
     let mut last = None;
     let format = replay_trace(&bytes[..], &mut r, 0, |p| last = Some(p)).unwrap();
@@ -209,7 +209,7 @@ fn a_written_snapshot_replays_to_the_same_stats() {
         s.segments
             .iter()
             .flat_map(|seg| seg.blocks.iter())
-            .map(|b| b.label.as_ref().map(|l| l.to_string()))
+            .map(|b| b.label().map(str::to_string))
             .collect()
     };
     assert_eq!(labels(&replayed), labels(&original));

@@ -13,9 +13,8 @@ use super::engine::Applied;
 use super::error::ReplayError;
 use super::op::{Op, Origin};
 use super::snapshot_replay::SnapshotReplay;
-use crate::pytorch::model::{Action, MemorySnapshot, TraceEvent};
 use crate::snapshot::BlockState;
-use crate::trace::TraceAction;
+use crate::{Snapshot, TraceAction, TraceEntry};
 
 /// How many of the recorded events of one kind the replay reproduced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -68,13 +67,13 @@ pub struct Verification {
 /// A recorded segment event.
 struct Recorded {
     index: usize,
-    action: Action,
+    action: TraceAction,
     addr: u64,
     size: u64,
 }
 
-fn describe(action: &Action, addr: u64, size: u64) -> String {
-    let call = if *action == Action::SegmentAlloc {
+fn describe(action: &TraceAction, addr: u64, size: u64) -> String {
+    let call = if *action == TraceAction::SegmentAlloc {
         "cudaMalloc"
     } else {
         "cudaFree"
@@ -84,13 +83,55 @@ fn describe(action: &Action, addr: u64, size: u64) -> String {
 
 /// The comparison in progress.
 struct Checker<'a> {
-    trace: &'a [TraceEvent],
+    trace: &'a [TraceEntry],
     recorded: Vec<Recorded>,
     next: usize,
     v: Verification,
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
+    /// A checker holding what the recorded `trace` did: its segment calls in order, and its
+    /// counts of segment calls, allocations and out-of-memory errors.
+    fn of_recording(trace: &'a [TraceEntry]) -> Self {
+        let recorded: Vec<Recorded> = trace
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                matches!(
+                    e.action,
+                    TraceAction::SegmentAlloc | TraceAction::SegmentFree
+                )
+            })
+            .map(|(index, e)| Recorded {
+                index,
+                action: e.action.clone(),
+                addr: e.addr,
+                size: e.size,
+            })
+            .collect();
+        let mut c = Checker {
+            trace,
+            next: 0,
+            v: Verification::default(),
+            recorded,
+        };
+        for r in &c.recorded {
+            match r.action {
+                TraceAction::SegmentAlloc => c.v.segment_allocs.recorded += 1,
+                _ => c.v.segment_frees.recorded += 1,
+            }
+        }
+        c.v.allocs.recorded = trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Alloc)
+            .count() as u64;
+        c.v.ooms.recorded = trace
+            .iter()
+            .filter(|e| e.action == TraceAction::Oom)
+            .count() as u64;
+        c
+    }
+
     fn diverge(&mut self, entry: Option<usize>, pytorch: String, trainmem: String) {
         if self.v.first_divergence.is_some() {
             return;
@@ -116,7 +157,7 @@ impl Checker<'_> {
 
     /// Matches the segment events trainmem made during the op at `index` (after the op at
     /// `prev`) against the recording's, in order.
-    fn segments(&mut self, prev: Option<usize>, index: usize, made: &[(Action, u64, u64)]) {
+    fn segments(&mut self, prev: Option<usize>, index: usize, made: &[(TraceAction, u64, u64)]) {
         for (action, addr, size) in made {
             if !self.live() {
                 return;
@@ -137,7 +178,7 @@ impl Checker<'_> {
                 return;
             }
             match action {
-                Action::SegmentAlloc => self.v.segment_allocs.agreed += 1,
+                TraceAction::SegmentAlloc => self.v.segment_allocs.agreed += 1,
                 _ => self.v.segment_frees.agreed += 1,
             }
             self.next += 1;
@@ -159,7 +200,7 @@ impl Checker<'_> {
         if !self.live() {
             return;
         }
-        if self.trace[index].action == Action::Oom {
+        if self.trace[index].action == TraceAction::Oom {
             match applied {
                 Applied::OutOfMemory => self.v.ooms.agreed += 1,
                 Applied::Allocated(b) => {
@@ -189,35 +230,11 @@ impl Checker<'_> {
 /// recording of `device` in `snapshot`.
 pub fn verify(
     replay: &mut SnapshotReplay,
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
 ) -> Result<Verification, ReplayError> {
     let trace = super::snapshot_replay::device_trace(snapshot, device)?;
-    let recorded: Vec<Recorded> = trace
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree))
-        .map(|(index, e)| Recorded {
-            index,
-            action: e.action.clone(),
-            addr: e.addr,
-            size: e.size,
-        })
-        .collect();
-    let mut c = Checker {
-        trace,
-        next: 0,
-        v: Verification::default(),
-        recorded,
-    };
-    for r in &c.recorded {
-        match r.action {
-            Action::SegmentAlloc => c.v.segment_allocs.recorded += 1,
-            _ => c.v.segment_frees.recorded += 1,
-        }
-    }
-    c.v.allocs.recorded = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
-    c.v.ooms.recorded = trace.iter().filter(|e| e.action == Action::Oom).count() as u64;
+    let mut c = Checker::of_recording(trace);
     replay.replayer.allocator_mut().enable_trace(None);
     let mut prev = None;
     for (at, op) in std::mem::take(&mut replay.ops) {
@@ -226,7 +243,7 @@ pub fn verify(
         };
         let is_alloc = matches!(op, Op::Alloc { .. });
         let applied = replay.replayer.apply(at, op)?;
-        let made: Vec<(Action, u64, u64)> = replay
+        let made: Vec<(TraceAction, u64, u64)> = replay
             .replayer
             .allocator_mut()
             .take_trace()
@@ -237,7 +254,7 @@ pub fn verify(
                     TraceAction::SegmentAlloc | TraceAction::SegmentFree
                 )
             })
-            .map(|e| (Action::from(e.action), e.addr, e.size))
+            .map(|e| (e.action, e.addr, e.size))
             .collect();
         c.segments(prev, index, &made);
         if is_alloc {
@@ -262,12 +279,7 @@ pub fn verify(
 type Layout = BTreeMap<(u64, u64), BTreeMap<u64, (u64, bool)>>;
 
 /// Compares the replay's final segments and blocks with the snapshot's.
-fn end_state(
-    c: &mut Checker<'_>,
-    replay: &SnapshotReplay,
-    snapshot: &MemorySnapshot,
-    device: usize,
-) {
+fn end_state(c: &mut Checker<'_>, replay: &SnapshotReplay, snapshot: &Snapshot, device: usize) {
     let theirs: Layout = snapshot
         .segments
         .iter()

@@ -8,8 +8,8 @@ use super::engine::Applied;
 use super::error::ReplayError;
 use super::op::{Op, Origin};
 use super::snapshot_replay::{PreparedTrace, prepare_trace};
+use crate::Snapshot;
 use crate::config::AllocatorConfig;
-use crate::pytorch::model::MemorySnapshot;
 
 /// One way to replay a snapshot.
 #[derive(Clone, Debug, PartialEq)]
@@ -104,7 +104,7 @@ fn with_empty_cache_at_snapshots(
 /// Replays `device`'s trace of `snapshot` under `scenario` on a simulated device of
 /// `capacity` bytes, from the rebuilt start state.
 pub fn run_scenario(
-    snapshot: &MemorySnapshot,
+    snapshot: &Snapshot,
     device: usize,
     capacity: u64,
     scenario: &Scenario,
