@@ -14,9 +14,10 @@ use std::sync::Arc;
 use burn::data::dataset::Dataset as BurnTrait;
 
 use crate::dataset::{Dataset, MmapDataset, SampleView};
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
 use crate::formats::arrow_dataset::ArrowDataset;
 use crate::formats::tokens::TokenWindows;
+use trainmem_core::Dtype;
 
 /// One sample copied out of a [`MmapDataset`]: the rows of every column.
 #[derive(Debug, Clone, PartialEq)]

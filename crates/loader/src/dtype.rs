@@ -1,7 +1,7 @@
 //! The element types a data set may hold (little-endian, fixed-size numbers): trainmem-core's
 //! [`Dtype`], mapped to and from numpy's `descr` strings, and the Rust types that view them.
 
-pub use trainmem_core::Dtype;
+use trainmem_core::Dtype;
 
 /// Why a `descr` string is not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -21,7 +21,7 @@ pub enum FileProblem {
         /// Shape from the header.
         shape: Vec<usize>,
         /// Element type.
-        dtype: crate::Dtype,
+        dtype: trainmem_core::Dtype,
         /// Bytes needed.
         expected: u64,
         /// Bytes present.
@@ -175,9 +175,9 @@ pub enum DataError {
         /// The column.
         column: String,
         /// Its dtype.
-        actual: crate::Dtype,
+        actual: trainmem_core::Dtype,
         /// The dtype asked for.
-        requested: crate::Dtype,
+        requested: trainmem_core::Dtype,
     },
     /// A bytemuck cast failed (misaligned or wrong length).
     #[error("cannot view column {column} as {requested}: {reason}")]
@@ -185,7 +185,7 @@ pub enum DataError {
         /// The column.
         column: String,
         /// The type asked for.
-        requested: crate::Dtype,
+        requested: trainmem_core::Dtype,
         /// bytemuck's reason.
         reason: String,
     },

@@ -10,7 +10,8 @@
 //! # Two rooms
 //!
 //! The source keeps the file formats and the loading engine apart, with a few shared leaves
-//! (the [`Dataset`] trait and [`MmapDataset`], [`Dtype`], the errors, the random generator, the
+//! (the [`Dataset`] trait and [`MmapDataset`], element types (trainmem-core's
+//! [`Dtype`](trainmem_core::Dtype) with [`Element`]), the errors, the random generator, the
 //! page-cache tools) beside them. Every public item is re-exported from this root (and the
 //! public modules `npy`, `config`, `augment`, `fixtures` and `format_fixtures` too), so no
 //! import names either folder.
@@ -224,8 +225,9 @@
 //!
 //! ```
 //! use std::sync::Arc;
+//! use trainmem_core::Dtype;
 //! use trainmem_loader::{
-//!     Dataset, Dtype, Loader, LoaderConfig, StackWindows, TokenFile, TokenWindows, WindowOrder,
+//!     Dataset, Loader, LoaderConfig, StackWindows, TokenFile, TokenWindows, WindowOrder,
 //!     WindowSpec,
 //! };
 //!
@@ -317,7 +319,7 @@ pub mod burn_adapter;
 
 // Shared by both rooms.
 pub use dataset::{Column, Dataset, MmapDataset, SampleView};
-pub use dtype::{DTypeError, Dtype, Element, descr, from_descr};
+pub use dtype::{DTypeError, Element, descr, from_descr};
 pub use error::{DataError, FileProblem};
 pub use pagecache::{
     MappedPages, evict_page_cache, mapped_pages, mapped_pages_in, read_in_huge_pages,

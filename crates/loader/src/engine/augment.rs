@@ -8,9 +8,9 @@
 //! builder that applies it to one column of a [`MmapDataset`].
 
 use crate::dataset::MmapDataset;
-use crate::dtype::Dtype;
 use crate::engine::builder::{BatchBuilder, BoxError, ColumnBatch, copy_rows};
 use crate::engine::context::WorkerContext;
+use trainmem_core::Dtype;
 
 /// Random zoom in or out of an image, through variable-size scratch.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -3,10 +3,11 @@
 //! stacker for memory-mapped data sets ([`StackColumns`] → [`ColumnBatch`]).
 
 use crate::dataset::{Dataset, MmapDataset};
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
 use crate::engine::context::WorkerContext;
 use crate::engine::staging::{BatchBuffer, prefetch_pages};
 use crate::formats::array::MappedArray;
+use trainmem_core::Dtype;
 
 /// The error type builders and transforms return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -19,10 +19,12 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
+
 use crate::error::{DataError, FileProblem};
 use crate::formats::mapped::check_not_shrunk;
 use crate::formats::npy::{self, HeaderError};
+use trainmem_core::Dtype;
 
 /// Which kind of file an array came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

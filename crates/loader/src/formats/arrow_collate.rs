@@ -3,13 +3,15 @@
 //! or to a fixed length, with an attention mask) and [`PackCollate`] (rows of a list column
 //! packed into sequences of a fixed length, with separators and document boundaries).
 
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
+
 use crate::engine::batch_writer::BatchWriter;
 use crate::engine::builder::{BatchBuilder, BoxError, ColumnBatch, HeldBytes};
 use crate::engine::context::WorkerContext;
 use crate::engine::staging::{BatchBuffer, prefetch_pages};
 use crate::error::DataError;
 use crate::formats::arrow_dataset::{ArrowDataset, ColumnKind};
+use trainmem_core::Dtype;
 
 /// `v` as one little-endian element of `dtype` (`None` for `f16`/`bf16`/`bool`, or when it
 /// does not fit).

@@ -12,10 +12,11 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 
 use crate::dataset::Dataset;
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
 use crate::error::{DataError, FileProblem};
 use crate::formats::arrow_ipc_file::{ArrowFormat, decode};
 use crate::formats::mapped::{MappedFile, check_not_shrunk};
+use trainmem_core::Dtype;
 
 /// The shape of one row of an Arrow column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

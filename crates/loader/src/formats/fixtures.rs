@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
+
 use crate::error::DataError;
 use crate::formats::array::{RawSidecar, sidecar_path};
 use crate::formats::npy::write_header;
 use crate::rng::mix;
+use trainmem_core::Dtype;
 
 /// What to generate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -117,7 +117,8 @@ pub fn write_arrow_lists(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ArrowDataset, Dataset, Dtype, TokenFile};
+    use crate::{ArrowDataset, Dataset, TokenFile};
+    use trainmem_core::Dtype;
 
     #[test]
     fn written_files_read_back() {

@@ -21,10 +21,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::dtype::Dtype;
 use crate::error::DataError;
 use crate::formats::mapped::MappedFile;
 use crate::formats::tokens::{TokenFile, TokenWindows, WindowSpec};
+use trainmem_core::Dtype;
 
 /// The `.idx` magic.
 pub const IDX_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";

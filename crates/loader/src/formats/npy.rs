@@ -4,7 +4,9 @@
 //! Versions 1.0 (u16 header length), 2.0 (u32) and 3.0 (u32, UTF-8 header) are accepted. The
 //! parser is pure (bytes in, header out) so every malformed case is a unit test.
 
-use crate::dtype::{DTypeError, Dtype};
+use crate::dtype::DTypeError;
+
+use trainmem_core::Dtype;
 
 /// The six magic bytes.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";

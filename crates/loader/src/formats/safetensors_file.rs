@@ -8,10 +8,10 @@ use std::path::Path;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use crate::dataset::{Column, MmapDataset};
-use crate::dtype::Dtype;
 use crate::error::{DataError, FileProblem};
 use crate::formats::array::{FileFormat, MappedArray};
 use crate::formats::mapped::MappedFile;
+use trainmem_core::Dtype;
 
 /// The dtype of a safetensors element type trainmem can view.
 pub fn dtype_of_safetensors(d: StDtype) -> Option<Dtype> {

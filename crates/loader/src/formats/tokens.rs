@@ -10,13 +10,14 @@
 use std::path::Path;
 
 use crate::dataset::Dataset;
-use crate::dtype::{Dtype, Element};
+use crate::dtype::Element;
 use crate::engine::builder::{BatchBuilder, BoxError, HeldBytes};
 use crate::engine::context::WorkerContext;
 use crate::engine::staging::BatchBuffer;
 use crate::error::{DataError, FileProblem};
 use crate::formats::mapped::MappedFile;
 use crate::rng::mix;
+use trainmem_core::Dtype;
 
 /// The element types a token file may hold.
 pub const TOKEN_DTYPES: [Dtype; 5] = [Dtype::U8, Dtype::U16, Dtype::U32, Dtype::I32, Dtype::I64];
