@@ -115,11 +115,6 @@ impl RoundupPower2Divisions {
         self.0[index]
     }
 
-    /// True when any interval rounds by divisions.
-    pub fn is_enabled(&self) -> bool {
-        self.0.iter().any(|&d| d > 1)
-    }
-
     fn parse(value: &str) -> Result<Self, ConfigError> {
         const KEY: &str = "roundup_power2_divisions";
         let v = value.trim();
@@ -309,12 +304,6 @@ impl AllocatorConfig {
         Ok(self)
     }
 
-    /// Removes the split limit (the default).
-    pub fn without_max_split_size(mut self) -> Self {
-        self.max_split_size = None;
-        self
-    }
-
     /// How far an oversize request may be over-served by a cached oversize block (≥ 20 MiB).
     pub fn with_max_non_split_rounding_mb(mut self, mb: u64) -> Result<Self, ConfigError> {
         if mb < LARGE_BUFFER / MIB {
@@ -486,6 +475,19 @@ fn split_top_level(input: &str) -> Result<Vec<&str>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_split_rounding_builder_takes_mib_and_refuses_under_twenty() {
+        let c = AllocatorConfig::default()
+            .with_max_non_split_rounding_mb(64)
+            .unwrap();
+        assert_eq!(c.max_non_split_rounding(), 64 * MIB);
+        assert!(
+            AllocatorConfig::default()
+                .with_max_non_split_rounding_mb(19)
+                .is_err()
+        );
+    }
 
     #[test]
     fn parses_full_string() {

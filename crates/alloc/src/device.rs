@@ -232,12 +232,6 @@ impl SimulatedDevice {
         self.external = bytes;
     }
 
-    /// Builder form of [`set_external_usage`](SimulatedDevice::set_external_usage).
-    pub fn with_external_usage(mut self, bytes: u64) -> Self {
-        self.external = bytes;
-        self
-    }
-
     /// Bytes declared as used outside the allocator.
     pub fn external_usage(&self) -> u64 {
         self.external
@@ -404,6 +398,7 @@ mod tests {
             Err(DeviceError::OutOfMemory { requested, free }) if requested == 4 << 20 && free == 2 << 20
         ));
         d.set_external_usage(1 << 20);
+        assert_eq!(d.external_usage(), 1 << 20);
         assert_eq!(d.free_bytes(), 1 << 20);
         assert_eq!(
             d.free(a, 1),

@@ -188,23 +188,13 @@ impl FixtureData {
             })?;
         }
         let preloaded_bytes = dataset.preloaded_bytes() as u64;
-        let usize_of = |v: u64, what: &str| {
-            usize::try_from(v).map_err(|_| BurnRunError::Unsupported(format!("{what} too large")))
-        };
-        let config = LoaderConfig {
-            batch_size: micro_batch,
-            drop_last: plan.loader.drop_last,
-            workers: usize_of(plan.loader.workers, "loader.workers")?,
-            prefetch_factor: usize_of(plan.loader.prefetch_factor, "loader.prefetch_factor")?
-                .max(1),
-            persistent_workers: plan.loader.persistent_workers,
-            pin_memory: plan.loader.pin_memory,
-            // Plans have no buffer-reuse knob: every batch gets fresh buffers, as PyTorch's
-            // DataLoader does, so the input bytes follow the batches in flight.
-            reuse_buffers: false,
-            seed: plan.seed,
-            ..LoaderConfig::default()
-        };
+        let config =
+            LoaderConfig::from_plan(&plan.loader, micro_batch, plan.seed).map_err(|e| {
+                BurnRunError::Loader {
+                    what: "the plan's loader",
+                    source: e.into(),
+                }
+            })?;
         let loader =
             Loader::new(Arc::new(dataset), config, builder).map_err(|e| BurnRunError::Loader {
                 what: "starting the loader",

@@ -409,29 +409,42 @@ impl Ctx {
                         .to_string(),
                 );
             }
-            let bar = self.bar(label, "meta", plan.total_steps());
-            let mut on_step = |p: trainmem_burn::Progress| {
-                bar.set_length(p.total_steps.max(1));
-                bar.set_position(p.step);
-            };
-            let opts = RunOptions {
-                work_dir,
-                learning_rate,
-                lazy_parameters,
-                progress: Some(&mut on_step),
-                ..RunOptions::default()
-            };
-            let result = trainmem_burn::run_predicted::<trainmem_meta::Meta>(
-                plan,
-                opts,
-                trainmem_meta::MetaDevice::new(),
-                trainmem_meta::PRODUCER,
-            )
-            .map_err(|e| isolate::error_chain(&e));
-            bar.finish_and_clear();
-            result
+            self.meta_run(label, plan, work_dir, learning_rate, lazy_parameters)
         });
         Ok((run, meta))
+    }
+
+    /// The Meta run beside a measured one: `plan` trained on trainmem-meta with the measured
+    /// run's options, or its error chain in words.
+    fn meta_run(
+        &self,
+        label: &str,
+        plan: &Plan,
+        work_dir: Option<PathBuf>,
+        learning_rate: f64,
+        lazy_parameters: bool,
+    ) -> std::result::Result<MeasuredRun, String> {
+        let bar = self.bar(label, "meta", plan.total_steps());
+        let mut on_step = |p: trainmem_burn::Progress| {
+            bar.set_length(p.total_steps.max(1));
+            bar.set_position(p.step);
+        };
+        let opts = RunOptions {
+            work_dir,
+            learning_rate,
+            lazy_parameters,
+            progress: Some(&mut on_step),
+            ..RunOptions::default()
+        };
+        let result = trainmem_burn::run_predicted::<trainmem_meta::Meta>(
+            plan,
+            opts,
+            trainmem_meta::MetaDevice::new(),
+            trainmem_meta::PRODUCER,
+        )
+        .map_err(|e| isolate::error_chain(&e));
+        bar.finish_and_clear();
+        result
     }
 
     /// Records a run the scenario assembled itself (for instance a measured run's allocations

@@ -25,7 +25,7 @@ use trainmem_burn::MeasuredRun;
 use trainmem_core::Category;
 use trainmem_core::Plan;
 use trainmem_core::compare::HOST_RESOLUTION;
-use trainmem_core::timeline::{Domain, Sample};
+use trainmem_core::timeline::{Domain, Sample, Timeline};
 
 /// The tensor categories compared.
 pub const COMPARED: [Category; 5] = [
@@ -162,7 +162,30 @@ pub fn compare(
     let excluded = exclusions(plan, meta);
     let m = &measured.timeline;
     let t = &meta.timeline;
-    let mismatch = if m.samples.len() != t.samples.len() {
+    let mismatch = boundary_mismatch(m, t);
+    if mismatch.is_some() {
+        return MetaComparison {
+            rows: Vec::new(),
+            excluded,
+            mismatch,
+        };
+    }
+    let rows = COMPARED
+        .iter()
+        .filter(|c| !excluded.iter().any(|e| e.category == **c))
+        .map(|&category| category_row(m, t, category, domain))
+        .collect();
+    MetaComparison {
+        rows,
+        excluded,
+        mismatch: None,
+    }
+}
+
+/// Where the two runs' phase boundaries stop lining up (a different count, or a boundary that
+/// is another phase or step), in words; `None` when they line up.
+fn boundary_mismatch(m: &Timeline, t: &Timeline) -> Option<String> {
+    if m.samples.len() != t.samples.len() {
         Some(format!(
             "{} phase boundaries measured, {} on Meta",
             m.samples.len(),
@@ -180,73 +203,60 @@ pub fn compare(
                     point(&t.samples[i])
                 )
             })
+    }
+}
+
+/// One category compared at every boundary: how many are outside the allowance, the largest
+/// difference, and the boundary shown (the furthest beyond the limit, else the measured peak).
+fn category_row(m: &Timeline, t: &Timeline, category: Category, domain: Domain) -> MetaRow {
+    let mut row = MetaRow {
+        category,
+        point: String::new(),
+        measured: 0,
+        meta: 0,
+        error: None,
+        boundaries: 0,
+        outside: 0,
+        largest_difference: 0,
     };
-    if mismatch.is_some() {
-        return MetaComparison {
-            rows: Vec::new(),
-            excluded,
-            mismatch,
-        };
+    // The boundary shown: the one furthest beyond the limit when there is a miss, the
+    // category's measured peak otherwise.
+    let mut by_limit: Option<(f64, usize)> = None;
+    let mut peak: Option<(u64, usize)> = None;
+    for (i, b) in t.samples.iter().enumerate() {
+        let measured_bytes = m.categories(i, domain).get(category);
+        let diff = measured_bytes.abs_diff(meta_bytes(b, category));
+        let allowed = allowance(measured_bytes);
+        row.boundaries += 1;
+        if diff > allowed {
+            row.outside += 1;
+        }
+        if diff > row.largest_difference {
+            row.largest_difference = diff;
+        }
+        let score = diff as f64 / allowed as f64;
+        if by_limit.is_none_or(|(s, _)| score > s) {
+            by_limit = Some((score, i));
+        }
+        if peak.is_none_or(|(p, _)| measured_bytes > p) {
+            peak = Some((measured_bytes, i));
+        }
     }
-    let rows = COMPARED
-        .iter()
-        .filter(|c| !excluded.iter().any(|e| e.category == **c))
-        .map(|&category| {
-            let mut row = MetaRow {
-                category,
-                point: String::new(),
-                measured: 0,
-                meta: 0,
-                error: None,
-                boundaries: 0,
-                outside: 0,
-                largest_difference: 0,
-            };
-            // The boundary shown: the one furthest beyond the limit when there is a miss, the
-            // category's measured peak otherwise.
-            let mut by_limit: Option<(f64, usize)> = None;
-            let mut peak: Option<(u64, usize)> = None;
-            for (i, b) in t.samples.iter().enumerate() {
-                let measured_bytes = m.categories(i, domain).get(category);
-                let diff = measured_bytes.abs_diff(meta_bytes(b, category));
-                let allowed = allowance(measured_bytes);
-                row.boundaries += 1;
-                if diff > allowed {
-                    row.outside += 1;
-                }
-                if diff > row.largest_difference {
-                    row.largest_difference = diff;
-                }
-                let score = diff as f64 / allowed as f64;
-                if by_limit.is_none_or(|(s, _)| score > s) {
-                    by_limit = Some((score, i));
-                }
-                if peak.is_none_or(|(p, _)| measured_bytes > p) {
-                    peak = Some((measured_bytes, i));
-                }
-            }
-            let shown = if row.outside > 0 {
-                by_limit.map(|(_, i)| i)
-            } else {
-                peak.map(|(_, i)| i)
-            };
-            if let Some(i) = shown {
-                let measured_bytes = m.categories(i, domain).get(category);
-                let meta = meta_bytes(&t.samples[i], category);
-                row.point = point(&m.samples[i]);
-                row.measured = measured_bytes;
-                row.meta = meta;
-                row.error = (measured_bytes > 0)
-                    .then(|| (meta as f64 - measured_bytes as f64) / measured_bytes as f64);
-            }
-            row
-        })
-        .collect();
-    MetaComparison {
-        rows,
-        excluded,
-        mismatch: None,
+    let shown = if row.outside > 0 {
+        by_limit.map(|(_, i)| i)
+    } else {
+        peak.map(|(_, i)| i)
+    };
+    if let Some(i) = shown {
+        let measured_bytes = m.categories(i, domain).get(category);
+        let meta = meta_bytes(&t.samples[i], category);
+        row.point = point(&m.samples[i]);
+        row.measured = measured_bytes;
+        row.meta = meta;
+        row.error = (measured_bytes > 0)
+            .then(|| (meta as f64 - measured_bytes as f64) / measured_bytes as f64);
     }
+    row
 }
 
 #[cfg(test)]

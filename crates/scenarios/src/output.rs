@@ -178,31 +178,7 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> Result<()> {
         }
     }
 
-    // One Chrome trace: every timeline as its own pair of processes.
-    let mut events: Vec<Value> = Vec::new();
-    let mut pid_base = 0u64;
-    for run in &report.runs {
-        for t in [&run.measured, &run.simulated].into_iter().flatten() {
-            let text = chrome_trace(t).map_err(ScenarioError::Export)?;
-            let value: Value = serde_json::from_str(&text).map_err(ScenarioError::Json)?;
-            if let Some(list) = value.get("traceEvents").and_then(Value::as_array) {
-                for ev in list {
-                    let mut ev = ev.clone();
-                    if let Some(pid) = ev.get("pid").and_then(Value::as_u64) {
-                        ev["pid"] = Value::from(pid_base + pid);
-                    }
-                    if ev.get("ph").and_then(Value::as_str) == Some("M")
-                        && let Some(name) = ev["args"]["name"].as_str()
-                    {
-                        ev["args"]["name"] = Value::from(format!("{}: {name}", run.label));
-                    }
-                    events.push(ev);
-                }
-            }
-            pid_base += 10;
-        }
-    }
-    let trace = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
+    let trace = combined_chrome_trace(report)?;
     files.push(write(
         files::TRACE_JSON,
         serde_json::to_string(&trace)
@@ -232,6 +208,35 @@ pub fn write_outputs(report: &mut ScenarioReport, dir: &Path) -> Result<()> {
             .as_bytes(),
     )?;
     Ok(())
+}
+
+/// One Chrome trace of every timeline of the report, each as its own pair of processes named
+/// after its run.
+fn combined_chrome_trace(report: &ScenarioReport) -> Result<Value> {
+    let mut events: Vec<Value> = Vec::new();
+    let mut pid_base = 0u64;
+    for run in &report.runs {
+        for t in [&run.measured, &run.simulated].into_iter().flatten() {
+            let text = chrome_trace(t).map_err(ScenarioError::Export)?;
+            let value: Value = serde_json::from_str(&text).map_err(ScenarioError::Json)?;
+            if let Some(list) = value.get("traceEvents").and_then(Value::as_array) {
+                for ev in list {
+                    let mut ev = ev.clone();
+                    if let Some(pid) = ev.get("pid").and_then(Value::as_u64) {
+                        ev["pid"] = Value::from(pid_base + pid);
+                    }
+                    if ev.get("ph").and_then(Value::as_str) == Some("M")
+                        && let Some(name) = ev["args"]["name"].as_str()
+                    {
+                        ev["args"]["name"] = Value::from(format!("{}: {name}", run.label));
+                    }
+                    events.push(ev);
+                }
+            }
+            pid_base += 10;
+        }
+    }
+    Ok(serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"}))
 }
 
 /// The memory_viz snapshot of the scenario's first plan, simulated on a caching allocator

@@ -144,9 +144,46 @@ pub enum ConfigError {
     /// A timeout of 0 ms.
     #[error("timeout_ms must be positive when set")]
     ZeroTimeout,
+    /// A plan's count does not fit this machine's `usize`.
+    #[error("loader.{key} = {value} is too large for this machine")]
+    TooLarge {
+        /// The plan key.
+        key: &'static str,
+        /// Its value.
+        value: u64,
+    },
 }
 
 impl LoaderConfig {
+    /// The loader a plan's `[loader]` table describes (trainmem-core's
+    /// [`LoaderPlan`](trainmem_core::plan::LoaderPlan): the knobs a plan shares with this
+    /// configuration, in plan units), reading `batch_size` samples per batch with `seed`.
+    ///
+    /// Plans have no buffer-reuse knob: every batch gets fresh buffers, as PyTorch's DataLoader
+    /// gives them, so the input bytes follow the batches in flight. A plan's prefetch factor of
+    /// 0 reads as 1. The plan's `worker_overhead` is the twin's (a worker's private memory in
+    /// another framework) and has no counterpart here.
+    pub fn from_plan(
+        plan: &trainmem_core::plan::LoaderPlan,
+        batch_size: usize,
+        seed: u64,
+    ) -> Result<LoaderConfig, ConfigError> {
+        let count = |key: &'static str, value: u64| {
+            usize::try_from(value).map_err(|_| ConfigError::TooLarge { key, value })
+        };
+        Ok(LoaderConfig {
+            batch_size,
+            drop_last: plan.drop_last,
+            workers: count("workers", plan.workers)?,
+            prefetch_factor: count("prefetch_factor", plan.prefetch_factor)?.max(1),
+            persistent_workers: plan.persistent_workers,
+            pin_memory: plan.pin_memory,
+            reuse_buffers: false,
+            seed,
+            ..LoaderConfig::default()
+        })
+    }
+
     /// Checks the knobs against each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.batch_size == 0 {
@@ -217,6 +254,35 @@ impl LoaderConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plans_loader_becomes_the_same_knobs() {
+        let plan = trainmem_core::plan::LoaderPlan {
+            workers: 3,
+            prefetch_factor: 0,
+            persistent_workers: true,
+            pin_memory: true,
+            drop_last: false,
+            ..Default::default()
+        };
+        let c = LoaderConfig::from_plan(&plan, 16, 7).unwrap();
+        assert_eq!(
+            (c.batch_size, c.workers, c.prefetch_factor, c.seed),
+            (16, 3, 1, 7)
+        );
+        assert!(c.persistent_workers && c.pin_memory && !c.drop_last && !c.reuse_buffers);
+        assert!(c.validate().is_ok());
+        if usize::BITS < 64 {
+            let huge = trainmem_core::plan::LoaderPlan {
+                workers: u64::MAX,
+                ..Default::default()
+            };
+            assert!(matches!(
+                LoaderConfig::from_plan(&huge, 1, 0),
+                Err(ConfigError::TooLarge { key: "workers", .. })
+            ));
+        }
+    }
 
     #[test]
     fn defaults_follow_pytorch_and_validate() {

@@ -148,11 +148,6 @@ pub struct PreparedTrace {
 }
 
 impl PreparedTrace {
-    /// The run's own configuration (from `allocator_settings`).
-    pub fn own_config(&self) -> &AllocatorConfig {
-        &self.own
-    }
-
     /// A replayer seeded with the start state on a simulated device of `capacity` bytes,
     /// under `config` (`None`: the run's own, with new segments at the recorded addresses).
     pub fn replayer(
