@@ -62,10 +62,10 @@
 //!
 //! ```
 //! use trainmem_autograd::{
-//!     BackwardError, CountingMemory, Dtype, GradMode, Graph, NoHooks, OpKind, ProgramBuilder,
-//!     SavedTable, TensorStore, ValueDtype,
+//!     BackwardError, CountingMemory, GradMode, Graph, NoHooks, ProgramBuilder, SavedTable,
+//!     TensorStore, ValueDtype,
 //! };
-//! use trainmem_core::Category;
+//! use trainmem_core::{Category, Dtype, OpKind};
 //!
 //! let mut b = ProgramBuilder::new();
 //! let x = b.input(4, ValueDtype::Compute);
@@ -142,7 +142,8 @@
 //! 512 bytes, in a 2 MiB segment of the small pool.
 //!
 //! ```
-//! # use trainmem_autograd::{Dtype, GradMode, Graph, NoHooks, OpKind, ProgramBuilder};
+//! # use trainmem_autograd::{GradMode, Graph, NoHooks, ProgramBuilder};
+//! # use trainmem_core::{Dtype, OpKind};
 //! # use trainmem_autograd::{SavedTable, TensorStore, ValueDtype};
 //! use trainmem_alloc::{CachingAllocator, SimulatedDevice};
 //! use trainmem_autograd::AllocatorMemory;

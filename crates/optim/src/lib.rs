@@ -61,9 +61,8 @@
 //! # Example: Adam against SGD and momentum, then sharded
 //!
 //! ```
-//! use trainmem_optim::{
-//!     Dtype, OptimizerConfig, OptimizerKind, Sharding, StepImpl, model_state_bytes,
-//! };
+//! use trainmem_core::{Dtype, OptimizerKind, StepImpl};
+//! use trainmem_optim::{OptimizerConfig, Sharding, model_state_bytes};
 //!
 //! // A 4096 → 4096 → 1024 MLP: two weights and two biases.
 //! let params = [4096 * 4096, 4096, 4096 * 1024, 1024];
