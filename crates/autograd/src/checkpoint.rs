@@ -173,81 +173,115 @@ pub fn resolve(
     compute: Dtype,
     batch: u64,
 ) -> ResolvedCheckpointing {
-    let n = program.checkpointable.iter().filter(|&&c| c).count() as u32;
-    let measure = |k: u32, kept: u32| {
-        activation_peak(
-            program,
-            table,
-            compute,
-            batch,
-            1.0,
-            segments_with(program, k, kept),
-        )
+    let r = Resolver {
+        program,
+        table,
+        compute,
+        batch,
+        n: program.checkpointable.iter().filter(|&&c| c).count() as u32,
     };
-    let make = |k: u32, kept: u32, peak: u64, fits: bool| {
+    let n = r.n;
+    match policy {
+        CheckpointPolicy::None => r.make(0, n, r.measure(0, n), true),
+        CheckpointPolicy::Every(k) => {
+            let k = k.max(1);
+            r.make(k, 0, r.measure(k, 0), true)
+        }
+        CheckpointPolicy::Sqrt => {
+            let k = ((n as f64).sqrt().ceil() as u32).max(1);
+            r.make(k, 0, r.measure(k, 0), true)
+        }
+        CheckpointPolicy::Budget(budget) => r.least_recomputation_within(budget),
+    }
+}
+
+/// A program at a batch size whose checkpointing configurations are measured and resolved.
+struct Resolver<'a> {
+    program: &'a Program,
+    table: &'a SavedTable,
+    compute: Dtype,
+    batch: u64,
+    /// Checkpointable blocks.
+    n: u32,
+}
+
+impl Resolver<'_> {
+    /// The activation peak with `kept` last blocks plain and the others in segments of `k`.
+    fn measure(&self, k: u32, kept: u32) -> u64 {
+        activation_peak(
+            self.program,
+            self.table,
+            self.compute,
+            self.batch,
+            1.0,
+            segments_with(self.program, k, kept),
+        )
+    }
+
+    /// The resolution for `k` and `kept` (all kept when `k` is 0 or `kept` covers all).
+    fn make(&self, k: u32, kept: u32, peak: u64, fits: bool) -> ResolvedCheckpointing {
+        let n = self.n;
         let k = if kept >= n { 0 } else { k };
         let kept = if k == 0 { n } else { kept };
         ResolvedCheckpointing {
-            segments: segments_with(program, k, kept),
+            segments: segments_with(self.program, k, kept),
             k,
             kept,
             recomputed: n - kept,
             activation_peak: peak,
             fits,
         }
-    };
-    match policy {
-        CheckpointPolicy::None => make(0, n, measure(0, n), true),
-        CheckpointPolicy::Every(k) => {
-            let k = k.max(1);
-            make(k, 0, measure(k, 0), true)
+    }
+
+    /// The configuration recomputing the fewest blocks within `budget`, else the lowest peak.
+    fn least_recomputation_within(&self, budget: u64) -> ResolvedCheckpointing {
+        let n = self.n;
+        let none = self.measure(0, n);
+        if none <= budget || n == 0 {
+            return self.make(0, n, none, none <= budget);
         }
-        CheckpointPolicy::Sqrt => {
-            let k = ((n as f64).sqrt().ceil() as u32).max(1);
-            make(k, 0, measure(k, 0), true)
-        }
-        CheckpointPolicy::Budget(budget) => {
-            let none = measure(0, n);
-            if none <= budget || n == 0 {
-                return make(0, n, none, none <= budget);
+        // best = (kept, -peak) maximal among fitting configurations
+        let mut best: Option<(u32, u64, u32)> = None;
+        let mut lowest: (u64, u32, u32) = (none, 0, n);
+        for k in 1..=n {
+            let p0 = self.measure(k, 0);
+            if p0 < lowest.0 {
+                lowest = (p0, k, 0);
             }
-            // best = (kept, -peak) maximal among fitting configurations
-            let mut best: Option<(u32, u64, u32)> = None;
-            let mut lowest: (u64, u32, u32) = (none, 0, n);
-            for k in 1..=n {
-                let p0 = measure(k, 0);
-                if p0 < lowest.0 {
-                    lowest = (p0, k, 0);
-                }
-                if p0 > budget {
-                    continue;
-                }
-                // largest kept in [0, n) with peak ≤ budget (peak grows with kept)
-                let (mut lo, mut hi) = (0u32, n - 1);
-                let mut lo_peak = p0;
-                while lo < hi {
-                    let mid = (lo + hi).div_ceil(2);
-                    let pm = measure(k, mid);
-                    if pm <= budget {
-                        lo = mid;
-                        lo_peak = pm;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                let better = match best {
-                    None => true,
-                    Some((bk, bp, _)) => lo > bk || (lo == bk && lo_peak < bp),
-                };
-                if better {
-                    best = Some((lo, lo_peak, k));
-                }
+            if p0 > budget {
+                continue;
             }
-            match best {
-                Some((kept, peak, k)) => make(k, kept, peak, true),
-                None => make(lowest.1, lowest.2, lowest.0, false),
+            let (lo, lo_peak) = self.most_kept_within(k, p0, budget);
+            let better = match best {
+                None => true,
+                Some((bk, bp, _)) => lo > bk || (lo == bk && lo_peak < bp),
+            };
+            if better {
+                best = Some((lo, lo_peak, k));
             }
         }
+        match best {
+            Some((kept, peak, k)) => self.make(k, kept, peak, true),
+            None => self.make(lowest.1, lowest.2, lowest.0, false),
+        }
+    }
+
+    /// The largest `kept` in [0, n) with segments of `k` and peak ≤ `budget`, and its peak.
+    fn most_kept_within(&self, k: u32, p0: u64, budget: u64) -> (u32, u64) {
+        // peak grows with kept; `p0` (kept = 0) is within the budget
+        let (mut lo, mut hi) = (0u32, self.n - 1);
+        let mut lo_peak = p0;
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            let pm = self.measure(k, mid);
+            if pm <= budget {
+                lo = mid;
+                lo_peak = pm;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        (lo, lo_peak)
     }
 }
 

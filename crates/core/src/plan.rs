@@ -630,6 +630,7 @@ impl Plan {
         };
         self.validate_training(&err)?;
         self.validate_precision(&err)?;
+        self.validate_optimizer(&err)?;
         self.validate_checkpointing(&err)?;
         self.validate_data(&err)?;
         self.validate_retention(&err)?;
@@ -686,7 +687,7 @@ impl Plan {
         Ok(())
     }
 
-    /// `[precision]` and `[optimizer]`: float dtypes, and AMSGrad only for Adam.
+    /// `[precision]` and the optimizer's state dtype: float dtypes, and autocast's terms.
     fn validate_precision(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let p = &self.precision;
         if !p.compute.is_float() {
@@ -735,6 +736,11 @@ impl Plan {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[optimizer]`: AMSGrad only for Adam, and where Adafactor and 8-bit AdamW are modelled.
+    fn validate_optimizer(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         if self.optimizer.amsgrad && !self.optimizer.kind.is_adam() {
             return Err(err(
                 "optimizer.amsgrad",
@@ -912,6 +918,7 @@ impl Plan {
         Ok(())
     }
 
+    /// `[model]`: each kind's sizes and settings.
     fn validate_model(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         match &self.model {
             ModelSpec::Mlp(m) => {
@@ -935,69 +942,77 @@ impl Plan {
                 }
                 crate::model_check::check_cnn(c).map_err(|m| err("model.cnn.layers", m))?;
             }
-            ModelSpec::Transformer(t) => {
-                let k = "model.transformer";
-                for (name, v) in [
-                    ("layers", t.layers),
-                    ("hidden", t.hidden),
-                    ("heads", t.heads),
-                    ("seq_len", t.seq_len),
-                    ("vocab", t.vocab),
-                ] {
-                    if v == 0 {
-                        return Err(err(&format!("{k}.{name}"), "must be at least 1".into()));
-                    }
-                }
-                match t.head_dim {
-                    Some(0) => {
-                        return Err(err(&format!("{k}.head_dim"), "must be at least 1".into()));
-                    }
-                    None if t.hidden % t.heads != 0 => {
-                        return Err(err(
-                            &format!("{k}.heads"),
-                            format!(
-                                "{} heads do not divide hidden {} (give head_dim for heads of \
-                                 another width)",
-                                t.heads, t.hidden
-                            ),
-                        ));
-                    }
-                    _ => {}
-                }
-                self.validate_transformer_features(t, err)?;
-                let kv = t.kv_head_count();
-                if kv == 0 || t.heads % kv != 0 {
-                    return Err(err(
-                        &format!("{k}.kv_heads"),
-                        format!("{kv} key/value heads do not divide {} heads", t.heads),
-                    ));
-                }
-                if t.ffn == Some(0) {
-                    return Err(err(&format!("{k}.ffn"), "must be at least 1".into()));
-                }
-                if t.classes.is_some() && t.kind != TransformerKind::Encoder {
-                    return Err(err(
-                        &format!("{k}.classes"),
-                        "only applies to kind = \"encoder\"".into(),
-                    ));
-                }
-                check_prob(t.dropout, &format!("{k}.dropout"), err)?;
-                if let Some(lora) = &t.lora {
-                    lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
-                }
-                if self.parallel.pipeline_stages > t.layers {
-                    return Err(err(
-                        "parallel.pipeline_stages",
-                        format!(
-                            "{} stages for {} layers: each stage needs at least one layer",
-                            self.parallel.pipeline_stages, t.layers
-                        ),
-                    ));
-                }
-            }
+            ModelSpec::Transformer(t) => self.validate_transformer(t, err)?,
             ModelSpec::Layers(l) => {
                 crate::model_check::check_layers(l).map_err(|m| err("model.layers.layers", m))?;
             }
+        }
+        Ok(())
+    }
+
+    /// `[model.transformer]`: sizes, head layout, features, LoRA and pipeline stages.
+    fn validate_transformer(
+        &self,
+        t: &TransformerSpec,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let k = "model.transformer";
+        for (name, v) in [
+            ("layers", t.layers),
+            ("hidden", t.hidden),
+            ("heads", t.heads),
+            ("seq_len", t.seq_len),
+            ("vocab", t.vocab),
+        ] {
+            if v == 0 {
+                return Err(err(&format!("{k}.{name}"), "must be at least 1".into()));
+            }
+        }
+        match t.head_dim {
+            Some(0) => {
+                return Err(err(&format!("{k}.head_dim"), "must be at least 1".into()));
+            }
+            None if !t.hidden.is_multiple_of(t.heads) => {
+                return Err(err(
+                    &format!("{k}.heads"),
+                    format!(
+                        "{} heads do not divide hidden {} (give head_dim for heads of \
+                         another width)",
+                        t.heads, t.hidden
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        self.validate_transformer_features(t, err)?;
+        let kv = t.kv_head_count();
+        if kv == 0 || !t.heads.is_multiple_of(kv) {
+            return Err(err(
+                &format!("{k}.kv_heads"),
+                format!("{kv} key/value heads do not divide {} heads", t.heads),
+            ));
+        }
+        if t.ffn == Some(0) {
+            return Err(err(&format!("{k}.ffn"), "must be at least 1".into()));
+        }
+        if t.classes.is_some() && t.kind != TransformerKind::Encoder {
+            return Err(err(
+                &format!("{k}.classes"),
+                "only applies to kind = \"encoder\"".into(),
+            ));
+        }
+        check_prob(t.dropout, &format!("{k}.dropout"), err)?;
+        if let Some(lora) = &t.lora {
+            lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
+        }
+        if self.parallel.pipeline_stages > t.layers {
+            return Err(err(
+                "parallel.pipeline_stages",
+                format!(
+                    "{} stages for {} layers: each stage needs at least one layer",
+                    self.parallel.pipeline_stages, t.layers
+                ),
+            ));
         }
         Ok(())
     }
@@ -1030,66 +1045,52 @@ impl Plan {
             ));
         }
         if let Some(m) = &t.moe {
-            let km = format!("{k}.moe");
-            if m.experts == 0 {
-                return Err(err(&format!("{km}.experts"), "must be at least 1".into()));
-            }
-            if m.top_k == 0 || m.top_k > m.experts {
-                return Err(err(
-                    &format!("{km}.top_k"),
-                    format!("{} is not between 1 and the {} experts", m.top_k, m.experts),
-                ));
-            }
-            if m.expert_ffn == Some(0) || m.shared_expert_ffn == Some(0) {
-                return Err(err(&km, "expert sizes must be at least 1".into()));
-            }
-            if m.shared_expert_gate && m.shared_expert_ffn.is_none() {
-                return Err(err(
-                    &format!("{km}.shared_expert_gate"),
-                    "gates a shared expert: needs shared_expert_ffn".into(),
-                ));
-            }
-            if let Some(c) = m.capacity_factor
-                && !(c.is_finite() && c > 0.0)
-            {
-                return Err(err(
-                    &format!("{km}.capacity_factor"),
-                    format!("{c} is not a positive factor"),
-                ));
-            }
-            if self.optimizer.kind == OptimizerKind::Adafactor {
-                return Err(err(
-                    "optimizer.kind",
-                    "Adafactor's factored state of the experts' 3-D weights is not modelled".into(),
-                ));
-            }
+            self.validate_moe(m, err)?;
         }
         if self.framework == Framework::Burn {
-            let beyond = [
-                ("head_dim", t.head_dim.is_some()),
-                ("block", t.block != BlockLayout::Sequential),
-                ("ffn_bias", t.ffn_bias.is_some()),
-                ("head_bias", t.head_bias.is_some()),
-                ("post_norms", t.post_norms),
-                ("qk_norm", t.qk_norm),
-                ("fused_gate_up", t.fused_gate_up),
-                ("logit_softcap", t.logit_softcap.is_some()),
-                ("attn_softcap", t.attn_softcap.is_some()),
-                ("moe", t.moe.is_some()),
-                (
-                    "attention",
-                    matches!(
-                        t.attention,
-                        AttentionImpl::Sdpa | AttentionImpl::FlashAttention2
-                    ),
-                ),
-            ];
-            if let Some((name, _)) = beyond.iter().find(|(_, on)| *on) {
-                return Err(err(
-                    &format!("{k}.{name}"),
-                    "is modelled under framework = \"pytorch\" only".into(),
-                ));
-            }
+            check_burn_transformer(t, err)?;
+        }
+        Ok(())
+    }
+
+    /// `[model.transformer.moe]`: experts, routing, expert sizes and capacity.
+    fn validate_moe(
+        &self,
+        m: &MoeSpec,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let km = "model.transformer.moe";
+        if m.experts == 0 {
+            return Err(err(&format!("{km}.experts"), "must be at least 1".into()));
+        }
+        if m.top_k == 0 || m.top_k > m.experts {
+            return Err(err(
+                &format!("{km}.top_k"),
+                format!("{} is not between 1 and the {} experts", m.top_k, m.experts),
+            ));
+        }
+        if m.expert_ffn == Some(0) || m.shared_expert_ffn == Some(0) {
+            return Err(err(km, "expert sizes must be at least 1".into()));
+        }
+        if m.shared_expert_gate && m.shared_expert_ffn.is_none() {
+            return Err(err(
+                &format!("{km}.shared_expert_gate"),
+                "gates a shared expert: needs shared_expert_ffn".into(),
+            ));
+        }
+        if let Some(c) = m.capacity_factor
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(err(
+                &format!("{km}.capacity_factor"),
+                format!("{c} is not a positive factor"),
+            ));
+        }
+        if self.optimizer.kind == OptimizerKind::Adafactor {
+            return Err(err(
+                "optimizer.kind",
+                "Adafactor's factored state of the experts' 3-D weights is not modelled".into(),
+            ));
         }
         Ok(())
     }
@@ -1137,6 +1138,40 @@ impl Plan {
         p.training.grad_accumulation = None;
         p
     }
+}
+
+/// Rejects the transformer settings burn's run does not model.
+fn check_burn_transformer(
+    t: &TransformerSpec,
+    err: &dyn Fn(&str, String) -> PlanError,
+) -> Result<(), PlanError> {
+    let k = "model.transformer";
+    let beyond = [
+        ("head_dim", t.head_dim.is_some()),
+        ("block", t.block != BlockLayout::Sequential),
+        ("ffn_bias", t.ffn_bias.is_some()),
+        ("head_bias", t.head_bias.is_some()),
+        ("post_norms", t.post_norms),
+        ("qk_norm", t.qk_norm),
+        ("fused_gate_up", t.fused_gate_up),
+        ("logit_softcap", t.logit_softcap.is_some()),
+        ("attn_softcap", t.attn_softcap.is_some()),
+        ("moe", t.moe.is_some()),
+        (
+            "attention",
+            matches!(
+                t.attention,
+                AttentionImpl::Sdpa | AttentionImpl::FlashAttention2
+            ),
+        ),
+    ];
+    if let Some((name, _)) = beyond.iter().find(|(_, on)| *on) {
+        return Err(err(
+            &format!("{k}.{name}"),
+            "is modelled under framework = \"pytorch\" only".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check_prob(p: f64, key: &str, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {

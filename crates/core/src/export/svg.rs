@@ -43,6 +43,25 @@ fn columns(values: &[u64], max: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Where a panel's columns and byte counts fall in the picture.
+struct PanelScale {
+    y0: f64,
+    ymax: f64,
+    n: f64,
+}
+
+impl PanelScale {
+    /// The x of column `k`.
+    fn x(&self, k: usize) -> f64 {
+        LEFT + (W - LEFT - 20.0) * k as f64 / (self.n - 1.0)
+    }
+
+    /// The y of `b` bytes.
+    fn y(&self, b: f64) -> f64 {
+        self.y0 + PANEL_H - PANEL_H * b / self.ymax
+    }
+}
+
 fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
     let cats: Vec<Category> = Category::ALL
         .into_iter()
@@ -61,10 +80,11 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         .collect();
     let cols = columns(&totals, 1500);
     let peak = totals.iter().copied().max().unwrap_or(0);
-    let ymax = peak.max(1) as f64;
-    let n = cols.len().max(2) as f64;
-    let x = |k: usize| LEFT + (W - LEFT - 20.0) * k as f64 / (n - 1.0);
-    let y = |b: f64| y0 + PANEL_H - PANEL_H * b / ymax;
+    let scale = PanelScale {
+        y0,
+        ymax: peak.max(1) as f64,
+        n: cols.len().max(2) as f64,
+    };
     let _ = writeln!(
         o,
         r#"<text x="{LEFT}" y="{:.1}" font-size="14" font-weight="bold">{} memory ({})</text>"#,
@@ -72,7 +92,19 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         domain.name(),
         t.source
     );
-    let mut series: Vec<(String, &str, Vec<u64>)> = cats
+    let series = panel_series(t, domain, &cats, &cols);
+    stacked_areas(o, &series, cols.len(), &scale);
+    byte_ticks(o, peak, &scale);
+}
+
+/// Each category's bytes per column (and on the host, the page cache's), named and coloured.
+fn panel_series(
+    t: &Timeline,
+    domain: Domain,
+    cats: &[Category],
+    cols: &[usize],
+) -> Vec<(String, &'static str, Vec<u64>)> {
+    let mut series: Vec<(String, &'static str, Vec<u64>)> = cats
         .iter()
         .map(|&c| {
             (
@@ -91,17 +123,32 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
             cols.iter().map(|&i| t.samples[i].host.file_rss).collect(),
         ));
     }
-    let mut base = vec![0u64; cols.len()];
-    for (name, col, vals) in &series {
+    series
+}
+
+/// Draws the series stacked one on another, skipping those that stay at 0.
+fn stacked_areas(
+    o: &mut String,
+    series: &[(String, &'static str, Vec<u64>)],
+    columns: usize,
+    scale: &PanelScale,
+) {
+    let mut base = vec![0u64; columns];
+    for (name, col, vals) in series {
         if vals.iter().all(|&v| v == 0) {
             continue;
         }
         let mut pts = String::new();
         for (k, v) in vals.iter().enumerate() {
-            let _ = write!(pts, "{:.1},{:.1} ", x(k), y((base[k] + v) as f64));
+            let _ = write!(
+                pts,
+                "{:.1},{:.1} ",
+                scale.x(k),
+                scale.y((base[k] + v) as f64)
+            );
         }
         for k in (0..vals.len()).rev() {
-            let _ = write!(pts, "{:.1},{:.1} ", x(k), y(base[k] as f64));
+            let _ = write!(pts, "{:.1},{:.1} ", scale.x(k), scale.y(base[k] as f64));
         }
         let _ = writeln!(
             o,
@@ -111,6 +158,10 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
             base[k] += v;
         }
     }
+}
+
+/// Draws the byte axis: gridlines and labels at quarters of the peak.
+fn byte_ticks(o: &mut String, peak: u64, scale: &PanelScale) {
     // A panel without bytes gets its baseline only, not a made-up scale of 0 to 1 B.
     let ticks: &[f64] = if peak == 0 {
         &[0.0]
@@ -118,14 +169,14 @@ fn panel(o: &mut String, t: &Timeline, domain: Domain, y0: f64) {
         &[0.0, 0.25, 0.5, 0.75, 1.0]
     };
     for &f in ticks {
-        let yy = y(ymax * f);
+        let yy = scale.y(scale.ymax * f);
         let _ = writeln!(
             o,
             r##"<line x1="{LEFT}" x2="{:.1}" y1="{yy:.1}" y2="{yy:.1}" stroke="#999" stroke-width="0.5"/><text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end">{}</text>"##,
             W - 20.0,
             LEFT - 4.0,
             yy + 3.0,
-            human((ymax * f) as u64)
+            human((scale.ymax * f) as u64)
         );
     }
 }

@@ -240,7 +240,21 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
     t.norm = NormKind::RmsNorm;
     t.tied_embeddings = f.flag("tie_word_embeddings", gemma)?;
     t.final_norm = Some(true);
-    match ty {
+    llama_like_biases(f, &mut t)?;
+    if matches!(ty, "gemma2" | "gemma3_text") {
+        t.post_norms = true;
+        t.attn_softcap = f.opt_positive("attn_logit_softcapping")?;
+        t.logit_softcap = f.opt_positive("final_logit_softcapping")?;
+    }
+    t.qk_norm = ty == "gemma3_text";
+    llama_like_moe(f, &mut t)?;
+    t.dropout = f.dropout("attention_dropout")?;
+    Ok(t)
+}
+
+/// The biases of a LLaMA-like decoder's attention and feed-forward projections.
+fn llama_like_biases(f: &Fields<'_>, t: &mut TransformerSpec) -> Result<(), HfConfigError> {
+    match f.model_type {
         // the query, key and value projections carry biases, the output projection none
         "qwen2" => t.qkv_bias = Some(f.flag("attention_bias", true)?),
         "qwen2_moe" => t.qkv_bias = Some(f.flag("qkv_bias", true)?),
@@ -254,13 +268,12 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
     }
     t.bias.get_or_insert(false);
     t.ffn_bias = Some(f.flag("mlp_bias", false)?);
-    if matches!(ty, "gemma2" | "gemma3_text") {
-        t.post_norms = true;
-        t.attn_softcap = f.opt_positive("attn_logit_softcapping")?;
-        t.logit_softcap = f.opt_positive("final_logit_softcapping")?;
-    }
-    t.qk_norm = ty == "gemma3_text";
-    match ty {
+    Ok(())
+}
+
+/// The mixture of experts of Mixtral and Qwen2-MoE.
+fn llama_like_moe(f: &Fields<'_>, t: &mut TransformerSpec) -> Result<(), HfConfigError> {
+    match f.model_type {
         "mixtral" => {
             t.moe = Some(MoeSpec {
                 experts: f.count("num_local_experts")?,
@@ -300,8 +313,7 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
         }
         _ => {}
     }
-    t.dropout = f.dropout("attention_dropout")?;
-    Ok(t)
+    Ok(())
 }
 
 /// Phi-1, Phi-1.5 and Phi-2: one layer norm feeding attention and the feed-forward side by

@@ -5,7 +5,7 @@
 //! `c_proj` adapts both of GPT-2's (`attn.c_proj` and `mlp.c_proj`) and `self_attn.q_proj`
 //! adapts `q_proj`. `all-linear` adapts every linear layer but the output head.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::HfConfigError;
 use crate::model::{LoraSpec, LoraTarget, TransformerSpec};
@@ -244,45 +244,76 @@ impl AdapterConfig {
 /// is a LoRA setting that changes memory in a way a plan does not express (DoRA, trained
 /// biases, `modules_to_save`, per-layer patterns).
 pub fn read_adapter_config(text: &str) -> Result<AdapterConfig, HfConfigError> {
-    let err = |m: String| HfConfigError::Peft(format!("adapter_config.json: {m}"));
     let value: Value =
-        serde_json::from_str(text).map_err(|e| err(format!("does not parse: {e}")))?;
+        serde_json::from_str(text).map_err(|e| adapter_err(format!("does not parse: {e}")))?;
     let Value::Object(map) = value else {
-        return Err(err("the top level is not an object".into()));
+        return Err(adapter_err("the top level is not an object".into()));
     };
+    check_lora_type(&map)?;
+    let (rank, alpha, dropout) = read_lora_hyperparameters(&map)?;
+    reject_unmodelled_settings(&map)?;
+    let target_modules = read_target_modules(&map)?;
+    Ok(AdapterConfig {
+        rank,
+        alpha,
+        dropout,
+        target_modules,
+    })
+}
+
+/// An error about `adapter_config.json`.
+fn adapter_err(m: String) -> HfConfigError {
+    HfConfigError::Peft(format!("adapter_config.json: {m}"))
+}
+
+/// Checks that `peft_type` names a LoRA adapter.
+fn check_lora_type(map: &Map<String, Value>) -> Result<(), HfConfigError> {
     match map.get("peft_type").and_then(Value::as_str) {
-        Some("LORA") => {}
-        Some(other) => {
-            return Err(err(format!(
-                "a {other} adapter (peft_type `{other}`), not LoRA: trainmem plans LoRA adapters"
-            )));
-        }
-        None => {
-            return Err(err(
-                "no `peft_type`: not a peft adapter configuration".into()
-            ));
-        }
+        Some("LORA") => Ok(()),
+        Some(other) => Err(adapter_err(format!(
+            "a {other} adapter (peft_type `{other}`), not LoRA: trainmem plans LoRA adapters"
+        ))),
+        None => Err(adapter_err(
+            "no `peft_type`: not a peft adapter configuration".into(),
+        )),
     }
+}
+
+/// Reads `r`, `lora_alpha` and `lora_dropout`, with peft's defaults.
+fn read_lora_hyperparameters(map: &Map<String, Value>) -> Result<(u64, f64, f64), HfConfigError> {
     let rank = match map.get("r") {
         None => 8,
         Some(v) => match v.as_u64() {
             Some(r) if r > 0 => r,
-            _ => return Err(err(format!("`r` must be a positive integer, not {v}"))),
+            _ => {
+                return Err(adapter_err(format!(
+                    "`r` must be a positive integer, not {v}"
+                )));
+            }
         },
     };
     let alpha = match map.get("lora_alpha") {
         None => 8.0,
         Some(v) => v
             .as_f64()
-            .ok_or_else(|| err(format!("`lora_alpha` must be a number, not {v}")))?,
+            .ok_or_else(|| adapter_err(format!("`lora_alpha` must be a number, not {v}")))?,
     };
     let dropout = match map.get("lora_dropout") {
         None | Some(Value::Null) => 0.0,
         Some(v) => match v.as_f64() {
             Some(p) if (0.0..1.0).contains(&p) => p,
-            _ => return Err(err(format!("`lora_dropout` must be in [0, 1), not {v}"))),
+            _ => {
+                return Err(adapter_err(format!(
+                    "`lora_dropout` must be in [0, 1), not {v}"
+                )));
+            }
         },
     };
+    Ok((rank, alpha, dropout))
+}
+
+/// Rejects the LoRA settings whose memory a plan does not express.
+fn reject_unmodelled_settings(map: &Map<String, Value>) -> Result<(), HfConfigError> {
     let truthy = |key: &str| map.get(key).is_some_and(|v| v.as_bool() == Some(true));
     let non_empty = |key: &str| match map.get(key) {
         None | Some(Value::Null) => false,
@@ -292,19 +323,19 @@ pub fn read_adapter_config(text: &str) -> Result<AdapterConfig, HfConfigError> {
         Some(_) => true,
     };
     if truthy("use_dora") {
-        return Err(err(
+        return Err(adapter_err(
             "use_dora = true: DoRA's magnitude vectors are not modelled".into(),
         ));
     }
     if truthy("lora_bias") {
-        return Err(err(
+        return Err(adapter_err(
             "lora_bias = true: biases on the adapters are not modelled".into(),
         ));
     }
     if let Some(bias) = map.get("bias").and_then(Value::as_str)
         && bias != "none"
     {
-        return Err(err(format!(
+        return Err(adapter_err(format!(
             "bias = \"{bias}\": trained biases beside the adapters are not modelled"
         )));
     }
@@ -316,14 +347,21 @@ pub fn read_adapter_config(text: &str) -> Result<AdapterConfig, HfConfigError> {
         "target_parameters",
     ] {
         if non_empty(key) {
-            return Err(err(format!("`{key}` is set: not modelled in a plan")));
+            return Err(adapter_err(format!(
+                "`{key}` is set: not modelled in a plan"
+            )));
         }
     }
-    let target_modules = match map.get("target_modules") {
+    Ok(())
+}
+
+/// Reads `target_modules`: a list of names, one name, `all-linear`, or absent.
+fn read_target_modules(map: &Map<String, Value>) -> Result<Option<Vec<String>>, HfConfigError> {
+    Ok(match map.get("target_modules") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
             if s != "all-linear" && s.contains(|c: char| "\\^$*+?()[]{}|".contains(c)) {
-                return Err(err(format!(
+                return Err(adapter_err(format!(
                     "target_modules is the regular expression `{s}`: list the module names"
                 )));
             }
@@ -335,21 +373,15 @@ pub fn read_adapter_config(text: &str) -> Result<AdapterConfig, HfConfigError> {
                 .map(|v| {
                     v.as_str()
                         .map(str::to_string)
-                        .ok_or_else(|| err(format!("target_modules holds {v}, not a name")))
+                        .ok_or_else(|| adapter_err(format!("target_modules holds {v}, not a name")))
                 })
                 .collect::<Result<_, _>>()?,
         ),
         Some(v) => {
-            return Err(err(format!(
+            return Err(adapter_err(format!(
                 "target_modules must be a list of names, not {v}"
             )));
         }
-    };
-    Ok(AdapterConfig {
-        rank,
-        alpha,
-        dropout,
-        target_modules,
     })
 }
 
