@@ -78,9 +78,42 @@ struct Rewrite<'a> {
     out: Program,
     dtype: Vec<Dtype>,
     half: Dtype,
+    /// The attention math path's f32 copies, one per value.
+    upcast: HashMap<ValueId, ValueId>,
 }
 
-impl Rewrite<'_> {
+impl<'a> Rewrite<'a> {
+    /// A rewrite of `src` into `out`, its values of the compute dtype in `compute`.
+    fn new(src: &'a Program, out: Program, compute: Dtype, half: Dtype) -> Rewrite<'a> {
+        Rewrite {
+            src,
+            out,
+            dtype: src
+                .values
+                .iter()
+                .map(|v| match v.dtype {
+                    ValueDtype::Compute => compute,
+                    ValueDtype::Fixed(d) => d,
+                })
+                .collect(),
+            half,
+            upcast: HashMap::new(),
+        }
+    }
+
+    /// Rewrites every op of the source, layer by layer, with `rewrite` (which pushes it).
+    fn each_op(mut self, mut rewrite: impl FnMut(&mut Self, usize, &Op)) -> Program {
+        let src = self.src;
+        for &(s, e) in &src.layers {
+            let start = self.out.ops.len() as u32;
+            for (src_at, src_op) in src.ops.iter().enumerate().take(e as usize).skip(s as usize) {
+                rewrite(&mut self, src_at, src_op);
+            }
+            self.out.layers.push((start, self.out.ops.len() as u32));
+        }
+        self.out
+    }
+
     /// A cast of `v` to `to`, as a `copy` op in `layer`; returns the new value.
     fn cast(&mut self, v: ValueId, to: Dtype, layer: u32) -> ValueId {
         let info = self.out.values[v as usize];
@@ -120,6 +153,24 @@ impl Rewrite<'_> {
         }
     }
 
+    /// Upcasts a half-precision input `k` of `op` once per value; returns its dtype then.
+    fn upcast_input(&mut self, op: &mut Op, k: usize) -> Option<Dtype> {
+        let v = op.inputs[k];
+        let d = self.dtype[v as usize];
+        if !(d.is_float() && d != Dtype::F32) {
+            return None;
+        }
+        op.inputs[k] = match self.upcast.get(&v) {
+            Some(&c) => c,
+            None => {
+                let c = self.cast(v, Dtype::F32, op.layer);
+                self.upcast.insert(v, c);
+                c
+            }
+        };
+        Some(d)
+    }
+
     /// The weight and bias copies of a half-precision op (index `at` in the new program),
     /// and the half-precision scratch gradient of each of its parameters.
     fn weight_copies(&mut self, op: &Op, at: u32) {
@@ -141,164 +192,162 @@ impl Rewrite<'_> {
             self.out.param_grad_scratch[pid as usize] = elems * h;
         }
     }
+
+    /// The input copies the key and value projections keep when lowered with the query's.
+    fn qkv_input_copies(&mut self, op: &Op, at: u32, separate_qkv: bool) {
+        let first = self.src.params_of(op).first();
+        let named = |suffix: &str| {
+            first.is_some_and(|&w| self.src.params[w as usize].name.ends_with(suffix))
+        };
+        // three projections lowered as one op: their three weights, or one packed
+        // weight standing for three layers
+        let three_layers = named(".attn.q.weight") || (separate_qkv && named(".attn.qkv.weight"));
+        if three_layers {
+            // the key and value projections cast the input again and keep their
+            // copies for their weights' gradients: none for a frozen weight (LoRA's
+            // base), whose projection keeps nothing of its input
+            let src = self.src;
+            let params = src.params_of(op);
+            let trains = |k: usize| {
+                params
+                    .get(k)
+                    .is_some_and(|&w| !src.params[w as usize].frozen)
+            };
+            let (key, value) = if named(".attn.q.weight") {
+                (trains(1), trains(2))
+            } else {
+                (trains(0), trains(0))
+            };
+            for keeps in [key, value] {
+                if keeps {
+                    self.out.extra_saved.push((at, Saved::InputCopy(0)));
+                }
+            }
+        }
+    }
+
+    /// Carries over what source op `src_at` keeps beyond its table entry to new op `at`.
+    fn carry_extra_saved(&mut self, src_at: usize, at: u32) {
+        for &(i, saved) in &self.src.extra_saved {
+            if i as usize == src_at {
+                self.out.extra_saved.push((at, saved));
+            }
+        }
+    }
+
+    /// Fixes the dtype of `op`'s output to `produced` when it was the compute dtype.
+    fn fix_output_dtype(&mut self, op: &Op, produced: Option<Dtype>) {
+        let out_v = op.output as usize;
+        if let (ValueDtype::Compute, Some(d)) = (self.src.values[out_v].dtype, produced) {
+            self.out.values[out_v].dtype = ValueDtype::Fixed(d);
+            self.dtype[out_v] = d;
+        }
+    }
+
+    /// Appends `op` with the parameters of `src_op`.
+    fn push(&mut self, mut op: Op, src_op: &Op) {
+        op.params_start = self.out.op_params.len() as u32;
+        self.out
+            .op_params
+            .extend_from_slice(self.src.params_of(src_op));
+        self.out.ops.push(op);
+    }
+}
+
+/// What autocast does with `op` on `device`.
+fn op_policy(op: &Op, device: DeviceKind) -> Policy {
+    // GELU's tanh approximation lowers `pow(x, 3)` as `x · x` (a `mul` of a value by
+    // itself, which nothing else lowers to): `pow` is on CUDA's f32 list
+    if op.kind == OpKind::Mul
+        && op.arity == 2
+        && op.inputs[0] == op.inputs[1]
+        && device == DeviceKind::Cuda
+    {
+        Policy::F32
+    } else {
+        policy(op.kind, device)
+    }
+}
+
+/// The dtype an op autocast leaves alone produces.
+fn widest(
+    op: &Op,
+    dtype: &[Dtype],
+    half: Dtype,
+    returns_to: &HashMap<ValueId, Dtype>,
+) -> Option<Dtype> {
+    match op.kind {
+        OpKind::Embedding => Some(Dtype::F32),
+        OpKind::Copy if returns_to.contains_key(&op.inputs[0]) => Some(returns_to[&op.inputs[0]]),
+        _ => {
+            let floats: Vec<Dtype> = op
+                .input_ids()
+                .iter()
+                .map(|&v| dtype[v as usize])
+                .filter(|&d| d.is_float())
+                .collect();
+            if floats.is_empty() {
+                None
+            } else if floats.iter().all(|&d| d == half) {
+                Some(half)
+            } else {
+                Some(Dtype::F32)
+            }
+        }
+    }
 }
 
 /// `program` (lowered in f32) as it runs under `torch.autocast` to `half` on `device`.
 /// `separate_qkv`: the fused query/key/value projection stands for three linear layers that
 /// each cast its input (see [`trainmem_core::model::TransformerSpec::separate_qkv`]).
 pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: bool) -> Program {
-    let mut r = Rewrite {
-        src: program,
-        out: Program {
-            values: program.values.clone(),
-            params: program.params.clone(),
-            inputs: program.inputs.clone(),
-            loss: program.loss,
-            layer_names: program.layer_names.clone(),
-            checkpointable: program.checkpointable.clone(),
-            param_grad_scratch: vec![0; program.params.len()],
-            ..Program::default()
-        },
-        dtype: program
-            .values
-            .iter()
-            .map(|v| match v.dtype {
-                ValueDtype::Compute => Dtype::F32,
-                ValueDtype::Fixed(d) => d,
-            })
-            .collect(),
-        half,
+    let out = Program {
+        values: program.values.clone(),
+        params: program.params.clone(),
+        inputs: program.inputs.clone(),
+        loss: program.loss,
+        layer_names: program.layer_names.clone(),
+        checkpointable: program.checkpointable.clone(),
+        param_grad_scratch: vec![0; program.params.len()],
+        ..Program::default()
     };
-    // the attention math path's f32 copies, one per value, and what its outputs return to
-    let mut upcast: HashMap<ValueId, ValueId> = HashMap::new();
+    // what the attention math path's outputs return to
     let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
-    for &(s, e) in &program.layers {
-        let start = r.out.ops.len() as u32;
-        for (src_at, src_op) in program
-            .ops
-            .iter()
-            .enumerate()
-            .take(e as usize)
-            .skip(s as usize)
-        {
-            let mut op = *src_op;
-            let inputs: Vec<Dtype> = op
-                .input_ids()
-                .iter()
-                .map(|&v| r.dtype[v as usize])
-                .collect();
-            // GELU's tanh approximation lowers `pow(x, 3)` as `x · x` (a `mul` of a value
-            // by itself, which nothing else lowers to): `pow` is on CUDA's f32 list
-            let kind_policy = if op.kind == OpKind::Mul
-                && op.arity == 2
-                && op.inputs[0] == op.inputs[1]
-                && device == DeviceKind::Cuda
-            {
-                Policy::F32
-            } else {
-                policy(op.kind, device)
-            };
-            let produced = match kind_policy {
-                Policy::Half => {
-                    r.cast_inputs(&mut op, half);
-                    Some(half)
-                }
-                Policy::F32 => {
-                    r.cast_inputs(&mut op, Dtype::F32);
-                    Some(Dtype::F32)
-                }
-                Policy::AttentionMath => {
-                    let mut origin = Dtype::F32;
-                    for k in 0..op.arity as usize {
-                        let v = op.inputs[k];
-                        let d = r.dtype[v as usize];
-                        if d.is_float() && d != Dtype::F32 {
-                            origin = d;
-                            op.inputs[k] = match upcast.get(&v) {
-                                Some(&c) => c,
-                                None => {
-                                    let c = r.cast(v, Dtype::F32, op.layer);
-                                    upcast.insert(v, c);
-                                    c
-                                }
-                            };
-                        } else if let Some(&o) = returns_to.get(&v) {
-                            origin = o;
-                        }
-                    }
-                    returns_to.insert(op.output, origin);
-                    Some(Dtype::F32)
-                }
-                Policy::Widest => match op.kind {
-                    OpKind::Embedding => Some(Dtype::F32),
-                    OpKind::Copy if returns_to.contains_key(&op.inputs[0]) => {
-                        Some(returns_to[&op.inputs[0]])
-                    }
-                    _ => {
-                        let floats: Vec<Dtype> =
-                            inputs.iter().copied().filter(|&d| d.is_float()).collect();
-                        if floats.is_empty() {
-                            None
-                        } else if floats.iter().all(|&d| d == half) {
-                            Some(half)
-                        } else {
-                            Some(Dtype::F32)
-                        }
-                    }
-                },
-            };
-            let at = r.out.ops.len() as u32;
-            // what the lowering made this op keep beyond its table entry
-            for &(i, saved) in &program.extra_saved {
-                if i as usize == src_at {
-                    r.out.extra_saved.push((at, saved));
-                }
+    Rewrite::new(program, out, Dtype::F32, half).each_op(|r, src_at, src_op| {
+        let mut op = *src_op;
+        let produced = match op_policy(&op, device) {
+            Policy::Half => {
+                r.cast_inputs(&mut op, half);
+                Some(half)
             }
-            if policy(op.kind, device) == Policy::Half {
-                r.weight_copies(&op, at);
-                let first = r.src.params_of(&op).first();
-                let named = |suffix: &str| {
-                    first.is_some_and(|&w| r.src.params[w as usize].name.ends_with(suffix))
-                };
-                // three projections lowered as one op: their three weights, or one packed
-                // weight standing for three layers
-                let three_layers =
-                    named(".attn.q.weight") || (separate_qkv && named(".attn.qkv.weight"));
-                if three_layers {
-                    // the key and value projections cast the input again and keep their
-                    // copies for their weights' gradients: none for a frozen weight (LoRA's
-                    // base), whose projection keeps nothing of its input
-                    let src = r.src;
-                    let params = src.params_of(&op);
-                    let trains = |k: usize| {
-                        params
-                            .get(k)
-                            .is_some_and(|&w| !src.params[w as usize].frozen)
-                    };
-                    let (key, value) = if named(".attn.q.weight") {
-                        (trains(1), trains(2))
-                    } else {
-                        (trains(0), trains(0))
-                    };
-                    for keeps in [key, value] {
-                        if keeps {
-                            r.out.extra_saved.push((at, Saved::InputCopy(0)));
-                        }
+            Policy::F32 => {
+                r.cast_inputs(&mut op, Dtype::F32);
+                Some(Dtype::F32)
+            }
+            Policy::AttentionMath => {
+                let mut origin = Dtype::F32;
+                for k in 0..op.arity as usize {
+                    let v = op.inputs[k];
+                    if let Some(d) = r.upcast_input(&mut op, k) {
+                        origin = d;
+                    } else if let Some(&o) = returns_to.get(&v) {
+                        origin = o;
                     }
                 }
+                returns_to.insert(op.output, origin);
+                Some(Dtype::F32)
             }
-            let out_v = op.output as usize;
-            if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
-                r.out.values[out_v].dtype = ValueDtype::Fixed(d);
-                r.dtype[out_v] = d;
-            }
-            op.params_start = r.out.op_params.len() as u32;
-            r.out.op_params.extend_from_slice(program.params_of(src_op));
-            r.out.ops.push(op);
+            Policy::Widest => widest(&op, &r.dtype, half, &returns_to),
+        };
+        let at = r.out.ops.len() as u32;
+        r.carry_extra_saved(src_at, at);
+        if policy(op.kind, device) == Policy::Half {
+            r.weight_copies(&op, at);
+            r.qkv_input_copies(&op, at, separate_qkv);
         }
-        r.out.layers.push((start, r.out.ops.len() as u32));
-    }
-    r.out
+        r.fix_output_dtype(&op, produced);
+        r.push(op, src_op);
+    })
 }
 
 /// `program` (lowered in the compute dtype) as it runs with the model itself cast to `half`
@@ -323,79 +372,33 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
     out.ops.clear();
     out.op_params.clear();
     out.layers.clear();
-    let mut r = Rewrite {
-        src: program,
-        out,
-        dtype: program
-            .values
-            .iter()
-            .map(|v| match v.dtype {
-                ValueDtype::Compute => half,
-                ValueDtype::Fixed(d) => d,
-            })
-            .collect(),
-        half,
-    };
-    let mut upcast: HashMap<ValueId, ValueId> = HashMap::new();
     let mut math_outputs: HashMap<ValueId, ()> = HashMap::new();
-    for &(s, e) in &program.layers {
-        let start = r.out.ops.len() as u32;
-        for (src_at, src_op) in program
-            .ops
-            .iter()
-            .enumerate()
-            .take(e as usize)
-            .skip(s as usize)
-        {
-            let mut op = *src_op;
-            let mut produced = None;
-            match op.kind {
-                OpKind::Matmul if device == DeviceKind::Cpu => {
-                    for k in 0..op.arity as usize {
-                        let v = op.inputs[k];
-                        let d = r.dtype[v as usize];
-                        if d.is_float() && d != Dtype::F32 {
-                            op.inputs[k] = match upcast.get(&v) {
-                                Some(&c) => c,
-                                None => {
-                                    let c = r.cast(v, Dtype::F32, op.layer);
-                                    upcast.insert(v, c);
-                                    c
-                                }
-                            };
-                        }
-                    }
-                    math_outputs.insert(op.output, ());
-                    produced = Some(Dtype::F32);
+    Rewrite::new(program, out, half, half).each_op(|r, src_at, src_op| {
+        let mut op = *src_op;
+        let mut produced = None;
+        match op.kind {
+            OpKind::Matmul if device == DeviceKind::Cpu => {
+                for k in 0..op.arity as usize {
+                    r.upcast_input(&mut op, k);
                 }
-                OpKind::RmsNorm if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
-                OpKind::CrossEntropy if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
-                // inside the math path: the widest dtype of the inputs (f32)
-                OpKind::Copy if math_outputs.contains_key(&op.inputs[0]) => {}
-                _ if op.input_ids().iter().any(|v| math_outputs.contains_key(v)) => {
-                    math_outputs.insert(op.output, ());
-                    produced = Some(Dtype::F32);
-                }
-                _ => {}
+                math_outputs.insert(op.output, ());
+                produced = Some(Dtype::F32);
             }
-            let out_v = op.output as usize;
-            if let (ValueDtype::Compute, Some(d)) = (program.values[out_v].dtype, produced) {
-                r.out.values[out_v].dtype = ValueDtype::Fixed(d);
-                r.dtype[out_v] = d;
+            OpKind::RmsNorm if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+            OpKind::CrossEntropy if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+            // inside the math path: the widest dtype of the inputs (f32)
+            OpKind::Copy if math_outputs.contains_key(&op.inputs[0]) => {}
+            _ if op.input_ids().iter().any(|v| math_outputs.contains_key(v)) => {
+                math_outputs.insert(op.output, ());
+                produced = Some(Dtype::F32);
             }
-            let at = r.out.ops.len() as u32;
-            for &(i, saved) in &program.extra_saved {
-                if i as usize == src_at {
-                    r.out.extra_saved.push((at, saved));
-                }
-            }
-            op.params_start = r.out.op_params.len() as u32;
-            r.out.op_params.extend_from_slice(program.params_of(src_op));
-            r.out.ops.push(op);
+            _ => {}
         }
-        r.out.layers.push((start, r.out.ops.len() as u32));
-    }
-    r.out
+        r.fix_output_dtype(&op, produced);
+        let at = r.out.ops.len() as u32;
+        r.carry_extra_saved(src_at, at);
+        r.push(op, src_op);
+    })
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use trainmem_core::hf_config::{HfOptions, HfPrecision, lora_target_of_module, pl
 use trainmem_core::model::LoraSpec;
 use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 
-use crate::{SimOptions, simulate};
+use crate::{SimOptions, Summary, simulate};
 use trainmem_core::model::ModelSpec;
 use trainmem_core::plan::{DeviceKind, Plan};
 
@@ -293,21 +293,49 @@ pub fn ledger_paths(dir: &Path) -> Result<Vec<std::path::PathBuf>, ValidationErr
 /// The plan of the recorded run: the same model, batch, optimizer and steps under PyTorch's
 /// rules on a CPU device.
 pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
-    let fail = |detail: String| ValidationError::Plan {
+    let (optimizer, implementation) = optimizer_of(rec).map_err(|d| fail(rec, d))?;
+    let cast = cast_of(rec).map_err(|d| fail(rec, d))?;
+    let mut plan = match (&rec.hf_config, &rec.plan_model) {
+        (Some(config), _) => hf_plan(rec, config, cast, optimizer)?,
+        (None, Some(model)) => table_plan(rec, model, cast, optimizer)?,
+        (None, None) => return Err(fail(rec, "neither hf_config nor plan_model".into())),
+    };
+    plan.name = rec.name.clone();
+    if let Some(region) = &rec.autocast {
+        plan.precision.autocast = Some(autocast_of(rec, region).map_err(|d| fail(rec, d))?);
+    }
+    plan.optimizer.implementation = implementation;
+    plan.training.micro_batch_size = rec.micro_batch;
+    set_device(rec, &mut plan).map_err(|d| fail(rec, d))?;
+    plan.validate().map_err(|e| failed(rec, e.into()))?;
+    Ok(plan)
+}
+
+/// A recorded run no plan can be made for, and why.
+fn fail(rec: &Recording, detail: String) -> ValidationError {
+    ValidationError::Plan {
         name: rec.name.clone(),
         detail,
-    };
-    let failed = |source: Box<dyn std::error::Error + Send + Sync>| ValidationError::PlanFailed {
+    }
+}
+
+/// Making or checking the recorded run's plan failed with `source`.
+fn failed(rec: &Recording, source: Box<dyn std::error::Error + Send + Sync>) -> ValidationError {
+    ValidationError::PlanFailed {
         name: rec.name.clone(),
         source,
-    };
+    }
+}
+
+/// The plan's optimizer and step implementation for the recorded optimizer.
+fn optimizer_of(rec: &Recording) -> Result<(OptimizerKind, StepImpl), String> {
     // PyTorch's default step on CPU tensors is the for-loop one, on CUDA tensors foreach
     let default = if rec.on_cuda() {
         StepImpl::Foreach
     } else {
         StepImpl::ForLoop
     };
-    let (optimizer, implementation) = match rec.optimizer.as_str() {
+    Ok(match rec.optimizer.as_str() {
         "sgd" => (OptimizerKind::Sgd, default),
         "adamw" => (OptimizerKind::AdamW, default),
         "adamw-foreach" => (OptimizerKind::AdamW, StepImpl::Foreach),
@@ -315,103 +343,112 @@ pub fn plan_of(rec: &Recording) -> Result<Plan, ValidationError> {
         "adafactor" => (OptimizerKind::Adafactor, StepImpl::ForLoop),
         // bitsandbytes' AdamW8bit (its CPU kernel)
         "adamw8bit" => (OptimizerKind::AdamW8bit, StepImpl::ForLoop),
-        other => return Err(fail(format!("optimizer `{other}` has no plan counterpart"))),
-    };
-    // a model cast to half precision: parameters, gradients and `torch.optim`'s state in
-    // that dtype
-    let cast = match rec.dtype.as_deref() {
-        None | Some("float32") => None,
-        Some("bfloat16") => Some(trainmem_core::Dtype::Bf16),
-        Some("float16") => Some(trainmem_core::Dtype::F16),
-        Some(other) => {
-            return Err(fail(format!(
-                "a model in `{other}` has no plan counterpart"
-            )));
-        }
-    };
-    let mut plan = match (&rec.hf_config, &rec.plan_model) {
-        (Some(config), _) => {
-            let mut opts = HfOptions::new(rec.batch, rec.seq);
-            opts.precision = match cast {
-                None => HfPrecision::F32,
-                Some(trainmem_core::Dtype::F16) => HfPrecision::F16,
-                Some(_) => HfPrecision::Bf16,
-            };
-            opts.optimizer = optimizer;
-            opts.steps = rec.steps;
-            opts.checkpointing = rec.checkpointing;
-            opts.attention = match rec.attn_implementation.as_deref() {
-                None => None,
-                Some(name) => Some(
-                    serde_json::from_value(serde_json::Value::String(name.into()))
-                        .map_err(|_| fail(format!("attn_implementation `{name}` is unknown")))?,
-                ),
-            };
-            opts.lora = rec
-                .lora
-                .as_ref()
-                .map(|l| lora_of(config, l))
-                .transpose()
-                .map_err(fail)?;
-            plan_from_hf(&config.to_string(), &opts).map_err(|e| failed(e.into()))?
-        }
-        (None, Some(model)) => {
-            let model: ModelSpec =
-                serde_json::from_value(model.clone()).map_err(|e| failed(e.into()))?;
-            let mut plan = Plan::from_toml_str("[model.mlp]\ninput = 1\nhidden = []\noutput = 1\n")
-                .map_err(|e| failed(e.into()))?;
-            plan.model = model;
-            plan.framework = trainmem_core::Framework::Pytorch;
-            plan.training.batch_size = rec.batch;
-            plan.training.epochs = 1;
-            plan.training.steps_per_epoch = Some(rec.steps);
-            plan.data.samples = rec.batch * rec.steps;
-            plan.loader.workers = 0;
-            plan.optimizer.kind = optimizer;
-            if let Some(dtype) = cast {
-                plan.precision.compute = dtype;
-                plan.precision.master_weights = false;
-                plan.optimizer.state_dtype = dtype;
-            }
-            plan
-        }
-        (None, None) => return Err(fail("neither hf_config nor plan_model".into())),
-    };
-    plan.name = rec.name.clone();
-    if let Some(region) = &rec.autocast {
-        plan.precision.autocast = Some(match region.dtype.as_str() {
-            "bfloat16" => trainmem_core::Dtype::Bf16,
-            "float16" => trainmem_core::Dtype::F16,
-            other => {
-                return Err(fail(format!(
-                    "autocast to `{other}` has no plan counterpart"
-                )));
-            }
-        });
-        let device = if rec.on_cuda() { "cuda" } else { "cpu" };
-        if region.device_type != device {
-            return Err(fail(format!(
-                "autocast on `{}` in a run recorded on `{device}`",
-                region.device_type
-            )));
-        }
+        other => return Err(format!("optimizer `{other}` has no plan counterpart")),
+    })
+}
+
+/// The half-precision dtype the whole model was cast to, if any.
+fn cast_of(rec: &Recording) -> Result<Option<trainmem_core::Dtype>, String> {
+    // parameters, gradients and `torch.optim`'s state in that dtype
+    match rec.dtype.as_deref() {
+        None | Some("float32") => Ok(None),
+        Some("bfloat16") => Ok(Some(trainmem_core::Dtype::Bf16)),
+        Some("float16") => Ok(Some(trainmem_core::Dtype::F16)),
+        Some(other) => Err(format!("a model in `{other}` has no plan counterpart")),
     }
-    plan.optimizer.implementation = implementation;
-    plan.training.micro_batch_size = rec.micro_batch;
+}
+
+/// The plan of a recorded Hugging Face model, from its configuration.
+fn hf_plan(
+    rec: &Recording,
+    config: &serde_json::Value,
+    cast: Option<trainmem_core::Dtype>,
+    optimizer: OptimizerKind,
+) -> Result<Plan, ValidationError> {
+    let mut opts = HfOptions::new(rec.batch, rec.seq);
+    opts.precision = match cast {
+        None => HfPrecision::F32,
+        Some(trainmem_core::Dtype::F16) => HfPrecision::F16,
+        Some(_) => HfPrecision::Bf16,
+    };
+    opts.optimizer = optimizer;
+    opts.steps = rec.steps;
+    opts.checkpointing = rec.checkpointing;
+    opts.attention = match rec.attn_implementation.as_deref() {
+        None => None,
+        Some(name) => Some(
+            serde_json::from_value(serde_json::Value::String(name.into()))
+                .map_err(|_| fail(rec, format!("attn_implementation `{name}` is unknown")))?,
+        ),
+    };
+    opts.lora = rec
+        .lora
+        .as_ref()
+        .map(|l| lora_of(config, l))
+        .transpose()
+        .map_err(|d| fail(rec, d))?;
+    plan_from_hf(&config.to_string(), &opts).map_err(|e| failed(rec, e.into()))
+}
+
+/// The plan of a recorded model given as a plan's model table.
+fn table_plan(
+    rec: &Recording,
+    model: &serde_json::Value,
+    cast: Option<trainmem_core::Dtype>,
+    optimizer: OptimizerKind,
+) -> Result<Plan, ValidationError> {
+    let model: ModelSpec =
+        serde_json::from_value(model.clone()).map_err(|e| failed(rec, e.into()))?;
+    let mut plan = Plan::from_toml_str("[model.mlp]\ninput = 1\nhidden = []\noutput = 1\n")
+        .map_err(|e| failed(rec, e.into()))?;
+    plan.model = model;
+    plan.framework = trainmem_core::Framework::Pytorch;
+    plan.training.batch_size = rec.batch;
+    plan.training.epochs = 1;
+    plan.training.steps_per_epoch = Some(rec.steps);
+    plan.data.samples = rec.batch * rec.steps;
+    plan.loader.workers = 0;
+    plan.optimizer.kind = optimizer;
+    if let Some(dtype) = cast {
+        plan.precision.compute = dtype;
+        plan.precision.master_weights = false;
+        plan.optimizer.state_dtype = dtype;
+    }
+    Ok(plan)
+}
+
+/// The dtype of the recorded autocast region, checked to be on the run's device.
+fn autocast_of(rec: &Recording, region: &AutocastRegion) -> Result<trainmem_core::Dtype, String> {
+    let dtype = match region.dtype.as_str() {
+        "bfloat16" => trainmem_core::Dtype::Bf16,
+        "float16" => trainmem_core::Dtype::F16,
+        other => return Err(format!("autocast to `{other}` has no plan counterpart")),
+    };
+    let device = if rec.on_cuda() { "cuda" } else { "cpu" };
+    if region.device_type != device {
+        return Err(format!(
+            "autocast on `{}` in a run recorded on `{device}`",
+            region.device_type
+        ));
+    }
+    Ok(dtype)
+}
+
+/// Sets the plan's device to the recorded one (a CPU without a recorded device).
+fn set_device(rec: &Recording, plan: &mut Plan) -> Result<(), String> {
     match &rec.device {
         Some(d) if rec.on_cuda() => {
             plan.device.kind = DeviceKind::Cuda;
             plan.device.capacity = trainmem_core::ByteSize(d.total_memory);
             plan.device.compute_capability = d.capability.map(|[a, b]| format!("{a}.{b}"));
         }
-        Some(d) => return Err(fail(format!("a device of type `{}`", d.kind))),
+        Some(d) => return Err(format!("a device of type `{}`", d.kind)),
         None => {
             plan.device.kind = DeviceKind::Cpu;
             plan.device.capacity = trainmem_core::ByteSize(1 << 40);
         }
     }
-    plan.validate().map_err(|e| failed(e.into()))?;
-    Ok(plan)
+    Ok(())
 }
 
 /// The adapters of a recorded `LoraConfig`, peft's module names read for the family of
@@ -455,6 +492,20 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
             name: rec.name.clone(),
             source: e.into(),
         })?;
+    let mut rows = category_rows(rec, &result.summary);
+    rows.extend(peak_rows(rec, &result.summary));
+    Ok(Comparison {
+        name: rec.name.clone(),
+        plan_parameters,
+        parameters: rec.parameters,
+        plan_trainable,
+        trainable: rec.trainable_parameters.unwrap_or(rec.parameters),
+        rows,
+    })
+}
+
+/// One row per tensor category: its recorded peak beside the tensors' own predicted peak.
+fn category_rows(rec: &Recording, summary: &Summary) -> Vec<Row> {
     let mut rows = Vec::new();
     // the tensor categories: a CPU ledger has no allocator cache, and no `other`
     let tensors = Category::ALL
@@ -470,7 +521,7 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
             .unwrap_or(0);
         // the ledger counts each storage's `nbytes`: the tensors' own sizes, not the
         // caching allocator's blocks (rounded, with the tails it keeps unsplit)
-        let predicted = result.summary.tensor_peaks.get(category);
+        let predicted = summary.tensor_peaks.get(category);
         rows.push(Row {
             what: name.to_string(),
             measured,
@@ -478,6 +529,12 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
             target: target(name),
         });
     }
+    rows
+}
+
+/// The peak rows: the allocator's peaks on a GPU, the total peak on the CPU.
+fn peak_rows(rec: &Recording, summary: &Summary) -> Vec<Row> {
+    let mut rows = Vec::new();
     if rec.on_cuda() {
         // the allocator's own peaks: block sizes as it rounds them, the cuBLAS workspace,
         // and the segments it reserves
@@ -492,12 +549,12 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
             (
                 "peak allocated",
                 peak(|c| c.peak_allocated),
-                result.summary.peak_allocated,
+                summary.peak_allocated,
             ),
             (
                 "peak reserved",
                 peak(|c| c.peak_reserved),
-                result.summary.peak_reserved,
+                summary.peak_reserved,
             ),
         ] {
             rows.push(Row {
@@ -517,19 +574,11 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
                 .max()
                 .unwrap_or(0),
             // the ledger starts once the model is built: its buffers (`other`) are outside
-            predicted: result.summary.peak_allocated
-                - result.summary.peak_breakdown.get(Category::Other),
+            predicted: summary.peak_allocated - summary.peak_breakdown.get(Category::Other),
             target: target("total peak"),
         });
     }
-    Ok(Comparison {
-        name: rec.name.clone(),
-        plan_parameters,
-        parameters: rec.parameters,
-        plan_trainable,
-        trainable: rec.trainable_parameters.unwrap_or(rec.parameters),
-        rows,
-    })
+    rows
 }
 
 /// The comparison as a text table.

@@ -375,11 +375,41 @@ impl TransformerDims {
         i: u64,
     ) -> ValueId {
         let (s, h) = (self.s, self.h);
-        let (e, k) = (m.experts, m.top_k);
-        let fe = m.expert_ffn.unwrap_or(self.f);
         let rows = m.routed_rows(s);
         let name = format!("block{i}.moe");
-        // the router and its softmax (in f32) over every token; the top-k weights
+        let weights = self.router(b, m, x, &name);
+        let out = self.routed_experts(b, t, m, x, &name);
+        let weighted = b.op(OpKind::Mul, &[out, weights], rows * h, &[]);
+        // back to the tokens' order (a gather through the inverse permutation, which it
+        // keeps: an i64 per routed row) and summed over each token's k rows
+        let mut combined = b.op_full(
+            OpKind::Copy,
+            &[weighted],
+            s * h,
+            0,
+            ValueDtype::Compute,
+            &[],
+            rows,
+            0,
+        );
+        b.save_extra(Saved::RowIndices(1));
+        if let Some(fs) = m.shared_expert_ffn {
+            let mut shared = self.dense_ffn(b, t, x, fs, &format!("{name}.shared"), false);
+            if m.shared_expert_gate {
+                let w = b.param_matrix(1, h, format!("{name}.shared_gate.weight"));
+                let g = b.op(OpKind::Linear, &[x], s, &[w]);
+                let g = b.op(OpKind::Sigmoid, &[g], s, &[]);
+                shared = b.op(OpKind::Mul, &[shared, g], s * h, &[]);
+            }
+            combined = b.op(OpKind::Add, &[combined, shared], s * h, &[]);
+        }
+        combined
+    }
+
+    /// The router of mixture `name` over the tokens `x`; returns the top-k weights.
+    fn router(&self, b: &mut ProgramBuilder, m: &MoeSpec, x: ValueId, name: &str) -> ValueId {
+        let (s, h) = (self.s, self.h);
+        let (e, k) = (m.experts, m.top_k);
         let router = b.param_matrix(e, h, format!("{name}.router.weight"));
         let logits = b.op(OpKind::Linear, &[x], s * e, &[router]);
         let f32 = ValueDtype::Fixed(Dtype::F32);
@@ -409,8 +439,23 @@ impl TransformerDims {
                 per_token -= n;
             }
         }
-        // the routed rows, through every expert's projections as one stack of rows: a gather
-        // that keeps, per row, the i64 index of the token it read
+        weights
+    }
+
+    /// The routed rows of the tokens `x` through the experts of mixture `name`.
+    fn routed_experts(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        m: &MoeSpec,
+        x: ValueId,
+        name: &str,
+    ) -> ValueId {
+        let h = self.h;
+        let e = m.experts;
+        let fe = m.expert_ffn.unwrap_or(self.f);
+        let rows = m.routed_rows(self.s);
+        // a gather that keeps, per row, the i64 index of the token it read
         let gathered = b.op_full(
             OpKind::Copy,
             &[x],
@@ -434,32 +479,7 @@ impl TransformerDims {
             activation(b, t.activation, projected, rows * fe)
         };
         let w_out = b.param_matrix(e * h, fe, format!("{name}.experts.down"));
-        let out = b.op(OpKind::Linear, &[mid], rows * h, &[w_out]);
-        let weighted = b.op(OpKind::Mul, &[out, weights], rows * h, &[]);
-        // back to the tokens' order (a gather through the inverse permutation, which it
-        // keeps: an i64 per routed row) and summed over each token's k rows
-        let mut combined = b.op_full(
-            OpKind::Copy,
-            &[weighted],
-            s * h,
-            0,
-            ValueDtype::Compute,
-            &[],
-            rows,
-            0,
-        );
-        b.save_extra(Saved::RowIndices(1));
-        if let Some(fs) = m.shared_expert_ffn {
-            let mut shared = self.dense_ffn(b, t, x, fs, &format!("{name}.shared"), false);
-            if m.shared_expert_gate {
-                let w = b.param_matrix(1, h, format!("{name}.shared_gate.weight"));
-                let g = b.op(OpKind::Linear, &[x], s, &[w]);
-                let g = b.op(OpKind::Sigmoid, &[g], s, &[]);
-                shared = b.op(OpKind::Mul, &[shared, g], s * h, &[]);
-            }
-            combined = b.op(OpKind::Add, &[combined, shared], s * h, &[]);
-        }
-        combined
+        b.op(OpKind::Linear, &[mid], rows * h, &[w_out])
     }
 
     /// The feed-forward sub-layer of block `i` on its normed input `n`.

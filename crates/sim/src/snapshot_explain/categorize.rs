@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use trainmem_core::Category;
 
 use super::frames::StackPhase;
-use super::lifetimes::Lifetimes;
+use super::lifetimes::{Lifetimes, Window};
 
 /// How the model state was counted, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -35,16 +35,40 @@ pub struct ModelStateEvidence {
 /// Gives every allocation of `lt` its category, phase and `by_frames`.
 pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     let windows = lt.windows.clone();
-    let phase_of_window = |w: usize| windows.get(w).and_then(|w| w.phase);
     let has_backward = windows
         .iter()
         .any(|w| w.phase == Some(StackPhase::Backward));
     let has_optimizer = windows
         .iter()
         .any(|w| w.phase == Some(StackPhase::Optimizer));
-    // per size: gradient / optimizer-state candidates per cycle
-    let mut grads: BTreeMap<(usize, u64), u64> = BTreeMap::new();
-    let mut states: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let made = categorize_by_phase(lt, &windows);
+    let g = per_size(&made.grads);
+    let o = per_size(&made.states);
+    let (params, mut evidence) = parameters_counted(&g, &o);
+    let shares = ModelStateShares {
+        params,
+        grads_missing: g.is_empty() && has_backward,
+        states_missing: o.is_empty() && has_optimizer,
+        k_state: evidence.state_per_parameter.unwrap_or(2),
+    };
+    let param_total = shares.assign(lt);
+    let leaf_gradients = demote_unowned_gradients(lt, &windows, &param_total);
+    evidence.parameter_tensors = param_total.values().sum();
+    evidence.leaf_gradients = leaf_gradients;
+    evidence
+}
+
+/// Tensors counted per (cycle, size).
+type PerCycle = BTreeMap<(usize, u64), u64>;
+
+/// The phase of window `w`, if any.
+fn phase_of_window(windows: &[Window], w: usize) -> Option<StackPhase> {
+    windows.get(w).and_then(|w| w.phase)
+}
+
+/// Gives each allocation its category from its phase and lifetime.
+fn categorize_by_phase(lt: &mut Lifetimes, windows: &[Window]) -> Made {
+    let mut made = Made::default();
     for a in lt.allocations.iter_mut() {
         if a.workspace {
             // a library's scratch buffer, named by its own stack
@@ -56,21 +80,51 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
         let Some(at) = a.alloc_at else {
             // live before recording began
             a.by_frames = false;
-            a.category = match a.free_at.map(|f| phase_of_window(lt.window_of[f] as usize)) {
-                None => Category::Parameter, // refined below
-                Some(Some(StackPhase::Optimizer)) => Category::OptimizerState,
-                Some(Some(StackPhase::ZeroGrad)) => Category::Gradient,
-                Some(Some(StackPhase::Backward)) => Category::Activation,
-                Some(_) => Category::Other,
-            };
+            a.category = freed_preexisting(
+                a.free_at
+                    .map(|f| phase_of_window(windows, lt.window_of[f] as usize)),
+            );
             continue;
         };
         let wa = lt.window_of[at] as usize;
         let own = lt.own_phase[at];
         a.by_frames = own.is_some();
-        let phase = own.or(phase_of_window(wa));
+        let phase = own.or(phase_of_window(windows, wa));
         a.phase = phase;
         let freed = a.free_at.map(|f| lt.window_of[f] as usize);
+        a.category = made.category(phase, windows, wa, freed, a.size);
+    }
+    made
+}
+
+/// The category of a block live before recording began, by the phase that freed it.
+fn freed_preexisting(freed_in: Option<Option<StackPhase>>) -> Category {
+    match freed_in {
+        None => Category::Parameter, // refined below
+        Some(Some(StackPhase::Optimizer)) => Category::OptimizerState,
+        Some(Some(StackPhase::ZeroGrad)) => Category::Gradient,
+        Some(Some(StackPhase::Backward)) => Category::Activation,
+        Some(_) => Category::Other,
+    }
+}
+
+/// Gradient and optimizer-state candidates made, per cycle and size.
+#[derive(Default)]
+struct Made {
+    grads: PerCycle,
+    states: PerCycle,
+}
+
+impl Made {
+    /// The category of an allocation made in window `wa` and freed in window `freed`.
+    fn category(
+        &mut self,
+        phase: Option<StackPhase>,
+        windows: &[Window],
+        wa: usize,
+        freed: Option<usize>,
+        size: u64,
+    ) -> Category {
         let same_window = freed == Some(wa);
         let same_cycle_phase = |want: &[StackPhase]| {
             freed.is_some_and(|w| {
@@ -78,7 +132,7 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
                     && windows[w].phase.is_some_and(|p| want.contains(&p))
             })
         };
-        a.category = match phase {
+        match phase {
             Some(StackPhase::Setup) if same_window => Category::Temporary,
             Some(StackPhase::Setup) => Category::Parameter,
             Some(StackPhase::Data) => Category::Input,
@@ -99,35 +153,41 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
                 if same_cycle_phase(&[StackPhase::Backward]) {
                     Category::Temporary
                 } else {
-                    *grads.entry((windows[wa].cycle, a.size)).or_default() += 1;
+                    *self.grads.entry((windows[wa].cycle, size)).or_default() += 1;
                     Category::Gradient
                 }
             }
             Some(StackPhase::Optimizer) if same_window => Category::Temporary,
             Some(StackPhase::Optimizer) => {
-                *states.entry((windows[wa].cycle, a.size)).or_default() += 1;
+                *self.states.entry((windows[wa].cycle, size)).or_default() += 1;
                 Category::OptimizerState
             }
             Some(StackPhase::ZeroGrad) if same_window => Category::Temporary,
             Some(StackPhase::ZeroGrad) => Category::Other,
             // made before any stack named a phase and freed by backward: saved for it
             None if same_cycle_phase(&[StackPhase::Backward]) => Category::Activation,
-            None if a.free_at.is_some() => Category::Temporary,
+            None if freed.is_some() => Category::Temporary,
             None => Category::Other,
-        };
-    }
-    // tensors per size: the most any one cycle made
-    let per_size = |m: &BTreeMap<(usize, u64), u64>| {
-        let mut out: BTreeMap<u64, u64> = BTreeMap::new();
-        for (&(_, size), &n) in m {
-            let e = out.entry(size).or_default();
-            *e = (*e).max(n);
         }
-        out
-    };
-    let g = per_size(&grads);
-    let o = per_size(&states);
-    let (params, mut evidence) = if !g.is_empty() {
+    }
+}
+
+/// Tensors per size: the most any one cycle made.
+fn per_size(m: &PerCycle) -> BTreeMap<u64, u64> {
+    let mut out: BTreeMap<u64, u64> = BTreeMap::new();
+    for (&(_, size), &n) in m {
+        let e = out.entry(size).or_default();
+        *e = (*e).max(n);
+    }
+    out
+}
+
+/// Parameter tensors per size from the gradients, else the optimizer state, and how.
+fn parameters_counted(
+    g: &BTreeMap<u64, u64>,
+    o: &BTreeMap<u64, u64>,
+) -> (BTreeMap<u64, u64>, ModelStateEvidence) {
+    if !g.is_empty() {
         (
             g.clone(),
             ModelStateEvidence {
@@ -157,52 +217,78 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
                 ..Default::default()
             },
         )
-    };
-    let k_state = evidence.state_per_parameter.unwrap_or(2);
-    // parameters made in setup count first
-    let mut known: BTreeMap<u64, u64> = BTreeMap::new();
-    for a in &lt.allocations {
-        if a.alloc_at.is_some() && a.category == Category::Parameter {
-            *known.entry(a.size).or_default() += 1;
-        }
     }
-    let mut used: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut param_total: BTreeMap<u64, u64> = known.clone();
-    for a in lt.allocations.iter_mut() {
-        if a.alloc_at.is_some() || a.free_at.is_some() || a.workspace {
-            continue;
+}
+
+/// How the blocks live from the start and never freed are shared out as model state.
+struct ModelStateShares {
+    /// Parameter tensors per size, by the evidence.
+    params: BTreeMap<u64, u64>,
+    /// The trace ran backward but made no gradient of its own.
+    grads_missing: bool,
+    /// The trace ran an optimizer step but made no state of its own.
+    states_missing: bool,
+    /// Optimizer-state tensors per parameter.
+    k_state: u64,
+}
+
+impl ModelStateShares {
+    /// Categorizes the blocks live throughout; returns parameter tensors per size.
+    fn assign(&self, lt: &mut Lifetimes) -> BTreeMap<u64, u64> {
+        // parameters made in setup count first
+        let mut known: BTreeMap<u64, u64> = BTreeMap::new();
+        for a in &lt.allocations {
+            if a.alloc_at.is_some() && a.category == Category::Parameter {
+                *known.entry(a.size).or_default() += 1;
+            }
         }
-        if params.is_empty() {
-            a.category = Category::Parameter;
-            *param_total.entry(a.size).or_default() += 1;
-            continue;
+        let mut used: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut param_total: BTreeMap<u64, u64> = known.clone();
+        for a in lt.allocations.iter_mut() {
+            if a.alloc_at.is_some() || a.free_at.is_some() || a.workspace {
+                continue;
+            }
+            if self.params.is_empty() {
+                a.category = Category::Parameter;
+                *param_total.entry(a.size).or_default() += 1;
+                continue;
+            }
+            let p = self.params.get(&a.size).copied().unwrap_or(0);
+            let k = known.get(&a.size).copied().unwrap_or(0);
+            let n = used.entry(a.size).or_default();
+            let as_param = p.saturating_sub(k);
+            let as_grad = if self.grads_missing { p } else { 0 };
+            let as_state = if self.states_missing {
+                self.k_state * p
+            } else {
+                0
+            };
+            a.category = if *n < as_param {
+                *param_total.entry(a.size).or_default() += 1;
+                Category::Parameter
+            } else if *n < as_param + as_grad {
+                Category::Gradient
+            } else if *n < as_param + as_grad + as_state {
+                Category::OptimizerState
+            } else {
+                Category::Other
+            };
+            *n += 1;
         }
-        let p = params.get(&a.size).copied().unwrap_or(0);
-        let k = known.get(&a.size).copied().unwrap_or(0);
-        let n = used.entry(a.size).or_default();
-        let as_param = p.saturating_sub(k);
-        let as_grad = if g.is_empty() && has_backward { p } else { 0 };
-        let as_state = if o.is_empty() && has_optimizer {
-            k_state * p
-        } else {
-            0
-        };
-        a.category = if *n < as_param {
-            *param_total.entry(a.size).or_default() += 1;
-            Category::Parameter
-        } else if *n < as_param + as_grad {
-            Category::Gradient
-        } else if *n < as_param + as_grad + as_state {
-            Category::OptimizerState
-        } else {
-            Category::Other
-        };
-        *n += 1;
+        param_total
     }
+}
+
+/// Makes `other` the gradients no tensor of their size can be the gradient of.
+fn demote_unowned_gradients(
+    lt: &mut Lifetimes,
+    windows: &[Window],
+    param_total: &BTreeMap<u64, u64>,
+) -> u64 {
     // a gradient needs a tensor of its size to be the gradient of: at most one per parameter,
     // or per other leaf tensor the backward can have differentiated, per cycle
     let mut leaves = Leaves::new(lt);
-    let mut per_cycle: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let mut per_cycle: PerCycle = BTreeMap::new();
     let mut leaf_gradients = 0;
     let mut demote = Vec::new();
     for (i, a) in lt.allocations.iter().enumerate() {
@@ -226,9 +312,7 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     for i in demote {
         lt.allocations[i].category = Category::Other;
     }
-    evidence.parameter_tensors = param_total.values().sum();
-    evidence.leaf_gradients = leaf_gradients;
-    evidence
+    leaf_gradients
 }
 
 /// Per cycle and size, the tensors a backward of that cycle can have made a gradient for

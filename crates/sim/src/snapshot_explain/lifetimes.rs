@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use trainmem_alloc::BlockState;
 use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
 use trainmem_alloc::pytorch::replay::free_action;
-use trainmem_alloc::{Snapshot, TraceAction};
+use trainmem_alloc::{Snapshot, TraceAction, TraceEntry};
 use trainmem_core::Category;
 
 use super::frames::{StackPhase, is_workspace, phase_of};
@@ -87,19 +87,39 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
     let Some(trace) = snap.device_traces.get(device) else {
         return Lifetimes::default();
     };
-    let stacks = f.event_stacks.get(device);
-    let mut phase_cache: HashMap<u32, Option<StackPhase>> = HashMap::new();
+    let stacks = f.event_stacks.get(device).map(Vec::as_slice);
     let mut out = Lifetimes {
         own_phase: Vec::with_capacity(trace.len()),
         window_of: Vec::with_capacity(trace.len()),
         ..Lifetimes::default()
     };
-    // phases and windows
+    phase_windows(f, trace.len(), stacks, &mut out);
+    let mut maker = AllocationMaker {
+        f,
+        workspace_cache: HashMap::new(),
+    };
+    let traced = traced_allocations(trace, stacks, &mut maker, &mut out);
+    let mut start_live = traced.start_live;
+    live_at_snapshot(f, device, &traced.live, &mut maker, &mut start_live);
+    start_live.sort_by_key(|a| a.addr);
+    start_live.extend(traced.allocs);
+    out.allocations = start_live;
+    out
+}
+
+/// The stack of trace entry `k` ([`NO_STACK`] when none was recorded).
+fn stack_at(stacks: Option<&[u32]>, k: usize) -> u32 {
+    stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK)
+}
+
+/// Sets the own phase and window of each of the trace's `len` entries, and the windows.
+fn phase_windows(f: &FramedSnapshot, len: usize, stacks: Option<&[u32]>, out: &mut Lifetimes) {
+    let mut phase_cache: HashMap<u32, Option<StackPhase>> = HashMap::new();
     let mut current: Option<StackPhase> = None;
     let mut cycle = 0usize;
     let mut seen_training = false;
-    for k in 0..trace.len() {
-        let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
+    for k in 0..len {
+        let stack = stack_at(stacks, k);
         if stack != NO_STACK {
             out.entries_with_frames += 1;
         }
@@ -120,7 +140,7 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
             out.windows.push(Window {
                 phase: Some(p),
                 start: k,
-                end: trace.len(),
+                end: len,
                 cycle,
             });
             current = Some(p);
@@ -129,7 +149,7 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
             out.windows.push(Window {
                 phase: None,
                 start: 0,
-                end: trace.len(),
+                end: len,
                 cycle: 0,
             });
         }
@@ -138,40 +158,71 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
         }
         out.window_of.push((out.windows.len() - 1) as u32);
     }
-    // allocations
+}
+
+/// Makes allocations, telling a library's scratch buffers by their stacks.
+struct AllocationMaker<'a> {
+    f: &'a FramedSnapshot,
+    workspace_cache: HashMap<u32, bool>,
+}
+
+impl AllocationMaker<'_> {
+    /// An allocation not yet freed or categorized.
+    fn make(&mut self, addr: u64, size: u64, alloc_at: Option<usize>, stack: u32) -> Allocation {
+        let f = self.f;
+        Allocation {
+            addr,
+            size,
+            alloc_at,
+            free_at: None,
+            stack,
+            category: Category::Other,
+            phase: None,
+            by_frames: false,
+            workspace: stack != NO_STACK
+                && *self
+                    .workspace_cache
+                    .entry(stack)
+                    .or_insert_with(|| is_workspace(f.stack(stack))),
+        }
+    }
+}
+
+/// The allocations the trace records.
+struct Traced {
+    /// Those it allocates, in order.
+    allocs: Vec<Allocation>,
+    /// Those it frees without having allocated them: live before recording began.
+    start_live: Vec<Allocation>,
+    /// Index in `allocs` of each block still live at its end, by address.
+    live: HashMap<u64, usize>,
+}
+
+/// The trace's allocations and frees as allocations.
+fn traced_allocations(
+    trace: &[TraceEntry],
+    stacks: Option<&[u32]>,
+    maker: &mut AllocationMaker,
+    out: &mut Lifetimes,
+) -> Traced {
     let free = free_action(trace);
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut allocs: Vec<Allocation> = Vec::new();
     let mut start_live: Vec<Allocation> = Vec::new();
-    let mut workspace_cache: HashMap<u32, bool> = HashMap::new();
-    let mut new = |addr, size, alloc_at, stack: u32| Allocation {
-        addr,
-        size,
-        alloc_at,
-        free_at: None,
-        stack,
-        category: Category::Other,
-        phase: None,
-        by_frames: false,
-        workspace: stack != NO_STACK
-            && *workspace_cache
-                .entry(stack)
-                .or_insert_with(|| is_workspace(f.stack(stack))),
-    };
     for (k, e) in trace.iter().enumerate() {
-        let stack = stacks.and_then(|s| s.get(k)).copied().unwrap_or(NO_STACK);
+        let stack = stack_at(stacks, k);
         match &e.action {
             TraceAction::Alloc => {
                 if let Some(old) = live.insert(e.addr, allocs.len()) {
                     allocs[old].free_at = Some(k);
                     out.unmatched_allocs += 1;
                 }
-                allocs.push(new(e.addr, e.size, Some(k), stack));
+                allocs.push(maker.make(e.addr, e.size, Some(k), stack));
             }
             a if *a == free => match live.remove(&e.addr) {
                 Some(i) => allocs[i].free_at = Some(k),
                 None => {
-                    let mut a = new(e.addr, e.size, None, NO_STACK);
+                    let mut a = maker.make(e.addr, e.size, None, NO_STACK);
                     a.free_at = Some(k);
                     start_live.push(a);
                 }
@@ -179,7 +230,22 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
             _ => {}
         }
     }
-    // blocks live when the snapshot was taken that the trace never allocated
+    Traced {
+        allocs,
+        start_live,
+        live,
+    }
+}
+
+/// Appends the blocks live at the snapshot that the trace never allocated.
+fn live_at_snapshot(
+    f: &FramedSnapshot,
+    device: usize,
+    live: &HashMap<u64, usize>,
+    maker: &mut AllocationMaker,
+    start_live: &mut Vec<Allocation>,
+) {
+    let snap = &f.snapshot;
     for (s, seg) in snap.segments.iter().enumerate() {
         if seg.device as usize != device && snap.device_traces.len() > 1 {
             continue;
@@ -192,12 +258,8 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
                     .and_then(|v| v.get(b))
                     .copied()
                     .unwrap_or(NO_STACK);
-                start_live.push(new(block.address, block.requested_size, None, stack));
+                start_live.push(maker.make(block.address, block.requested_size, None, stack));
             }
         }
     }
-    start_live.sort_by_key(|a| a.addr);
-    start_live.extend(allocs);
-    out.allocations = start_live;
-    out
 }

@@ -24,9 +24,9 @@ pub mod timeline;
 use std::collections::HashMap;
 
 use serde::Serialize;
-use trainmem_alloc::TraceAction;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_alloc::pytorch::replay::{PreparedTrace, prepare_trace};
+use trainmem_alloc::{TraceAction, TraceEntry};
 use trainmem_core::Category;
 use trainmem_core::timeline::{Timeline, TimelineMeta};
 
@@ -338,11 +338,82 @@ pub fn explain_snapshot(
     opts: &ExplainOptions,
 ) -> Result<SnapshotExplanation, ExplainError> {
     let traces = &f.snapshot.device_traces;
+    let (device, devices) = pick_device(traces, opts.device)?;
+    let trace = &traces[device];
+    let mut lt = lifetimes::lifetimes(f, device);
+    let model_state = categorize::categorize(&mut lt);
+    let mut notes = reading_notes(f, &lt, devices, device);
+    let curve = live_curve(&lt.allocations, trace.len());
+    let peak_at = peak_entry(&curve);
+    let mut names = HashMap::new();
+    let peak = moment(f, &lt, peak_at, opts.top_sites, &mut names);
+    let end = moment(
+        f,
+        &lt,
+        trace.len().saturating_sub(1),
+        opts.top_sites,
+        &mut names,
+    );
+    let oom = trace
+        .iter()
+        .position(|e| e.action == TraceAction::Oom)
+        .map(|k| moment(f, &lt, k, opts.top_sites, &mut names));
+    let coverage = coverage(&lt, peak_at, trace.len());
+    let (steps, growth) = steps::steps(f, &lt, &curve, &mut names);
+    // the trace is prepared for replays once: the allocator's share and every replayed
+    // remedy start from it
+    let prepared = prepare_trace(&f.snapshot, device).map_err(|e| e.to_string());
+    let recorded_capacity = prepared.as_ref().ok().and_then(|p| p.recorded.oom_capacity);
+    let capacity = opts.capacity.or(recorded_capacity);
+    let ends = timeline::sample_ends(&lt);
+    let (allocator, replayed) = replayed_share(&prepared, peak_at, &ends, &mut notes);
+    let timeline = timeline::timeline(
+        &lt,
+        &curve,
+        &ends,
+        replayed.as_deref(),
+        |k| trace.get(k).and_then(|e| e.time_us),
+        TimelineMeta {
+            name: format!("PyTorch memory snapshot, device {device}"),
+            producer: format!("trainmem-sim {} explain", env!("CARGO_PKG_VERSION")),
+            device: format!("cuda:{device} (recorded)"),
+            device_capacity: opts.capacity.or(recorded_capacity),
+            ..TimelineMeta::default()
+        },
+    );
+    let entry_allocation = entry_allocations(&lt, trace);
+    let mut ex = SnapshotExplanation {
+        device,
+        devices_with_traces: devices,
+        coverage,
+        model_state,
+        peak,
+        oom,
+        end,
+        steps,
+        growth,
+        allocator,
+        remedies: Vec::new(),
+        capacity,
+        notes,
+        allocations: lt.allocations,
+        entry_allocation,
+        timeline,
+    };
+    ex.remedies = remedies::remedies(&ex, prepared.as_ref().ok().filter(|_| opts.replay_remedies));
+    Ok(ex)
+}
+
+/// The device to explain and how many devices have a trace.
+fn pick_device(
+    traces: &[Vec<TraceEntry>],
+    asked: Option<usize>,
+) -> Result<(usize, usize), ExplainError> {
     let devices = traces.iter().filter(|t| !t.is_empty()).count();
     if devices == 0 {
         return Err(ExplainError::NoTrace);
     }
-    let device = match opts.device {
+    let device = match asked {
         Some(d) if traces.get(d).is_some_and(|t| !t.is_empty()) => d,
         Some(d) => {
             return Err(ExplainError::NoSuchDevice {
@@ -352,15 +423,17 @@ pub fn explain_snapshot(
         }
         None => traces.iter().position(|t| !t.is_empty()).unwrap_or(0),
     };
-    let trace = &traces[device];
+    Ok((device, devices))
+}
+
+/// Notes on what reading the trace could not use or decide.
+fn reading_notes(f: &FramedSnapshot, lt: &Lifetimes, devices: usize, device: usize) -> Vec<String> {
     let mut notes = Vec::new();
     if devices > 1 {
         notes.push(format!(
             "{devices} devices recorded a trace; device {device} is explained (--device N for another)"
         ));
     }
-    let mut lt = lifetimes::lifetimes(f, device);
-    let model_state = categorize::categorize(&mut lt);
     if lt.entries_with_frames == 0 {
         notes.push(
             "the trace recorded no stacks: every category was decided by lifetime alone \
@@ -393,25 +466,20 @@ pub fn explain_snapshot(
             trainmem_core::bytes::human(kept_other)
         ));
     }
-    let curve = live_curve(&lt.allocations, trace.len());
-    let peak_at = curve
+    notes
+}
+
+/// The entry with the most live bytes (the first of equals).
+fn peak_entry(curve: &[u64]) -> usize {
+    curve
         .iter()
         .enumerate()
         .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
-        .map_or(0, |(k, _)| k);
-    let mut names = HashMap::new();
-    let peak = moment(f, &lt, peak_at, opts.top_sites, &mut names);
-    let end = moment(
-        f,
-        &lt,
-        trace.len().saturating_sub(1),
-        opts.top_sites,
-        &mut names,
-    );
-    let oom = trace
-        .iter()
-        .position(|e| e.action == TraceAction::Oom)
-        .map(|k| moment(f, &lt, k, opts.top_sites, &mut names));
+        .map_or(0, |(k, _)| k)
+}
+
+/// How much of the peak's bytes its own stacks categorized.
+fn coverage(lt: &Lifetimes, peak_at: usize, entries: usize) -> Coverage {
     let (mut by_frames, mut total) = (0u64, 0u64);
     for a in lt.allocations.iter().filter(|a| a.live_after(peak_at)) {
         total += a.size;
@@ -426,24 +494,26 @@ pub fn explain_snapshot(
             x as f64 / total as f64
         }
     };
-    let coverage = Coverage {
+    Coverage {
         entries_with_frames: lt.entries_with_frames,
-        entries: trace.len(),
+        entries,
         peak_share_by_frames: share(by_frames),
         peak_share_by_lifetime: share(total - by_frames),
-    };
-    let (steps, growth) = steps::steps(f, &lt, &curve, &mut names);
-    // the trace is prepared for replays once: the allocator's share and every replayed
-    // remedy start from it
-    let prepared = prepare_trace(&f.snapshot, device).map_err(|e| e.to_string());
-    let recorded_capacity = prepared.as_ref().ok().and_then(|p| p.recorded.oom_capacity);
-    let capacity = opts.capacity.or(recorded_capacity);
-    let ends = timeline::sample_ends(&lt);
+    }
+}
+
+/// The allocator's share at the peak and the replayed samples, or a note why not.
+fn replayed_share(
+    prepared: &Result<PreparedTrace, String>,
+    peak_at: usize,
+    ends: &[usize],
+    notes: &mut Vec<String>,
+) -> (Option<AllocatorShare>, Option<Vec<timeline::ReplayedAt>>) {
     let share = prepared
         .as_ref()
         .map_err(String::clone)
-        .and_then(|p| allocator_share(p, peak_at, &ends));
-    let (allocator, replayed) = match share {
+        .and_then(|p| allocator_share(p, peak_at, ends));
+    match share {
         Ok((s, r)) => (Some(s), Some(r)),
         Err(e) => {
             notes.push(format!(
@@ -451,21 +521,11 @@ pub fn explain_snapshot(
             ));
             (None, None)
         }
-    };
-    let timeline = timeline::timeline(
-        &lt,
-        &curve,
-        &ends,
-        replayed.as_deref(),
-        |k| trace.get(k).and_then(|e| e.time_us),
-        TimelineMeta {
-            name: format!("PyTorch memory snapshot, device {device}"),
-            producer: format!("trainmem-sim {} explain", env!("CARGO_PKG_VERSION")),
-            device: format!("cuda:{device} (recorded)"),
-            device_capacity: opts.capacity.or(recorded_capacity),
-            ..TimelineMeta::default()
-        },
-    );
+    }
+}
+
+/// Per trace entry, the allocation it allocates or frees (its free requests included).
+fn entry_allocations(lt: &Lifetimes, trace: &[TraceEntry]) -> Vec<Option<u32>> {
     let mut entry_allocation = vec![None; trace.len()];
     for (i, a) in lt.allocations.iter().enumerate() {
         for k in [a.alloc_at, a.free_at].into_iter().flatten() {
@@ -489,26 +549,7 @@ pub fn explain_snapshot(
             _ => {}
         }
     }
-    let mut ex = SnapshotExplanation {
-        device,
-        devices_with_traces: devices,
-        coverage,
-        model_state,
-        peak,
-        oom,
-        end,
-        steps,
-        growth,
-        allocator,
-        remedies: Vec::new(),
-        capacity,
-        notes,
-        allocations: lt.allocations,
-        entry_allocation,
-        timeline,
-    };
-    ex.remedies = remedies::remedies(&ex, prepared.as_ref().ok().filter(|_| opts.replay_remedies));
-    Ok(ex)
+    entry_allocation
 }
 
 #[cfg(test)]

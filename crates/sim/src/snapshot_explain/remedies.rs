@@ -56,67 +56,87 @@ pub fn remedies(ex: &SnapshotExplanation, prepared: Option<&PreparedTrace>) -> V
     let mut out = Vec::new();
     let peak_reserved = ex.allocator.map(|a| a.peak_reserved);
     if let (Some(p), Some(recorded_peak)) = (prepared, peak_reserved) {
-        // savings on a device with room to spare (a capped replay would cap its peak too);
-        // fitting on the capacity asked about, in a second replay
-        let unbounded = u64::MAX / 4;
-        let mut tries: Vec<(String, Scenario)> = Vec::new();
-        for conf in [
-            "expandable_segments:True",
-            "max_split_size_mb:128",
-            "max_split_size_mb:512",
-            "garbage_collection_threshold:0.6",
-        ] {
-            if let Ok(c) = AllocatorConfig::parse(conf) {
-                let mut s = Scenario::with_config(conf, c);
-                if conf.starts_with("garbage") {
-                    s.memory_fraction = Some(1.0);
-                }
-                tries.push((conf.to_string(), s));
+        out = replayed(ex, p, recorded_peak);
+    }
+    estimated(ex, peak_reserved, &mut out);
+    out.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes).then(a.name.cmp(&b.name)));
+    out
+}
+
+/// The allocator settings to replay, by name.
+fn allocator_tries(p: &PreparedTrace) -> Vec<(String, Scenario)> {
+    let mut tries: Vec<(String, Scenario)> = Vec::new();
+    for conf in [
+        "expandable_segments:True",
+        "max_split_size_mb:128",
+        "max_split_size_mb:512",
+        "garbage_collection_threshold:0.6",
+    ] {
+        if let Ok(c) = AllocatorConfig::parse(conf) {
+            let mut s = Scenario::with_config(conf, c);
+            if conf.starts_with("garbage") {
+                s.memory_fraction = Some(1.0);
             }
-        }
-        if !p.snapshot_points.is_empty() {
-            let mut s = Scenario::recorded();
-            s.name = "empty_cache() at each recorded snapshot point".into();
-            s.empty_cache_at_snapshots = true;
-            tries.push((s.name.clone(), s));
-        }
-        // each setting is a full replay of its own: they run side by side
-        let replay = |s: &Scenario| {
-            run_prepared(p, unbounded, s).ok().map(|o| {
-                let fits = ex
-                    .capacity
-                    .map(|c| run_prepared(p, c, s).is_ok_and(|o| o.fits()));
-                (o, fits)
-            })
-        };
-        let outcomes: Vec<_> = std::thread::scope(|scope| {
-            let running: Vec<_> = tries
-                .iter()
-                .map(|(_, s)| scope.spawn(|| replay(s)))
-                .collect();
-            running
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        });
-        for ((name, _), outcome) in tries.into_iter().zip(outcomes) {
-            if let Some((o, fits)) = outcome {
-                let saved = recorded_peak.saturating_sub(o.peak_reserved);
-                out.push(Remedy {
-                    name,
-                    kind: RemedyKind::Replayed,
-                    saved_bytes: saved,
-                    detail: format!(
-                        "peak reserved {} instead of {} ({} cudaMalloc calls)",
-                        gib(o.peak_reserved),
-                        gib(recorded_peak),
-                        o.cuda_mallocs
-                    ),
-                    fits,
-                });
-            }
+            tries.push((conf.to_string(), s));
         }
     }
+    if !p.snapshot_points.is_empty() {
+        let mut s = Scenario::recorded();
+        s.name = "empty_cache() at each recorded snapshot point".into();
+        s.empty_cache_at_snapshots = true;
+        tries.push((s.name.clone(), s));
+    }
+    tries
+}
+
+/// The allocator settings replayed on `p`, against the recording's peak reserved bytes.
+fn replayed(ex: &SnapshotExplanation, p: &PreparedTrace, recorded_peak: u64) -> Vec<Remedy> {
+    // savings on a device with room to spare (a capped replay would cap its peak too);
+    // fitting on the capacity asked about, in a second replay
+    let unbounded = u64::MAX / 4;
+    let tries = allocator_tries(p);
+    // each setting is a full replay of its own: they run side by side
+    let replay = |s: &Scenario| {
+        run_prepared(p, unbounded, s).ok().map(|o| {
+            let fits = ex
+                .capacity
+                .map(|c| run_prepared(p, c, s).is_ok_and(|o| o.fits()));
+            (o, fits)
+        })
+    };
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let running: Vec<_> = tries
+            .iter()
+            .map(|(_, s)| scope.spawn(|| replay(s)))
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for ((name, _), outcome) in tries.into_iter().zip(outcomes) {
+        if let Some((o, fits)) = outcome {
+            let saved = recorded_peak.saturating_sub(o.peak_reserved);
+            out.push(Remedy {
+                name,
+                kind: RemedyKind::Replayed,
+                saved_bytes: saved,
+                detail: format!(
+                    "peak reserved {} instead of {} ({} cudaMalloc calls)",
+                    gib(o.peak_reserved),
+                    gib(recorded_peak),
+                    o.cuda_mallocs
+                ),
+                fits,
+            });
+        }
+    }
+    out
+}
+
+/// Appends to `out` the changes to the training estimated from the categories at the peak.
+fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec<Remedy>) {
     let fits = |saved: u64| match (ex.capacity, peak_reserved) {
         (Some(c), Some(p)) => Some(p.saturating_sub(saved) <= c),
         _ => None,
@@ -194,8 +214,6 @@ pub fn remedies(ex: &SnapshotExplanation, prepared: Option<&PreparedTrace>) -> V
             gib(temp)
         ),
     );
-    out.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes).then(a.name.cmp(&b.name)));
-    out
 }
 
 /// How often the site holding most activations at the peak allocates, live at the peak: the

@@ -40,22 +40,7 @@ fn moment(out: &mut String, title: &str, m: &Moment) {
 /// The report as text.
 pub fn render_text(name: &str, ex: &SnapshotExplanation) -> String {
     let mut out = String::new();
-    let c = &ex.coverage;
-    let _ = writeln!(out, "{name}: what filled device {}", ex.device);
-    let _ = writeln!(
-        out,
-        "{} of {} trace entries recorded a stack; at the peak {:.1}% of bytes were categorised \
-         by their own frames and {:.1}% by lifetime alone",
-        c.entries_with_frames,
-        c.entries,
-        c.peak_share_by_frames * 100.0,
-        c.peak_share_by_lifetime * 100.0
-    );
-    let _ = writeln!(
-        out,
-        "model state counted from: {} ({} parameter tensors)\n",
-        ex.model_state.counted_from, ex.model_state.parameter_tensors
-    );
+    header(&mut out, name, ex);
     moment(&mut out, "peak", &ex.peak);
     if let Some(o) = &ex.oom {
         out.push('\n');
@@ -64,25 +49,7 @@ pub fn render_text(name: &str, ex: &SnapshotExplanation) -> String {
     out.push('\n');
     moment(&mut out, "when the snapshot was taken", &ex.end);
     out.push('\n');
-    if ex.steps.is_empty() {
-        let _ = writeln!(
-            out,
-            "steps: none found (no backward or optimizer step in the stacks)"
-        );
-    } else {
-        let _ = writeln!(out, "steps: {}", ex.steps.len());
-        for s in &ex.steps {
-            let _ = writeln!(
-                out,
-                "  cycle {:>3}: entries {}..={}, peak {}, live at its end {}",
-                s.cycle,
-                s.start,
-                s.end,
-                human(s.peak_bytes),
-                human(s.end_bytes)
-            );
-        }
-    }
+    steps(&mut out, ex);
     if let Some(g) = &ex.growth {
         let kept = match &g.site {
             Some(site) => format!("most kept by {site} ({})", human(g.site_bytes)),
@@ -109,32 +76,81 @@ pub fn render_text(name: &str, ex: &SnapshotExplanation) -> String {
             human(a.peak_reserved)
         );
     }
-    if !ex.remedies.is_empty() {
-        let cap = ex
-            .capacity
-            .map_or(String::new(), |c| format!(" (fits {}?)", human(c)));
-        let _ = writeln!(out, "\nremedies, most bytes saved at the peak first{cap}:");
-        for r in &ex.remedies {
-            let kind = match r.kind {
-                RemedyKind::Replayed => "replayed",
-                RemedyKind::Estimated => "estimated",
-            };
-            let fits = match r.fits {
-                Some(true) => " — fits",
-                Some(false) => " — does not fit",
-                None => "",
-            };
-            let _ = writeln!(
-                out,
-                "  {:>12}  [{kind}] {}{fits}\n                {}",
-                human(r.saved_bytes),
-                r.name,
-                r.detail
-            );
-        }
-    }
+    remedies(&mut out, ex);
     for n in &ex.notes {
         let _ = writeln!(out, "note: {n}");
     }
     out
+}
+
+/// The device explained and how its categories were decided.
+fn header(out: &mut String, name: &str, ex: &SnapshotExplanation) {
+    let c = &ex.coverage;
+    let _ = writeln!(out, "{name}: what filled device {}", ex.device);
+    let _ = writeln!(
+        out,
+        "{} of {} trace entries recorded a stack; at the peak {:.1}% of bytes were categorised \
+         by their own frames and {:.1}% by lifetime alone",
+        c.entries_with_frames,
+        c.entries,
+        c.peak_share_by_frames * 100.0,
+        c.peak_share_by_lifetime * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "model state counted from: {} ({} parameter tensors)\n",
+        ex.model_state.counted_from, ex.model_state.parameter_tensors
+    );
+}
+
+/// The steps found.
+fn steps(out: &mut String, ex: &SnapshotExplanation) {
+    if ex.steps.is_empty() {
+        let _ = writeln!(
+            out,
+            "steps: none found (no backward or optimizer step in the stacks)"
+        );
+    } else {
+        let _ = writeln!(out, "steps: {}", ex.steps.len());
+        for s in &ex.steps {
+            let _ = writeln!(
+                out,
+                "  cycle {:>3}: entries {}..={}, peak {}, live at its end {}",
+                s.cycle,
+                s.start,
+                s.end,
+                human(s.peak_bytes),
+                human(s.end_bytes)
+            );
+        }
+    }
+}
+
+/// The remedies, when there are any.
+fn remedies(out: &mut String, ex: &SnapshotExplanation) {
+    if ex.remedies.is_empty() {
+        return;
+    }
+    let cap = ex
+        .capacity
+        .map_or(String::new(), |c| format!(" (fits {}?)", human(c)));
+    let _ = writeln!(out, "\nremedies, most bytes saved at the peak first{cap}:");
+    for r in &ex.remedies {
+        let kind = match r.kind {
+            RemedyKind::Replayed => "replayed",
+            RemedyKind::Estimated => "estimated",
+        };
+        let fits = match r.fits {
+            Some(true) => " — fits",
+            Some(false) => " — does not fit",
+            None => "",
+        };
+        let _ = writeln!(
+            out,
+            "  {:>12}  [{kind}] {}{fits}\n                {}",
+            human(r.saved_bytes),
+            r.name,
+            r.detail
+        );
+    }
 }

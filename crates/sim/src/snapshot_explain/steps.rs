@@ -47,11 +47,40 @@ pub fn steps(
     curve: &[u64],
     names: &mut super::SiteNames,
 ) -> (Vec<StepInfo>, Option<Growth>) {
+    let (steps, settled) = find_steps(lt, curve);
+    // live bytes after each step's optimizer step (else backward, else end): a point that
+    // is the same in every step, also in the last one, which no zero_grad follows
+    let points: Vec<u64> = steps
+        .iter()
+        .map(|s| {
+            let (opt, bwd) = settled.get(&s.cycle).copied().unwrap_or_default();
+            curve[opt.or(bwd).unwrap_or(s.end)]
+        })
+        .collect();
+    let (growing, added) = last_growing(&points);
+    if growing < 2 {
+        return (steps, None);
+    }
+    let top = top_kept_site(f, lt, steps[0].end, names);
+    let growth = Growth {
+        bytes_per_step: added / growing as u64,
+        steps_growing: growing,
+        site_bytes: top.as_ref().map_or(0, |t| t.1),
+        site: top.map(|t| t.0),
+    };
+    (steps, Some(growth))
+}
+
+/// Per cycle, the last entry of its last optimizer window and of its last backward window.
+type Settled = BTreeMap<usize, (Option<usize>, Option<usize>)>;
+
+/// The cycles that train, as steps, and the points they settle at.
+fn find_steps(lt: &Lifetimes, curve: &[u64]) -> (Vec<StepInfo>, Settled) {
     // per cycle: first entry, one past the last, whether it trains, and the last entry of
     // its last optimizer window and of its last backward window (the point steps are
     // compared at)
     let mut by_cycle: BTreeMap<usize, (usize, usize, bool)> = BTreeMap::new();
-    let mut settled: BTreeMap<usize, (Option<usize>, Option<usize>)> = BTreeMap::new();
+    let mut settled: Settled = BTreeMap::new();
     for w in &lt.windows {
         let e = by_cycle.entry(w.cycle).or_insert((w.start, w.end, false));
         e.0 = e.0.min(w.start);
@@ -79,15 +108,11 @@ pub fn steps(
             end_bytes: curve[end - 1],
         })
         .collect();
-    // live bytes after each step's optimizer step (else backward, else end): a point that
-    // is the same in every step, also in the last one, which no zero_grad follows
-    let points: Vec<u64> = steps
-        .iter()
-        .map(|s| {
-            let (opt, bwd) = settled.get(&s.cycle).copied().unwrap_or_default();
-            curve[opt.or(bwd).unwrap_or(s.end)]
-        })
-        .collect();
+    (steps, settled)
+}
+
+/// The last steps in a row that grew, and the bytes they added.
+fn last_growing(points: &[u64]) -> (usize, u64) {
     let mut growing = 0;
     let mut added = 0u64;
     for pair in points.windows(2).rev() {
@@ -98,12 +123,17 @@ pub fn steps(
             break;
         }
     }
-    if growing < 2 {
-        return (steps, None);
-    }
-    // allocations made in a step (not the first) and alive at the end of the trace, by site:
-    // bytes, steps that made them, the last such step
-    let first_end = steps[0].end;
+    (growing, added)
+}
+
+/// The site keeping the most bytes made by two or more steps after the first.
+fn top_kept_site(
+    f: &FramedSnapshot,
+    lt: &Lifetimes,
+    first_end: usize,
+    names: &mut super::SiteNames,
+) -> Option<(String, u64)> {
+    // by site: bytes, steps that made them, the last such step
     let mut sites: HashMap<String, (u64, usize, usize)> = HashMap::new();
     for a in &lt.allocations {
         let Some(at) = a.alloc_at else { continue };
@@ -126,16 +156,9 @@ pub fn steps(
             }
         }
     }
-    let top = sites
+    sites
         .into_iter()
         .filter(|(_, (_, steps, _))| *steps >= 2)
         .map(|(name, (bytes, _, _))| (name, bytes))
-        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
-    let growth = Growth {
-        bytes_per_step: added / growing as u64,
-        steps_growing: growing,
-        site_bytes: top.as_ref().map_or(0, |t| t.1),
-        site: top.map(|t| t.0),
-    };
-    (steps, Some(growth))
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
 }

@@ -256,48 +256,71 @@ fn fr(file: &str, line: i64, name: &str) -> F {
     (file.to_string(), line, name.to_string())
 }
 
+/// Where the synthetic torch is installed.
+const TORCH: &str = "/env/lib/python3.12/site-packages/torch";
+
+/// The frames of a module call (`module(x)`), innermost first.
+fn module_call() -> Vec<F> {
+    vec![
+        fr(&format!("{TORCH}/nn/modules/module.py"), 1750, "_call_impl"),
+        fr(
+            &format!("{TORCH}/nn/modules/module.py"),
+            1739,
+            "_wrapped_call_impl",
+        ),
+    ]
+}
+
+/// The frames of `name` at `line` of the model, inside its forward in the training step.
+fn forward_at(line: i64, name: &str) -> Vec<F> {
+    let mut s = vec![fr("/home/me/model.py", line, name)];
+    s.extend(module_call());
+    s.push(fr("/home/me/model.py", 80, "forward"));
+    s.extend(module_call());
+    s.push(fr("/home/me/train.py", 70, "train_step"));
+    s
+}
+
+/// The frames every stack shares: native ones innermost, the script's outermost.
+struct SharedFrames {
+    natives: Vec<F>,
+    outer: [F; 3],
+}
+
+impl SharedFrames {
+    fn new(native: usize) -> SharedFrames {
+        SharedFrames {
+            natives: (0..native)
+                .map(|i| fr("??", 0, &format!("c10::native_frame_{i}(void*)")))
+                .collect(),
+            outer: [
+                fr("/home/me/train.py", 88, "train"),
+                fr("/home/me/train.py", 120, "main"),
+                fr("/home/me/train.py", 130, "<module>"),
+            ],
+        }
+    }
+
+    /// Writes the stack of `inner` within the shared frames; returns its id.
+    fn stack(&self, w: &mut Writer, inner: Vec<F>, with_outer: bool) -> usize {
+        let mut s = self.natives.clone();
+        s.extend(inner);
+        if with_outer {
+            s.extend(self.outer.iter().cloned());
+        }
+        w.stack(s)
+    }
+}
+
 impl StackIds {
     fn new(w: &mut Writer, layers: usize, native: usize) -> StackIds {
-        let lib = "/env/lib/python3.12/site-packages/torch";
-        let natives: Vec<F> = (0..native)
-            .map(|i| fr("??", 0, &format!("c10::native_frame_{i}(void*)")))
-            .collect();
-        let outer = [
-            fr("/home/me/train.py", 88, "train"),
-            fr("/home/me/train.py", 120, "main"),
-            fr("/home/me/train.py", 130, "<module>"),
-        ];
-        let module = || {
-            vec![
-                fr(&format!("{lib}/nn/modules/module.py"), 1750, "_call_impl"),
-                fr(
-                    &format!("{lib}/nn/modules/module.py"),
-                    1739,
-                    "_wrapped_call_impl",
-                ),
-            ]
-        };
-        let mut stack = |inner: Vec<F>, with_outer: bool| {
-            let mut s = natives.clone();
-            s.extend(inner);
-            if with_outer {
-                s.extend(outer.iter().cloned());
-            }
-            w.stack(s)
-        };
-        let forward_at = |line: i64, name: &str| {
-            let mut s = vec![fr("/home/me/model.py", line, name)];
-            s.extend(module());
-            s.push(fr("/home/me/model.py", 80, "forward"));
-            s.extend(module());
-            s.push(fr("/home/me/train.py", 70, "train_step"));
-            s
-        };
+        let frames = SharedFrames::new(native);
+        let mut stack = |inner: Vec<F>, with_outer: bool| frames.stack(w, inner, with_outer);
         StackIds {
             setup: stack(
                 vec![
-                    fr(&format!("{lib}/nn/modules/module.py"), 1158, "convert"),
-                    fr(&format!("{lib}/nn/modules/module.py"), 833, "_apply"),
+                    fr(&format!("{TORCH}/nn/modules/module.py"), 1158, "convert"),
+                    fr(&format!("{TORCH}/nn/modules/module.py"), 833, "_apply"),
                 ],
                 true,
             ),
@@ -332,16 +355,16 @@ impl StackIds {
             optimizer: stack(
                 vec![
                     fr(
-                        &format!("{lib}/optim/adamw.py"),
+                        &format!("{TORCH}/optim/adamw.py"),
                         377,
                         "_single_tensor_adamw",
                     ),
-                    fr(&format!("{lib}/optim/optimizer.py"), 487, "wrapper"),
+                    fr(&format!("{TORCH}/optim/optimizer.py"), 487, "wrapper"),
                 ],
                 true,
             ),
             zero_grad: stack(
-                vec![fr(&format!("{lib}/optim/optimizer.py"), 990, "zero_grad")],
+                vec![fr(&format!("{TORCH}/optim/optimizer.py"), 990, "zero_grad")],
                 true,
             ),
         }

@@ -70,39 +70,9 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
         Some(t) if t != groups => Some(t),
         _ => None,
     };
-    let mut steady = ModelStateBytes::default();
-    let all_frozen = trainable.is_some();
-    for (&ParamGroup { elems, count }, frozen) in groups
-        .iter()
-        .map(|g| (g, all_frozen))
-        .chain(trainable.iter().flatten().map(|g| (g, false)))
-    {
-        if elems > MAX_TENSOR_ELEMS {
-            return Err(ParamOverflow(format!(
-                "a parameter tensor of {elems} elements overflows a 64-bit byte count"
-            )));
-        }
-        let mut one = tensor_state_bytes(&opt, grad_dtype, sharding, elems);
-        if frozen {
-            // counted as frozen here; the adapters among them come again as trainable,
-            // less their parameter bytes
-            one = ModelStateBytes {
-                parameters: one.parameters - one.master_weights,
-                ..ModelStateBytes::default()
-            };
-        } else if all_frozen {
-            one.parameters = one.master_weights;
-        }
-        let sum = |acc: u64, per: u64, what: &str| add(acc, mul(per, count, what)?, what);
-        steady.parameters = sum(steady.parameters, one.parameters, "parameter bytes")?;
-        steady.master_weights = sum(steady.master_weights, one.master_weights, "master weights")?;
-        steady.gradients = sum(steady.gradients, one.gradients, "gradient bytes")?;
-        steady.optimizer_state = sum(
-            steady.optimizer_state,
-            one.optimizer_state,
-            "optimizer-state bytes",
-        )?;
-    }
+    let mut steady = steady_bytes(&groups, trainable.as_deref(), |elems| {
+        tensor_state_bytes(&opt, grad_dtype, sharding, elems)
+    })?;
     // state the optimizer makes with itself and shares between its parameters (adamw8bit's
     // quantization maps), once
     steady.optimizer_state = add(
@@ -138,6 +108,58 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
         eager_state,
         at_construction,
     }))
+}
+
+/// Steady-state bytes summed over the groups, from `one` tensor's bytes by its elements.
+fn steady_bytes(
+    groups: &[ParamGroup],
+    trainable: Option<&[ParamGroup]>,
+    one: impl Fn(u64) -> ModelStateBytes,
+) -> Result<ModelStateBytes, ParamOverflow> {
+    let mut steady = ModelStateBytes::default();
+    let all_frozen = trainable.is_some();
+    for (&ParamGroup { elems, count }, frozen) in groups
+        .iter()
+        .map(|g| (g, all_frozen))
+        .chain(trainable.into_iter().flatten().map(|g| (g, false)))
+    {
+        if elems > MAX_TENSOR_ELEMS {
+            return Err(ParamOverflow(format!(
+                "a parameter tensor of {elems} elements overflows a 64-bit byte count"
+            )));
+        }
+        let mut one = one(elems);
+        if frozen {
+            // counted as frozen here; the adapters among them come again as trainable,
+            // less their parameter bytes
+            one = ModelStateBytes {
+                parameters: one.parameters - one.master_weights,
+                ..ModelStateBytes::default()
+            };
+        } else if all_frozen {
+            one.parameters = one.master_weights;
+        }
+        add_tensors(&mut steady, one, count)?;
+    }
+    Ok(steady)
+}
+
+/// Adds `count` tensors of `one`'s bytes each to `steady`.
+fn add_tensors(
+    steady: &mut ModelStateBytes,
+    one: ModelStateBytes,
+    count: u64,
+) -> Result<(), ParamOverflow> {
+    let sum = |acc: u64, per: u64, what: &str| add(acc, mul(per, count, what)?, what);
+    steady.parameters = sum(steady.parameters, one.parameters, "parameter bytes")?;
+    steady.master_weights = sum(steady.master_weights, one.master_weights, "master weights")?;
+    steady.gradients = sum(steady.gradients, one.gradients, "gradient bytes")?;
+    steady.optimizer_state = sum(
+        steady.optimizer_state,
+        one.optimizer_state,
+        "optimizer-state bytes",
+    )?;
+    Ok(())
 }
 
 /// What the out-of-memory report says when construction alone exceeds `capacity`.
