@@ -12,7 +12,7 @@
 //! * [`Program`], built with [`ProgramBuilder`]: the ops of one forward pass in order, over
 //!   values given in elements per sample (and fixed elements, e.g. a scalar loss), with
 //!   parameters, layers, the caller-supplied inputs and the loss. Built once per model.
-//! * [`SavedTable`]: what each [`OpKind`] saves for backward, as data, one table per framework
+//! * [`SavedTable`]: what each [`OpKind`](trainmem_core::OpKind) saves for backward, as data, one table per framework
 //!   ([`SavedTable::pytorch`], [`SavedTable::burn`]); the [`op`] module documents every entry.
 //! * [`TensorStore`]: reference-counted tensors over a [`TensorMemory`], with live bytes per
 //!   [`Category`](trainmem_core::Category) and the breakdown at the peak. [`CountingMemory`]

@@ -367,27 +367,7 @@ impl<B: Backend> Cnn<B> {
         device: &B::Device,
     ) -> Result<Shape, BurnRunError> {
         match layer.op {
-            CnnOp::Conv => {
-                let [ci, hi, wi] = image_shape(shape, layer.op)?;
-                let out = need(layer, layer.out, "out")?;
-                let k = need(layer, layer.kernel, "kernel")?;
-                let s = dim(layer.stride.unwrap_or(1), "stride")?;
-                let p = layer.padding.unwrap_or(0) as usize;
-                let conv = Conv2dConfig::new([ci, out], [k, k])
-                    .with_stride([s, s])
-                    .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
-                    .with_bias(layer.bias.unwrap_or(true))
-                    .init(device);
-                let size = |n: usize| (n + 2 * p).checked_sub(k).map(|v| v / s + 1);
-                let (Some(ho), Some(wo)) = (size(hi), size(wi)) else {
-                    return Err(BurnRunError::Unsupported(format!(
-                        "conv kernel {k} larger than its padded {hi}x{wi} input"
-                    )));
-                };
-                shape = Shape::Image([out, ho, wo]);
-                self.program.push(CnnStep::Conv(self.convs.len()));
-                self.convs.push(conv);
-            }
+            CnnOp::Conv => shape = self.push_conv(layer, shape, device)?,
             CnnOp::BatchNorm => {
                 let [ci, ..] = image_shape(shape, layer.op)?;
                 self.program.push(CnnStep::Norm(self.norms.len()));
@@ -396,26 +376,7 @@ impl<B: Backend> Cnn<B> {
             CnnOp::Relu => self.program.push(CnnStep::Act(Act::Relu)),
             CnnOp::Gelu => self.program.push(CnnStep::Act(Act::Gelu)),
             CnnOp::Silu => self.program.push(CnnStep::Act(Act::Silu)),
-            CnnOp::MaxPool | CnnOp::AvgPool => {
-                let [ci, hi, wi] = image_shape(shape, layer.op)?;
-                let k = need(layer, layer.kernel, "kernel")?;
-                let s = dim(layer.stride.unwrap_or(k as u64), "stride")?;
-                if k > hi || k > wi {
-                    return Err(BurnRunError::Unsupported(format!(
-                        "pool kernel {k} larger than its {hi}x{wi} input"
-                    )));
-                }
-                shape = Shape::Image([ci, (hi - k) / s + 1, (wi - k) / s + 1]);
-                if layer.op == CnnOp::MaxPool {
-                    self.program.push(CnnStep::MaxPool(self.max_pools.len()));
-                    self.max_pools
-                        .push(MaxPool2dConfig::new([k, k]).with_strides([s, s]).init());
-                } else {
-                    self.program.push(CnnStep::AvgPool(self.avg_pools.len()));
-                    self.avg_pools
-                        .push(AvgPool2dConfig::new([k, k]).with_strides([s, s]).init());
-                }
-            }
+            CnnOp::MaxPool | CnnOp::AvgPool => shape = self.push_pool(layer, shape)?,
             CnnOp::GlobalAvgPool => {
                 let [ci, ..] = image_shape(shape, layer.op)?;
                 shape = Shape::Image([ci, 1, 1]);
@@ -450,6 +411,56 @@ impl<B: Backend> Cnn<B> {
             }
         }
         Ok(shape)
+    }
+
+    /// Adds a convolution; returns the image shape after it.
+    fn push_conv(
+        &mut self,
+        layer: &CnnLayer,
+        shape: Shape,
+        device: &B::Device,
+    ) -> Result<Shape, BurnRunError> {
+        let [ci, hi, wi] = image_shape(shape, layer.op)?;
+        let out = need(layer, layer.out, "out")?;
+        let k = need(layer, layer.kernel, "kernel")?;
+        let s = dim(layer.stride.unwrap_or(1), "stride")?;
+        let p = layer.padding.unwrap_or(0) as usize;
+        let conv = Conv2dConfig::new([ci, out], [k, k])
+            .with_stride([s, s])
+            .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+            .with_bias(layer.bias.unwrap_or(true))
+            .init(device);
+        let size = |n: usize| (n + 2 * p).checked_sub(k).map(|v| v / s + 1);
+        let (Some(ho), Some(wo)) = (size(hi), size(wi)) else {
+            return Err(BurnRunError::Unsupported(format!(
+                "conv kernel {k} larger than its padded {hi}x{wi} input"
+            )));
+        };
+        self.program.push(CnnStep::Conv(self.convs.len()));
+        self.convs.push(conv);
+        Ok(Shape::Image([out, ho, wo]))
+    }
+
+    /// Adds a max or average pool; returns the image shape after it.
+    fn push_pool(&mut self, layer: &CnnLayer, shape: Shape) -> Result<Shape, BurnRunError> {
+        let [ci, hi, wi] = image_shape(shape, layer.op)?;
+        let k = need(layer, layer.kernel, "kernel")?;
+        let s = dim(layer.stride.unwrap_or(k as u64), "stride")?;
+        if k > hi || k > wi {
+            return Err(BurnRunError::Unsupported(format!(
+                "pool kernel {k} larger than its {hi}x{wi} input"
+            )));
+        }
+        if layer.op == CnnOp::MaxPool {
+            self.program.push(CnnStep::MaxPool(self.max_pools.len()));
+            self.max_pools
+                .push(MaxPool2dConfig::new([k, k]).with_strides([s, s]).init());
+        } else {
+            self.program.push(CnnStep::AvgPool(self.avg_pools.len()));
+            self.avg_pools
+                .push(AvgPool2dConfig::new([k, k]).with_strides([s, s]).init());
+        }
+        Ok(Shape::Image([ci, (hi - k) / s + 1, (wi - k) / s + 1]))
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {

@@ -652,23 +652,15 @@ pub fn render_text(report: &ScenarioReport) -> String {
     out
 }
 
-/// The whole report as markdown.
-pub fn render_markdown(report: &ScenarioReport) -> String {
+/// The verdicts section: a table of every check with its figures, then each check's detail.
+fn markdown_verdicts(verdicts: &[Verdict]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# Scenario `{}`\n\n{}\n", report.name, report.title);
-    let _ = writeln!(
-        out,
-        "As people report it: {}. Mode: {:?}. Backend: {:?}.\n\n{LEGEND}.\n",
-        source_titles(&report.sources),
-        report.mode,
-        report.backend
-    );
     let _ = writeln!(out, "## Verdicts\n");
     let _ = writeln!(
         out,
         "| check | source | kind | result | figures |\n|---|---|---|---|---|"
     );
-    for v in &report.verdicts {
+    for v in verdicts {
         let result = match (v.kind, v.reproduced) {
             (VerdictKind::Pattern, true) => "reproduced",
             (VerdictKind::Pattern, false) => "**not reproduced**",
@@ -693,33 +685,56 @@ pub fn render_markdown(report: &ScenarioReport) -> String {
         );
     }
     out.push('\n');
-    for v in &report.verdicts {
+    for v in verdicts {
         let _ = writeln!(out, "* **{}** ({}): {}", v.name, v.source, v.detail);
     }
+    out
+}
+
+/// One run's section: why it was not measured, its baseline, its chart, the twin's error
+/// per category and Meta's table.
+fn markdown_run(run: &RunReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "## Run: {}\n", run.label);
+    if let Some(why) = &run.not_measured {
+        let _ = writeln!(out, "Not measured: {why}\n");
+    }
+    if let Some(line) = baseline_line(run) {
+        let _ = writeln!(out, "{line}\n");
+    }
+    let _ = writeln!(out, "```text\n{}```\n", chart(run));
+    let table = twin_table(run);
+    if !table.is_empty() {
+        let _ = writeln!(
+            out,
+            "Twin error per category at the peak:\n\n```text\n{table}```\n"
+        );
+    }
+    let meta = meta_table(run);
+    if !meta.is_empty() {
+        let _ = writeln!(out, "{META_HEADING}\n\n```text\n{meta}```\n");
+    }
+    out
+}
+
+/// The whole report as markdown.
+pub fn render_markdown(report: &ScenarioReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Scenario `{}`\n\n{}\n", report.name, report.title);
+    let _ = writeln!(
+        out,
+        "As people report it: {}. Mode: {:?}. Backend: {:?}.\n\n{LEGEND}.\n",
+        source_titles(&report.sources),
+        report.mode,
+        report.backend
+    );
+    out.push_str(&markdown_verdicts(&report.verdicts));
     let _ = writeln!(out, "\n## Why, and what removes it\n");
     for paragraph in &report.explanation {
         let _ = writeln!(out, "{paragraph}\n");
     }
     for run in &report.runs {
-        let _ = writeln!(out, "## Run: {}\n", run.label);
-        if let Some(why) = &run.not_measured {
-            let _ = writeln!(out, "Not measured: {why}\n");
-        }
-        if let Some(line) = baseline_line(run) {
-            let _ = writeln!(out, "{line}\n");
-        }
-        let _ = writeln!(out, "```text\n{}```\n", chart(run));
-        let table = twin_table(run);
-        if !table.is_empty() {
-            let _ = writeln!(
-                out,
-                "Twin error per category at the peak:\n\n```text\n{table}```\n"
-            );
-        }
-        let meta = meta_table(run);
-        if !meta.is_empty() {
-            let _ = writeln!(out, "{META_HEADING}\n\n```text\n{meta}```\n");
-        }
+        out.push_str(&markdown_run(run));
     }
     if !report.notes.is_empty() {
         let _ = writeln!(out, "## Notes\n");

@@ -134,6 +134,55 @@ fn copy_is_temporary(t: &Timeline) -> Judgement {
     )
 }
 
+/// Knob: with no checkpoints (`b`) there is no save sample and the step levels stay flat, while
+/// the run with saves (`a`) climbs at least 0.9 x the parameter bytes above them at a save.
+fn no_saves_no_spike(a: &Timeline, b: &Timeline) -> Judgement {
+    let params = param_bytes(b);
+    let saves_b = points(b, Phase::CheckpointSave).len();
+    let steps_b = series_at(b, Phase::OptimizerStep, None);
+    let flat = spread(&steps_b);
+    let top_b = steps_b.iter().copied().max().unwrap_or(0);
+    let top_a = saves(a).iter().map(|s| s.during).max().unwrap_or(0);
+    let ok = saves_b == 0
+        && (flat as f64) <= 0.01 * params as f64
+        && top_a as f64 >= top_b as f64 + 0.9 * params as f64;
+    Judgement::new(
+        ok,
+        format!(
+            "without saves: {saves_b} checkpoint_save samples, live bytes after the \
+             optimizer steps vary by {flat} bytes (at most 1% of the parameter bytes); \
+             with saves the save level ({top_a}) is at least 0.9 x parameter bytes above \
+             that ({top_b})"
+        ),
+        vec![
+            Figure::bytes("parameter bytes", params),
+            Figure::bytes("highest save level, with saves", top_a),
+            Figure::bytes("highest step level, no saves", top_b),
+            Figure::bytes("spread over steps, no saves", flat),
+        ],
+    )
+}
+
+/// Pattern: every checkpoint file the run wrote (`sizes`, in bytes) holds the parameter
+/// bytes, and there is one per save.
+fn files_hold_the_parameters(sizes: &[u64], expected: u64, params: u64) -> Judgement {
+    let ok = sizes.len() as u64 == expected
+        && expected > 0
+        && sizes.iter().all(|&b| close(b, params, SPIKE_MARGIN));
+    Judgement::new(
+        ok,
+        format!(
+            "{} checkpoint files (expected {expected}) of {sizes:?} bytes, each expected \
+             1 +/- {SPIKE_MARGIN} x the {params} parameter bytes",
+            sizes.len()
+        ),
+        vec![
+            Figure::bytes("parameter bytes", params),
+            Figure::bytes("first file", sizes.first().copied().unwrap_or(0)),
+        ],
+    )
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("checkpoint-save")?;
@@ -159,25 +208,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             .filter_map(|p| std::fs::metadata(p).ok().map(|md| md.len()))
             .collect();
         let params = m.parameter_bytes;
-        let ok = sizes.len() as u64 == expected
-            && expected > 0
-            && sizes.iter().all(|&b| close(b, params, SPIKE_MARGIN));
         ctx.push_verdict(
             VerdictKind::Pattern,
             "each checkpoint file holds the parameter bytes (the spike is the file's content)",
             trainmem_core::timeline::Source::Measured,
-            Judgement::new(
-                ok,
-                format!(
-                    "{} checkpoint files (expected {expected}) of {sizes:?} bytes, each expected \
-                     1 +/- {SPIKE_MARGIN} x the {params} parameter bytes",
-                    sizes.len()
-                ),
-                vec![
-                    Figure::bytes("parameter bytes", params),
-                    Figure::bytes("first file", sizes.first().copied().unwrap_or(0)),
-                ],
-            ),
+            files_hold_the_parameters(&sizes, expected, params),
         );
     }
 
@@ -189,32 +224,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         knob,
         VerdictKind::Knob,
         "checkpoint_every = 0: no save, no spike",
-        |a, b| {
-            let params = param_bytes(b);
-            let saves_b = points(b, Phase::CheckpointSave).len();
-            let steps_b = series_at(b, Phase::OptimizerStep, None);
-            let flat = spread(&steps_b);
-            let top_b = steps_b.iter().copied().max().unwrap_or(0);
-            let top_a = saves(a).iter().map(|s| s.during).max().unwrap_or(0);
-            let ok = saves_b == 0
-                && (flat as f64) <= 0.01 * params as f64
-                && top_a as f64 >= top_b as f64 + 0.9 * params as f64;
-            Judgement::new(
-                ok,
-                format!(
-                    "without saves: {saves_b} checkpoint_save samples, live bytes after the \
-                     optimizer steps vary by {flat} bytes (at most 1% of the parameter bytes); \
-                     with saves the save level ({top_a}) is at least 0.9 x parameter bytes above \
-                     that ({top_b})"
-                ),
-                vec![
-                    Figure::bytes("parameter bytes", params),
-                    Figure::bytes("highest save level, with saves", top_a),
-                    Figure::bytes("highest step level, no saves", top_b),
-                    Figure::bytes("spread over steps, no saves", flat),
-                ],
-            )
-        },
+        no_saves_no_spike,
     );
     Ok(())
 }

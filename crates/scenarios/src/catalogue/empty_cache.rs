@@ -22,7 +22,7 @@ use trainmem_sim::SimResult;
 use crate::ctx::{Ctx, Judgement};
 use crate::error::alloc_error;
 use crate::error::{Result, ScenarioError};
-use crate::replay::{MIN_TRACE, replay};
+use crate::replay::{EmptyCacheCheck, MIN_TRACE, replay};
 use crate::report::{Figure, VerdictKind, mib};
 use trainmem_burn::BackendChoice;
 
@@ -139,29 +139,16 @@ fn split_config(big: u64) -> Result<AllocatorConfig> {
         })
 }
 
-/// The fragmentation verdicts for one source's tensor sizes.
-fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> Result<()> {
-    let Some((big, small)) = frag_sizes(sizes) else {
-        ctx.push_verdict(
-            VerdictKind::Pattern,
-            "fragmentation OOM although total free memory suffices",
-            source,
-            Judgement::new(
-                false,
-                "the run has no tensor of at least 24 MiB with one of 1 MiB..1/4 of it: \
-                 enlarge the plan",
-                vec![],
-            ),
-        );
-        return Ok(());
-    };
-    let base = fragmentation(big, small, AllocatorConfig::default(), false, false)?;
+/// Pattern: the second request for the large size fails although the device's free bytes
+/// and the cache's free bytes together would hold it (a kept small tensor split the cached
+/// large block).
+fn oom_despite_free_memory(base: &Frag, big: u64, small: u64) -> Judgement {
     let sizes_fig = vec![
         Figure::bytes("large tensor (the run's largest)", big),
         Figure::bytes("smaller tensor (the run's, <= 1/4)", small),
         Figure::bytes("device capacity", base.capacity),
     ];
-    let j = match &base.oom {
+    match &base.oom {
         Some(o) => {
             let free_total = o.device_free + o.reserved_unallocated();
             let mut figs = sizes_fig.clone();
@@ -187,7 +174,27 @@ fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> Resul
             "the second large request succeeded",
             sizes_fig.clone(),
         ),
+    }
+}
+
+/// The fragmentation verdicts for one source's tensor sizes.
+fn fragmentation_verdicts(ctx: &mut Ctx, source: Source, sizes: &[u64]) -> Result<()> {
+    let Some((big, small)) = frag_sizes(sizes) else {
+        ctx.push_verdict(
+            VerdictKind::Pattern,
+            "fragmentation OOM although total free memory suffices",
+            source,
+            Judgement::new(
+                false,
+                "the run has no tensor of at least 24 MiB with one of 1 MiB..1/4 of it: \
+                 enlarge the plan",
+                vec![],
+            ),
+        );
+        return Ok(());
     };
+    let base = fragmentation(big, small, AllocatorConfig::default(), false, false)?;
+    let j = oom_despite_free_memory(&base, big, small);
     ctx.push_verdict(
         VerdictKind::Pattern,
         "fragmentation OOM although total free memory suffices",
@@ -290,6 +297,32 @@ fn empty_cache_effect(t: &Timeline) -> Judgement {
             Figure::bytes("reserved before", before),
             Figure::bytes("reserved after", after),
             Figure::bytes("allocated", allocated),
+        ],
+    )
+}
+
+/// Pattern: `empty_cache` released exactly the segments that held no live block before the
+/// call; the segments holding live tensors stay reserved.
+fn releases_only_free_segments(c: &EmptyCacheCheck) -> Judgement {
+    Judgement::new(
+        c.released == c.fully_free_before && c.reserved_after == c.reserved_before - c.released,
+        format!(
+            "released {} = the segments with no live block before the call ({}); {} \
+             segments holding live tensors stay ({} reserved after, {} allocated, {} \
+             free but not releasable)",
+            mib(c.released),
+            mib(c.fully_free_before),
+            c.segments_with_live_blocks,
+            mib(c.reserved_after),
+            mib(c.allocated),
+            mib(c.non_releasable_after)
+        ),
+        vec![
+            Figure::bytes("reserved before", c.reserved_before),
+            Figure::bytes("released", c.released),
+            Figure::bytes("fully free segments before", c.fully_free_before),
+            Figure::bytes("reserved after", c.reserved_after),
+            Figure::bytes("non-releasable after", c.non_releasable_after),
         ],
     )
 }
@@ -397,28 +430,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             VerdictKind::Pattern,
             "empty_cache returns only fully free segments",
             Source::Measured,
-            Judgement::new(
-                c.released == c.fully_free_before
-                    && c.reserved_after == c.reserved_before - c.released,
-                format!(
-                    "released {} = the segments with no live block before the call ({}); {} \
-                     segments holding live tensors stay ({} reserved after, {} allocated, {} \
-                     free but not releasable)",
-                    mib(c.released),
-                    mib(c.fully_free_before),
-                    c.segments_with_live_blocks,
-                    mib(c.reserved_after),
-                    mib(c.allocated),
-                    mib(c.non_releasable_after)
-                ),
-                vec![
-                    Figure::bytes("reserved before", c.reserved_before),
-                    Figure::bytes("released", c.released),
-                    Figure::bytes("fully free segments before", c.fully_free_before),
-                    Figure::bytes("reserved after", c.reserved_after),
-                    Figure::bytes("non-releasable after", c.non_releasable_after),
-                ],
-            ),
+            releases_only_free_segments(&c),
         );
     }
     if let Some(sizes) = sizes_real {

@@ -225,6 +225,32 @@ fn push_threads(ctx: &mut Ctx, run: usize, name: &str, kind: VerdictKind, expect
     ctx.push_verdict(kind, name, Source::Measured, j);
 }
 
+/// Knob: with no workers (`b`) the first and last steps of every epoch hold the same input
+/// bytes (within half a batch), where respawned workers (`a`) refill at every epoch start.
+fn inline_loading_has_no_refill(a: &Timeline, b: &Timeline, batch: u64) -> Judgement {
+    let (ea, eb) = (input_epochs(a), input_epochs(b));
+    let worst = eb
+        .iter()
+        .map(|e| e.spike().unsigned_abs())
+        .max()
+        .unwrap_or(u64::MAX);
+    let ok = eb.len() == ea.len() && !eb.is_empty() && 2 * worst < batch;
+    Judgement::new(
+        ok,
+        format!(
+            "without workers, first-step and last-step input differ by at most {worst} \
+             bytes in every epoch (less than half a batch, {} bytes), against {} with \
+             respawned workers",
+            batch / 2,
+            spikes_text(&ea)
+        ),
+        vec![
+            Figure::bytes("largest first/last difference, no workers", worst),
+            Figure::bytes("batch bytes", batch),
+        ],
+    )
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("epoch-spike")?;
@@ -276,29 +302,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         inl,
         VerdictKind::Knob,
         "loading in the training loop removes the epoch-start refill",
-        |a, b| {
-            let (ea, eb) = (input_epochs(a), input_epochs(b));
-            let worst = eb
-                .iter()
-                .map(|e| e.spike().unsigned_abs())
-                .max()
-                .unwrap_or(u64::MAX);
-            let ok = eb.len() == ea.len() && !eb.is_empty() && 2 * worst < batch;
-            Judgement::new(
-                ok,
-                format!(
-                    "without workers, first-step and last-step input differ by at most {worst} \
-                     bytes in every epoch (less than half a batch, {} bytes), against {} with \
-                     respawned workers",
-                    batch / 2,
-                    spikes_text(&ea)
-                ),
-                vec![
-                    Figure::bytes("largest first/last difference, no workers", worst),
-                    Figure::bytes("batch bytes", batch),
-                ],
-            )
-        },
+        |a, b| inline_loading_has_no_refill(a, b, batch),
     );
     ctx.note(format!(
         "At an epoch's first batch up to prefetch_factor x workers = {} batches of {batch} bytes \

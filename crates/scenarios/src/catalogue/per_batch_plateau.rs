@@ -176,6 +176,63 @@ fn growth_per_step(t: &Timeline) -> Vec<i64> {
     steps_of(&series_from(t, Phase::OptimizerStep, 1))
 }
 
+/// Knob: with each step's outputs kept for an epoch-end metric, the live bytes grow by at
+/// least one batch of logits per step and the flat-plateau rule fails.
+fn outputs_kept_break_the_plateau(t: &Timeline, params: u64, logits: u64) -> Judgement {
+    let g = growth_per_step(t);
+    let min = g.iter().copied().min().unwrap_or(0);
+    let flat = plateau(t, params / 100, logits).ok;
+    let ok = g.len() >= 3 && min >= logits as i64 && !flat;
+    Judgement::new(
+        ok,
+        format!(
+            "live bytes after each of {} later steps grow by at least {min} bytes (at \
+             least one batch of logits, {logits} bytes), so the flat-plateau rule \
+             fails",
+            g.len()
+        ),
+        vec![
+            Figure::delta("smallest growth per step", min),
+            Figure::bytes("one batch of logits", logits),
+        ],
+    )
+}
+
+/// Knob: with half the batch (`b`) the plateau holds, below the full batch's (`a`) by at
+/// least half the activation difference.
+fn half_batch_holds_lower(a: &Timeline, b: &Timeline, params: u64, half_logits: u64) -> Judgement {
+    let flat = plateau(b, params / 100, half_logits);
+    let level = |t: &Timeline| {
+        series_from(t, Phase::Forward, 1)
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+    };
+    let act = |t: &Timeline| {
+        index_of(t, 1, Phase::Forward)
+            .map(|i| bytes_at(t, i, Some(Category::Activation)))
+            .unwrap_or(0)
+    };
+    let (la, lb) = (level(a), level(b));
+    let (aa, ab) = (act(a), act(b));
+    let ok = flat.ok && lb < la && la - lb >= (aa - aa.min(ab)) / 2;
+    Judgement::new(
+        ok,
+        format!(
+            "with half the batch the plateau holds ({}) at {lb} live bytes after \
+             forward against {la}: lower by at least half the activation difference \
+             ({aa} vs {ab} bytes)",
+            flat.detail
+        ),
+        vec![
+            Figure::bytes("plateau after forward, full batch", la),
+            Figure::bytes("plateau after forward, half batch", lb),
+            Figure::bytes("activations, full batch", aa),
+            Figure::bytes("activations, half batch", ab),
+        ],
+    )
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("per-batch-plateau")?;
@@ -208,25 +265,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         k,
         VerdictKind::Knob,
         "keeping each step's outputs breaks the plateau",
-        |t| {
-            let g = growth_per_step(t);
-            let min = g.iter().copied().min().unwrap_or(0);
-            let flat = plateau(t, params / 100, logits).ok;
-            let ok = g.len() >= 3 && min >= logits as i64 && !flat;
-            Judgement::new(
-                ok,
-                format!(
-                    "live bytes after each of {} later steps grow by at least {min} bytes (at \
-                     least one batch of logits, {logits} bytes), so the flat-plateau rule \
-                     fails",
-                    g.len()
-                ),
-                vec![
-                    Figure::delta("smallest growth per step", min),
-                    Figure::bytes("one batch of logits", logits),
-                ],
-            )
-        },
+        |t| outputs_kept_break_the_plateau(t, params, logits),
     );
 
     let half_batch = plan.training.batch_size / 2;
@@ -241,38 +280,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         h,
         VerdictKind::Knob,
         "half the batch: the plateau holds, lower",
-        |a, b| {
-            let flat = plateau(b, params / 100, half_logits);
-            let level = |t: &Timeline| {
-                series_from(t, Phase::Forward, 1)
-                    .into_iter()
-                    .max()
-                    .unwrap_or(0)
-            };
-            let act = |t: &Timeline| {
-                index_of(t, 1, Phase::Forward)
-                    .map(|i| bytes_at(t, i, Some(Category::Activation)))
-                    .unwrap_or(0)
-            };
-            let (la, lb) = (level(a), level(b));
-            let (aa, ab) = (act(a), act(b));
-            let ok = flat.ok && lb < la && la - lb >= (aa - aa.min(ab)) / 2;
-            Judgement::new(
-                ok,
-                format!(
-                    "with half the batch the plateau holds ({}) at {lb} live bytes after \
-                     forward against {la}: lower by at least half the activation difference \
-                     ({aa} vs {ab} bytes)",
-                    flat.detail
-                ),
-                vec![
-                    Figure::bytes("plateau after forward, full batch", la),
-                    Figure::bytes("plateau after forward, half batch", lb),
-                    Figure::bytes("activations, full batch", aa),
-                    Figure::bytes("activations, half batch", ab),
-                ],
-            )
-        },
+        |a, b| half_batch_holds_lower(a, b, params, half_logits),
     );
     Ok(())
 }

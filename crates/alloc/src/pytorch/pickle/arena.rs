@@ -687,6 +687,245 @@ impl<'a> Machine<'a> {
         Ok(self.int(v))
     }
 
+    /// An integer written as text (protocol 0's `INT` and `LONG`; `00` and `01` are booleans).
+    fn text_int(&mut self) -> Result<Val, TreeError> {
+        let t = self.line()?.trim_end_matches('L');
+        Ok(match t {
+            "00" => Val::Bool(false),
+            "01" => Val::Bool(true),
+            _ => {
+                let i = t
+                    .parse()
+                    .map_err(|_| self.malformed(format!("bad integer {t:?}")))?;
+                self.int(i)
+            }
+        })
+    }
+
+    /// A float written as text (protocol 0's `FLOAT`).
+    fn text_float(&mut self) -> Result<Val, TreeError> {
+        let t = self.line()?;
+        let v = t
+            .trim()
+            .parse()
+            .map_err(|_| self.malformed(format!("bad float {t:?}")))?;
+        Ok(Val::Float(v))
+    }
+
+    /// A tuple of the `n` values on top of the stack (`TUPLE1` to `TUPLE3`).
+    fn small_tuple(&mut self, n: usize) -> Result<(), TreeError> {
+        if self.stack.len() < n {
+            return Err(self.malformed("TUPLE of too few values"));
+        }
+        let mut items = vec![Val::None; n];
+        for slot in items.iter_mut().rev() {
+            *slot = self.pop()?;
+        }
+        let inner = items
+            .iter()
+            .map(|&v| self.arena.height(v))
+            .max()
+            .unwrap_or(0);
+        self.push_container(Kind::Tuple, items, inner)
+    }
+
+    /// A value read straight from the stream (none, booleans, integers, floats, text,
+    /// bytes), or `None` when `op` is not such an opcode.
+    fn scalar(&mut self, op: u8) -> Result<Option<Val>, TreeError> {
+        Ok(match op {
+            b'N' => Some(Val::None),
+            0x88 => Some(Val::Bool(true)),
+            0x89 => Some(Val::Bool(false)),
+            b'J' => {
+                let v = self.le(4)? as u32 as i32;
+                Some(Val::Int(i64::from(v)))
+            }
+            b'K' => {
+                let v = self.le(1)?;
+                Some(Val::Int(v as i64))
+            }
+            b'M' => {
+                let v = self.le(2)?;
+                Some(Val::Int(v as i64))
+            }
+            0x8a => {
+                let n = self.le(1)?;
+                let v = self.long(n)?;
+                Some(v)
+            }
+            0x8b => {
+                let n = self.le(4)?;
+                let v = self.long(n)?;
+                Some(v)
+            }
+            b'I' | b'L' => Some(self.text_int()?),
+            b'G' => {
+                let b = self.take(8)?;
+                let mut a = [0u8; 8];
+                a.copy_from_slice(b);
+                Some(Val::Float(f64::from_be_bytes(a)))
+            }
+            b'F' => Some(self.text_float()?),
+            0x8c | b'U' => {
+                let n = self.le(1)?;
+                let v = self.text(n)?;
+                Some(v)
+            }
+            b'X' | b'T' => {
+                let n = self.le(4)?;
+                let v = self.text(n)?;
+                Some(v)
+            }
+            0x8d => {
+                let n = self.le(8)?;
+                let v = self.text(n)?;
+                Some(v)
+            }
+            b'C' => {
+                let n = self.le(1)?;
+                let v = self.bytes(n)?;
+                Some(v)
+            }
+            b'B' => {
+                let n = self.le(4)?;
+                let v = self.bytes(n)?;
+                Some(v)
+            }
+            0x8e | 0x96 => {
+                let n = self.le(8)?;
+                let v = self.bytes(n)?;
+                Some(v)
+            }
+            _ => None,
+        })
+    }
+
+    /// The memo's opcodes (store the top of the stack, push a stored value); `false` when `op`
+    /// is not one of them.
+    fn memo_op(&mut self, op: u8) -> Result<bool, TreeError> {
+        match op {
+            b'h' => {
+                let k = self.le(1)?;
+                self.get(k)?;
+            }
+            b'j' => {
+                let k = self.le(4)?;
+                self.get(k)?;
+            }
+            0x94 => {
+                let k = self.memo.len() as u64;
+                self.put(k)?;
+            }
+            b'q' => {
+                let k = self.le(1)?;
+                self.put(k)?;
+            }
+            b'r' => {
+                let k = self.le(4)?;
+                self.put(k)?;
+            }
+            b'p' => {
+                let t = self.line()?;
+                let k = t
+                    .parse()
+                    .map_err(|_| self.malformed(format!("bad memo key {t:?}")))?;
+                self.put(k)?;
+            }
+            b'g' => {
+                let t = self.line()?;
+                let k = t
+                    .parse()
+                    .map_err(|_| self.malformed(format!("bad memo key {t:?}")))?;
+                self.get(k)?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The opcodes that build containers and move values on the stack (marks, pops, empty and
+    /// filled lists, tuples and dicts, appends and item settings), and the protocol's framing.
+    fn structure(&mut self, op: u8) -> Result<(), TreeError> {
+        match op {
+            0x80 => {
+                self.take(1)?;
+            }
+            0x95 => {
+                self.take(8)?;
+            }
+            b'(' => self.marks.push(self.stack.len()),
+            b'0' => {
+                if self.mark_on_top() {
+                    self.marks.pop();
+                } else if self.stack.pop().is_none() {
+                    return Err(self.malformed("POP of an empty stack"));
+                }
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let v = self.top()?;
+                self.stack.push(v);
+            }
+            b'}' => {
+                let v = self.arena.add_node(Kind::Dict, 1, Vec::new())?;
+                self.stack.push(v);
+            }
+            b']' | 0x8f => {
+                let v = self.arena.add_node(Kind::List, 1, Vec::new())?;
+                self.stack.push(v);
+            }
+            b')' => {
+                let v = self.arena.add_node(Kind::Tuple, 1, Vec::new())?;
+                self.stack.push(v);
+            }
+            b'd' => {
+                let (items, inner) = self.pop_mark()?;
+                let v = self.arena.add_node(Kind::Dict, 1, Vec::new())?;
+                self.stack.push(v);
+                self.set_items(items, inner)?;
+            }
+            b'l' | 0x91 => {
+                let (items, inner) = self.pop_mark()?;
+                self.push_container(Kind::List, items, inner)?;
+            }
+            b't' => {
+                let (items, inner) = self.pop_mark()?;
+                self.push_container(Kind::Tuple, items, inner)?;
+            }
+            0x85..=0x87 => self.small_tuple(usize::from(op - 0x84))?,
+            b'a' => {
+                let v = self.pop()?;
+                let h = self.arena.height(v);
+                self.append(vec![v], h)?;
+            }
+            b'e' | 0x90 => {
+                if !self.append_frames()? {
+                    let (items, inner) = self.pop_mark()?;
+                    self.append(items, inner)?;
+                }
+            }
+            b's' => {
+                let v = self.pop()?;
+                let k = self.pop()?;
+                let h = self.arena.height(k).max(self.arena.height(v));
+                self.set_items(vec![k, v], h)?;
+            }
+            b'u' => {
+                let (items, inner) = self.pop_mark()?;
+                self.set_items(items, inner)?;
+            }
+            other => {
+                return Err(TreeError::UnknownOpcode {
+                    offset: self.at,
+                    opcode: other,
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn run(&mut self) -> Result<Val, TreeError> {
         loop {
             self.at = self.pos;
@@ -698,215 +937,13 @@ impl<'a> Machine<'a> {
                     name,
                 });
             }
-            match op {
-                b'h' => {
-                    let k = self.le(1)?;
-                    self.get(k)?;
-                }
-                b'j' => {
-                    let k = self.le(4)?;
-                    self.get(k)?;
-                }
-                0x94 => {
-                    let k = self.memo.len() as u64;
-                    self.put(k)?;
-                }
-                0x80 => {
-                    self.take(1)?;
-                }
-                0x95 => {
-                    self.take(8)?;
-                }
-                b'.' => return self.pop(),
-                b'(' => self.marks.push(self.stack.len()),
-                b'0' => {
-                    if self.mark_on_top() {
-                        self.marks.pop();
-                    } else if self.stack.pop().is_none() {
-                        return Err(self.malformed("POP of an empty stack"));
-                    }
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let v = self.top()?;
-                    self.stack.push(v);
-                }
-                b'N' => self.stack.push(Val::None),
-                0x88 => self.stack.push(Val::Bool(true)),
-                0x89 => self.stack.push(Val::Bool(false)),
-                b'J' => {
-                    let v = self.le(4)? as u32 as i32;
-                    self.stack.push(Val::Int(i64::from(v)));
-                }
-                b'K' => {
-                    let v = self.le(1)?;
-                    self.stack.push(Val::Int(v as i64));
-                }
-                b'M' => {
-                    let v = self.le(2)?;
-                    self.stack.push(Val::Int(v as i64));
-                }
-                0x8a => {
-                    let n = self.le(1)?;
-                    let v = self.long(n)?;
-                    self.stack.push(v);
-                }
-                0x8b => {
-                    let n = self.le(4)?;
-                    let v = self.long(n)?;
-                    self.stack.push(v);
-                }
-                b'I' | b'L' => {
-                    let t = self.line()?.trim_end_matches('L');
-                    let v = match t {
-                        "00" => Val::Bool(false),
-                        "01" => Val::Bool(true),
-                        _ => {
-                            let i = t
-                                .parse()
-                                .map_err(|_| self.malformed(format!("bad integer {t:?}")))?;
-                            self.int(i)
-                        }
-                    };
-                    self.stack.push(v);
-                }
-                b'G' => {
-                    let b = self.take(8)?;
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
-                    self.stack.push(Val::Float(f64::from_be_bytes(a)));
-                }
-                b'F' => {
-                    let t = self.line()?;
-                    let v = t
-                        .trim()
-                        .parse()
-                        .map_err(|_| self.malformed(format!("bad float {t:?}")))?;
-                    self.stack.push(Val::Float(v));
-                }
-                0x8c | b'U' => {
-                    let n = self.le(1)?;
-                    let v = self.text(n)?;
-                    self.stack.push(v);
-                }
-                b'X' | b'T' => {
-                    let n = self.le(4)?;
-                    let v = self.text(n)?;
-                    self.stack.push(v);
-                }
-                0x8d => {
-                    let n = self.le(8)?;
-                    let v = self.text(n)?;
-                    self.stack.push(v);
-                }
-                b'C' => {
-                    let n = self.le(1)?;
-                    let v = self.bytes(n)?;
-                    self.stack.push(v);
-                }
-                b'B' => {
-                    let n = self.le(4)?;
-                    let v = self.bytes(n)?;
-                    self.stack.push(v);
-                }
-                0x8e | 0x96 => {
-                    let n = self.le(8)?;
-                    let v = self.bytes(n)?;
-                    self.stack.push(v);
-                }
-                b'}' => {
-                    let v = self.arena.add_node(Kind::Dict, 1, Vec::new())?;
-                    self.stack.push(v);
-                }
-                b']' | 0x8f => {
-                    let v = self.arena.add_node(Kind::List, 1, Vec::new())?;
-                    self.stack.push(v);
-                }
-                b')' => {
-                    let v = self.arena.add_node(Kind::Tuple, 1, Vec::new())?;
-                    self.stack.push(v);
-                }
-                b'd' => {
-                    let (items, inner) = self.pop_mark()?;
-                    let v = self.arena.add_node(Kind::Dict, 1, Vec::new())?;
-                    self.stack.push(v);
-                    self.set_items(items, inner)?;
-                }
-                b'l' | 0x91 => {
-                    let (items, inner) = self.pop_mark()?;
-                    self.push_container(Kind::List, items, inner)?;
-                }
-                b't' => {
-                    let (items, inner) = self.pop_mark()?;
-                    self.push_container(Kind::Tuple, items, inner)?;
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    if self.stack.len() < n {
-                        return Err(self.malformed("TUPLE of too few values"));
-                    }
-                    let mut items = vec![Val::None; n];
-                    for slot in items.iter_mut().rev() {
-                        *slot = self.pop()?;
-                    }
-                    let inner = items
-                        .iter()
-                        .map(|&v| self.arena.height(v))
-                        .max()
-                        .unwrap_or(0);
-                    self.push_container(Kind::Tuple, items, inner)?;
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    let h = self.arena.height(v);
-                    self.append(vec![v], h)?;
-                }
-                b'e' | 0x90 => {
-                    if !self.append_frames()? {
-                        let (items, inner) = self.pop_mark()?;
-                        self.append(items, inner)?;
-                    }
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    let h = self.arena.height(k).max(self.arena.height(v));
-                    self.set_items(vec![k, v], h)?;
-                }
-                b'u' => {
-                    let (items, inner) = self.pop_mark()?;
-                    self.set_items(items, inner)?;
-                }
-                b'q' => {
-                    let k = self.le(1)?;
-                    self.put(k)?;
-                }
-                b'r' => {
-                    let k = self.le(4)?;
-                    self.put(k)?;
-                }
-                b'p' => {
-                    let t = self.line()?;
-                    let k = t
-                        .parse()
-                        .map_err(|_| self.malformed(format!("bad memo key {t:?}")))?;
-                    self.put(k)?;
-                }
-                b'g' => {
-                    let t = self.line()?;
-                    let k = t
-                        .parse()
-                        .map_err(|_| self.malformed(format!("bad memo key {t:?}")))?;
-                    self.get(k)?;
-                }
-                other => {
-                    return Err(TreeError::UnknownOpcode {
-                        offset: self.at,
-                        opcode: other,
-                    });
-                }
+            if op == b'.' {
+                return self.pop();
+            }
+            if let Some(v) = self.scalar(op)? {
+                self.stack.push(v);
+            } else if !self.memo_op(op)? {
+                self.structure(op)?;
             }
         }
     }
