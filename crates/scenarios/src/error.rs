@@ -1,8 +1,8 @@
 //! Why a scenario could not run.
 //!
 //! A pattern that does not reproduce is not an error: it is a verdict in the report (and exit
-//! code 1 from [`crate::run`]). A [`ScenarioError`] means the scenario could not be judged at
-//! all: its plan is unreadable or lacks what its rules need, the simulator or the measured run
+//! code 1 from the `scenario` command). A [`ScenarioError`] means the scenario could not be
+//! judged at all: its plan is unreadable or lacks what its rules need, the simulator or the measured run
 //! failed, or its files could not be written. Each variant names what was being done; the
 //! underlying error is its [`std::error::Error::source`], and [`ScenarioError::chain`] (or
 //! anyhow's `{:#}`) prints the whole chain on one line.

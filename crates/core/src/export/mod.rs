@@ -1,4 +1,4 @@
-//! Exports of any [`Timeline`](crate::Timeline), measured, simulated or Meta's: the JSON
+//! Exports of any [`Timeline`], measured, simulated or Meta's: the JSON
 //! timeline, Chrome trace-event counters (Perfetto), and an SVG stacked-area chart; [`files`]
 //! names the files every command writes them to. (The allocator's memory_viz pickle is
 //! trainmem-alloc's `pytorch::pickle`; a simulation's report is trainmem-sim's.)
