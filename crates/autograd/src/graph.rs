@@ -17,7 +17,7 @@ use trainmem_core::Category;
 
 use crate::checkpoint::Segment;
 use crate::op::{Saved, SavedTable};
-use crate::program::{Program, ValueDtype, ValueId};
+use crate::program::{Op, Program, ValueDtype, ValueId};
 use crate::store::{TensorId, TensorMemory, TensorStore};
 use trainmem_core::Dtype;
 use trainmem_core::OpKind;
@@ -471,6 +471,31 @@ impl<'p> Graph<'p> {
 
     /// Runs op `i` forward: allocates its output, records its saved tensors when `save`,
     /// and drops forward references of values past their last use (when `release_inputs`).
+    /// The copy a chunked loss makes of part of its logits while it runs forward (litgpt's
+    /// reshape of the last chunk's slice), when the loss is recorded for backward.
+    fn chunk_copy<M: TensorMemory>(
+        &self,
+        store: &mut TensorStore<M>,
+        op: &Op,
+        save: bool,
+    ) -> Result<Option<TensorId>, M::Error> {
+        let p = self.program;
+        match p.loss_chunks {
+            Some(c)
+                if save
+                    && c.copied > 0
+                    && op.kind == OpKind::CrossEntropy
+                    && Some(op.output) == p.loss =>
+            {
+                let logits = self.value_bytes[op.inputs[0] as usize];
+                Ok(Some(
+                    store.alloc(c.share(logits, c.copied), Category::Temporary)?,
+                ))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn run_op<M: TensorMemory>(
         &mut self,
         store: &mut TensorStore<M>,
@@ -496,6 +521,7 @@ impl<'p> Graph<'p> {
             store.alloc(self.value_bytes[op.output as usize], Category::Activation)?
         };
         self.value_tensor[op.output as usize] = Some(out);
+        let copied = self.chunk_copy(store, &op, save)?;
         // an op whose output needs no gradient is not recorded: it saves nothing
         if save && p.values[op.output as usize].requires_grad {
             let start = tape.saved.len() as u32;
@@ -523,6 +549,9 @@ impl<'p> Graph<'p> {
                 }
             }
             tape.ranges[i] = (start, tape.saved.len() as u32);
+        }
+        if let Some(t) = copied {
+            store.release(t);
         }
         if release_inputs {
             for (k, &v) in op.input_ids().iter().enumerate() {
@@ -666,10 +695,22 @@ impl<'p> Graph<'p> {
         let op = p.ops[i];
         let gout = self.grads[op.output as usize].take();
         if let Some(gout) = gout {
+            // a chunked loss makes its gradients one chunk at a time
+            let chunk = match p.loss_chunks {
+                Some(c) if Some(op.output) == p.loss && op.kind == OpKind::CrossEntropy => Some(c),
+                _ => None,
+            };
+            let grad_bytes = |v: ValueId, k: usize| {
+                let bytes = self.value_bytes[v as usize];
+                match chunk {
+                    Some(c) if k == 0 => c.share(bytes, c.positions),
+                    _ => bytes,
+                }
+            };
             // the log-probabilities' gradient, alive while the logits' gradient is made
             let two_step = match op.input_ids().first() {
                 Some(&logits) if op.kind == OpKind::CrossEntropy && self.cross_entropy_two_step => {
-                    Some(store.alloc(self.value_bytes[logits as usize], Category::Temporary)?)
+                    Some(store.alloc(grad_bytes(logits, 0), Category::Temporary)?)
                 }
                 _ => None,
             };
@@ -677,13 +718,12 @@ impl<'p> Graph<'p> {
                 if !p.values[v as usize].requires_grad {
                     continue;
                 }
-                let _ = k;
                 if op.kind == OpKind::View && self.grads[v as usize].is_none() {
                     store.retain(gout);
                     self.grads[v as usize] = Some(gout);
                     continue;
                 }
-                let bytes = self.value_bytes[v as usize];
+                let bytes = grad_bytes(v, k);
                 let t = store.alloc(bytes, Category::Temporary)?;
                 match self.grads[v as usize] {
                     None => self.grads[v as usize] = Some(t),

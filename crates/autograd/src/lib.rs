@@ -192,7 +192,8 @@ pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape}
 pub use memory::AllocatorMemory;
 pub use op::{BURN_NODE_BYTES, Saved, SavedTable, burn_recorded_ops};
 pub use program::{
-    Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId, ValueInfo,
+    LossChunks, Op, ParamId, ParamInfo, Program, ProgramBuilder, ProgramError, ValueDtype, ValueId,
+    ValueInfo,
 };
 pub use store::{Allocated, CountingMemory, CountingOom, TensorId, TensorMemory, TensorStore};
 

@@ -132,6 +132,39 @@ pub struct Program {
     /// autocast weight copy, cast into the f32 gradient.
     #[serde(default)]
     pub param_grad_scratch: Vec<u64>,
+    /// The loss computed over chunks of positions rather than all at once (litgpt's
+    /// `lm_head_chunk_size`): backward makes one chunk's gradients at a time.
+    #[serde(default)]
+    pub loss_chunks: Option<LossChunks>,
+}
+
+/// A cross-entropy loss computed chunk by chunk over a sequence's positions, as litgpt's
+/// fine-tuning computes its LM head (`lm_head_chunk_size`) and `chunked_cross_entropy`: the
+/// logits of every chunk exist together (the script holds the list) and forward saves every
+/// chunk's log-probabilities, but backward makes the log-probabilities' and the logits'
+/// gradients one chunk at a time, so a chunk's share of the logits is what those
+/// gradients take instead of the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LossChunks {
+    /// Positions per chunk.
+    pub positions: u64,
+    /// Positions in all (the sequence).
+    pub of: u64,
+    /// Positions of a chunk copied while its loss is computed (litgpt drops the last
+    /// position of the last chunk, and the reshape of that slice copies it): a temporary
+    /// during the loss's forward.
+    pub copied: u64,
+}
+
+impl LossChunks {
+    /// The share of `bytes` (all positions) that `positions` of them take, rounded up.
+    pub fn share(&self, bytes: u64, positions: u64) -> u64 {
+        if self.of == 0 {
+            return bytes;
+        }
+        (u128::from(bytes) * u128::from(positions.min(self.of))).div_ceil(u128::from(self.of))
+            as u64
+    }
 }
 
 /// Errors building a program.
@@ -163,6 +196,19 @@ pub enum ProgramError {
     /// Layers must cover every op, contiguously and in order.
     #[error("layers do not cover the ops contiguously")]
     Layers,
+    /// Loss chunks must be non-empty, no longer than the sequence, and copy at most a chunk.
+    #[error(
+        "loss chunks of {positions} of {of} positions copying {copied} are not a chunking \
+         (each chunk at least one position, at most the sequence; at most a chunk copied)"
+    )]
+    LossChunks {
+        /// Positions per chunk.
+        positions: u64,
+        /// Positions in all.
+        of: u64,
+        /// Positions copied.
+        copied: u64,
+    },
 }
 
 impl Program {
@@ -220,6 +266,15 @@ impl Program {
         }
         if self.loss.is_none() {
             return Err(ProgramError::NoLoss);
+        }
+        if let Some(c) = self.loss_chunks
+            && (c.positions == 0 || c.positions > c.of || c.copied > c.positions)
+        {
+            return Err(ProgramError::LossChunks {
+                positions: c.positions,
+                of: c.of,
+                copied: c.copied,
+            });
         }
         let mut next = 0u32;
         for &(s, e) in &self.layers {
@@ -444,6 +499,11 @@ impl ProgramBuilder {
     pub fn save_extra(&mut self, saved: crate::op::Saved) {
         let at = self.p.ops.len().saturating_sub(1) as u32;
         self.p.extra_saved.push((at, saved));
+    }
+
+    /// Makes the loss (a cross-entropy) computed in chunks ([`LossChunks`]).
+    pub fn chunk_loss(&mut self, chunks: LossChunks) {
+        self.p.loss_chunks = Some(chunks);
     }
 
     /// Adds a loss op (scalar f32 output) and marks it as the loss.

@@ -496,3 +496,79 @@ fn products_and_norms_keep_only_what_trainable_gradients_read() {
     assert_eq!(activations(&build(true)), 32 + 32 + 4 + 32 + 4);
     assert_eq!(activations(&build(false)), 32 + 32 + 4 + 32 + 32 + 4);
 }
+
+/// x[8 positions × 4] → linear → logits[8 × 16] → cross-entropy over 8 targets, the loss
+/// chunked as `chunks` says.
+fn head(chunks: Option<LossChunks>) -> Program {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(32, ValueDtype::Compute);
+    let t = b.input(8, ValueDtype::Compute);
+    b.begin_layer("head");
+    let w = b.param(64, "w");
+    let logits = b.op(OpKind::Linear, &[x], 128, &[w]);
+    b.loss(OpKind::CrossEntropy, &[logits, t]);
+    if let Some(c) = chunks {
+        b.chunk_loss(c);
+    }
+    b.finish().unwrap()
+}
+
+/// (peak after forward, peak after backward) of one step of `p` at batch 1, two-step
+/// cross-entropy (PyTorch's).
+fn head_peaks(p: &Program) -> (u64, u64) {
+    let mut s = TensorStore::new(CountingMemory::new());
+    let mut g = Graph::new(p, &SavedTable::pytorch(), Dtype::F32);
+    g.cross_entropy_two_step = true;
+    let ins = inputs(&mut s, p, 1);
+    let mut tape = g
+        .forward(&mut s, &ins, 1, 1.0, GradMode::Train, &[], &mut NoHooks)
+        .unwrap();
+    let forward = s.peak().0;
+    g.backward(&mut s, &mut tape, false, &mut NoHooks).unwrap();
+    let backward = s.peak().0;
+    tape.release(&mut s);
+    (forward, backward)
+}
+
+#[test]
+fn a_chunked_loss_makes_one_chunks_gradients_at_a_time() {
+    // forward: inputs 128 + 32, logits 512, the loss 4, log-probabilities 512
+    // backward: the loss's gradient 4, the log-probabilities' gradient and the logits'
+    // gradient, 512 each at once (1,704 in all) or 128 each in chunks of 2 of 8 positions
+    let whole = head_peaks(&head(None));
+    assert_eq!(whole, (1188, 1704));
+    let chunked = LossChunks {
+        positions: 2,
+        of: 8,
+        copied: 0,
+    };
+    assert_eq!(head_peaks(&head(Some(chunked))), (1188, 1188));
+    // forward copies one position of the last chunk (64 B) while the loss runs
+    let copying = LossChunks {
+        copied: 1,
+        ..chunked
+    };
+    assert_eq!(head_peaks(&head(Some(copying))), (1252, 1252));
+}
+
+#[test]
+fn loss_chunks_that_are_no_chunking_are_refused() {
+    for (positions, of, copied) in [(0, 8, 0), (9, 8, 0), (2, 8, 3)] {
+        let mut b = ProgramBuilder::new();
+        let x = b.input(4, ValueDtype::Compute);
+        let t = b.input(1, ValueDtype::Compute);
+        b.begin_layer("head");
+        let w = b.param(16, "w");
+        let logits = b.op(OpKind::Linear, &[x], 4, &[w]);
+        b.loss(OpKind::CrossEntropy, &[logits, t]);
+        b.chunk_loss(LossChunks {
+            positions,
+            of,
+            copied,
+        });
+        assert!(
+            matches!(b.finish(), Err(ProgramError::LossChunks { .. })),
+            "{positions} of {of}, {copied} copied"
+        );
+    }
+}

@@ -481,7 +481,17 @@ pub struct TransformerSpec {
     /// hand-written model keeps one, `transformers`' and litgpt's do not unless set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_buffer: Option<bool>,
+    /// Positions per chunk of the LM head and its loss (litgpt's `lm_head_chunk_size`):
+    /// backward makes the loss's gradients one chunk at a time. `0`: the head at once.
+    /// Default: 128 for litgpt's models under LoRA (its LoRA fine-tuning script chunks the
+    /// head), none otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_chunk: Option<u64>,
 }
+
+/// Positions per chunk of the LM head in litgpt's LoRA fine-tuning (`finetune/lora.py` calls
+/// the model with `lm_head_chunk_size=128`).
+pub const LITGPT_LORA_HEAD_CHUNK: u64 = 128;
 
 /// Whose code runs a transformer: the parameters are the plan's either way, the tensors
 /// forward keeps for backward are not.
@@ -755,6 +765,7 @@ impl TransformerSpec {
             lora: None,
             implementation: Implementation::Transformers,
             mask_buffer: None,
+            head_chunk: None,
         }
     }
 
@@ -798,6 +809,21 @@ impl TransformerSpec {
     /// Rows of the learned position table.
     pub fn position_rows(&self) -> u64 {
         self.max_positions.unwrap_or(self.seq_len)
+    }
+
+    /// Positions per chunk of the LM head and its loss ([`head_chunk`]), `None` when the
+    /// head runs at once (no chunking, or chunks as long as the sequence).
+    ///
+    /// [`head_chunk`]: TransformerSpec::head_chunk
+    pub fn head_chunk_positions(&self) -> Option<u64> {
+        let chunk = match self.head_chunk {
+            Some(c) => c,
+            None if self.implementation == Implementation::Litgpt && self.lora.is_some() => {
+                LITGPT_LORA_HEAD_CHUNK
+            }
+            None => 0,
+        };
+        (chunk > 0 && chunk < self.seq_len).then_some(chunk)
     }
 
     /// Bytes of the causal-mask buffers the model keeps on its device ([`mask_buffer`]):
@@ -853,4 +879,41 @@ pub struct RawLayer {
     /// A label for reports; default `op` and its index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoder(seq: u64) -> TransformerSpec {
+        TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, seq, 100)
+    }
+
+    #[test]
+    fn the_head_is_chunked_by_litgpts_lora_script_or_as_set() {
+        let mut t = decoder(1024);
+        assert_eq!(
+            t.head_chunk_positions(),
+            None,
+            "transformers: the head at once"
+        );
+        t.implementation = Implementation::Litgpt;
+        assert_eq!(t.head_chunk_positions(), None, "litgpt's full fine-tune");
+        t.lora = Some(LoraSpec::new(8));
+        assert_eq!(t.head_chunk_positions(), Some(LITGPT_LORA_HEAD_CHUNK));
+        t.head_chunk = Some(0);
+        assert_eq!(t.head_chunk_positions(), None, "0 turns it off");
+        t.head_chunk = Some(256);
+        assert_eq!(t.head_chunk_positions(), Some(256));
+        t.head_chunk = Some(1024);
+        assert_eq!(t.head_chunk_positions(), None, "one chunk is no chunking");
+        let mut short = decoder(64);
+        short.implementation = Implementation::Litgpt;
+        short.lora = Some(LoraSpec::new(8));
+        assert_eq!(
+            short.head_chunk_positions(),
+            None,
+            "64 positions: one chunk"
+        );
+    }
 }

@@ -453,6 +453,42 @@ mod tests {
     const LLAMA_7B_PARAMS: u64 = 6_738_415_616;
 
     #[test]
+    fn litgpts_lora_head_is_lowered_in_chunks_with_its_last_chunk_copied() {
+        use trainmem_autograd::LossChunks;
+        let mut t = gpt(2, 64, 4, 1024, 100);
+        let chunks = |t: &TransformerSpec| {
+            lower(&ModelSpec::Transformer(t.clone()))
+                .expect("lowers")
+                .loss_chunks
+        };
+        assert_eq!(chunks(&t), None);
+        t.implementation = Implementation::Litgpt;
+        t.lora = Some(LoraSpec::new(8));
+        let at = |positions, of, copied| {
+            Some(LossChunks {
+                positions,
+                of,
+                copied,
+            })
+        };
+        // eight chunks of 128; the last loses its final position and is copied
+        assert_eq!(chunks(&t), at(128, 1024, 127));
+        t.seq_len = 1000;
+        assert_eq!(
+            chunks(&t),
+            at(128, 1000, 103),
+            "the last chunk has 104 positions"
+        );
+        t.implementation = Implementation::Transformers;
+        t.head_chunk = Some(100);
+        assert_eq!(
+            chunks(&t),
+            at(100, 1000, 0),
+            "set by hand: no shift, no copy"
+        );
+    }
+
+    #[test]
     fn gpt2_small_has_124_439_808_parameters() {
         // token embedding 50257·768 + learned positions 1024·768
         // + 12 blocks × (2 layer norms 2·2·768 + qkv 768·2304 + 2304 + out 768·768 + 768

@@ -411,6 +411,7 @@ mod tests {
                 lora,
                 implementation: Default::default(),
                 mask_buffer: None,
+                head_chunk: None,
             }
         }
     }

@@ -556,8 +556,6 @@ const GPU_MISSES: &[&str] = &[
     "bf16-llama-small-sdpa-adamw peak reserved",
     "litgpt-llama-small-adamw-fused peak reserved",
     "lora-autocast-llama-small-sdpa-adamw peak reserved",
-    "lora-litgpt-llama-small-adamw peak allocated",
-    "lora-litgpt-llama-small-adamw peak reserved",
 ];
 
 /// The GPU recordings (`fixtures/pytorch-cuda/<device>/`, written by

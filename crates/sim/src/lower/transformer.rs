@@ -27,7 +27,7 @@
 //! which the rotation frees. They are not in the program. Neither is Gemma's scaling of the
 //! embeddings by `√hidden`, which replaces the embedding's output by a tensor of the same size.
 
-use trainmem_autograd::{Program, ProgramBuilder, Saved, ValueDtype, ValueId};
+use trainmem_autograd::{LossChunks, Program, ProgramBuilder, Saved, ValueDtype, ValueId};
 
 use trainmem_core::{Dtype, OpKind};
 
@@ -603,6 +603,9 @@ pub(super) fn lower_transformer(
             }
             let targets = b.input(s, ids);
             b.loss(OpKind::CrossEntropy, &[logits, targets]);
+            if let Some(chunk) = t.head_chunk_positions() {
+                b.chunk_loss(loss_chunks(chunk, s, t.implementation));
+            }
         }
         TransformerKind::Encoder => {
             let classes = t.classes.unwrap_or(2);
@@ -626,4 +629,21 @@ pub(super) fn lower_transformer(
         }
     }
     b.finish()
+}
+
+/// The chunks of a head computed `chunk` positions at a time over `s` positions: litgpt drops
+/// the last position of the last chunk (the shift to next-token targets), and reshaping that
+/// slice copies the chunk's remaining positions.
+fn loss_chunks(chunk: u64, s: u64, implementation: Implementation) -> LossChunks {
+    let last = s - (s - 1) / chunk * chunk;
+    let copied = if implementation == Implementation::Litgpt {
+        last - 1
+    } else {
+        0
+    };
+    LossChunks {
+        positions: chunk,
+        of: s,
+        copied,
+    }
 }
