@@ -23,11 +23,13 @@
 //!   optimizer: no gradient or optimizer-state bytes. Its parameter bytes are not held: the
 //!   script moves decoder layers between host and device as it goes, and which layers were
 //!   on the device when the snapshot was taken was not established from the repository.
-//! - ZidongLiu: not held. Its OPT-125m run estimates gradients by zeroth order (forward
-//!   passes only) and keeps its estimator's state and more than one copy of the model (790
-//!   parameter-shaped tensors where OPT-125m has 196); which copies the script keeps on the
-//!   device was not established. Checked for consistency only
-//!   (`every_shared_snapshot_is_explained_with_sites_and_remedies`).
+//! - ZidongLiu (DeComFL, zeroth-order federated fine-tuning of OPT-125m, f32): forward passes
+//!   only. OPT-125m has 196 parameter tensors of 125,239,296 elements (500,957,184 B): the
+//!   `reset_model` site holds exactly that at the snapshot's end. The gradient estimator's
+//!   per-parameter state (`adam_forward.py`'s K, one tensor per parameter, the same sizes) is
+//!   still counted as parameters: nothing in its frames or lifetime tells it from a second
+//!   copy of the model, so the snapshot's parameter total is held to the site, not the
+//!   category.
 
 use std::path::PathBuf;
 
@@ -265,4 +267,35 @@ fn llama_inference_has_no_gradient_and_no_optimizer_state() {
         );
     }
     assert!(ex.steps.is_empty(), "no backward, no optimizer step");
+}
+
+/// OPT-125m's parameters: embeddings 50,272 × 768 and 2,050 × 768, twelve layers of four
+/// 768 × 768 projections and two 768 × 3,072 feed-forward matrices with their biases and two
+/// layer norms, and a final layer norm.
+const OPT_125M_PARAMETERS: u64 = 50_272 * 768
+    + 2_050 * 768
+    + 12 * (4 * (768 * 768 + 768) + (768 * 3_072 + 3_072) + (3_072 * 768 + 768) + 2 * 2 * 768)
+    + 2 * 768;
+
+#[test]
+fn zeroth_order_opt_125m_keeps_its_model_at_the_reset_site() {
+    assert_eq!(OPT_125M_PARAMETERS, 125_239_296);
+    let Some(ex) = explained("ZidongLiu+DeComFL/edd30e0/memory.pickle") else {
+        return;
+    };
+    let site = |needle: &str| {
+        ex.end
+            .top_sites
+            .iter()
+            .find(|s| s.site.contains(needle))
+            .unwrap_or_else(|| panic!("no site {needle}: {:#?}", ex.end.top_sites))
+    };
+    let model = site("client.py:176 reset_model");
+    assert_eq!((model.bytes, model.count), (OPT_125M_PARAMETERS * 4, 196));
+    assert_eq!(model.category, Category::Parameter);
+    // the estimator's state: one tensor per parameter, of the parameters' sizes
+    let state = site("update_K_param_paramwise");
+    assert_eq!((state.bytes, state.count), (OPT_125M_PARAMETERS * 4, 196));
+    assert_eq!(bytes_at(&ex.end, Category::Gradient), 0, "no backward");
+    assert!(ex.steps.is_empty(), "forward passes only");
 }
