@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use trainmem_core::Category;
 
 use super::frames::StackPhase;
-use super::lifetimes::{Lifetimes, Window};
+use super::lifetimes::{Allocation, Lifetimes, Window};
 
 /// How the model state was counted, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -30,6 +30,10 @@ pub struct ModelStateEvidence {
     /// Gradients kept for leaf tensors that are not parameters (tensors made with
     /// `requires_grad=True` outside any module), over all cycles.
     pub leaf_gradients: u64,
+    /// Tensors the user's own code made in setup as whole copies of the parameters' sizes
+    /// and kept (a hand-written optimizer's or gradient estimator's state per parameter),
+    /// counted as optimizer state, over the trace.
+    pub state_made_by_user_code: u64,
 }
 
 /// Gives every allocation of `lt` its category, phase and `by_frames`.
@@ -42,6 +46,7 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
         .iter()
         .any(|w| w.phase == Some(StackPhase::Optimizer));
     let made = categorize_by_phase(lt, &windows);
+    let state_made_by_user_code = state_kept_per_parameter(lt);
     let g = per_size(&made.grads);
     let o = per_size(&made.states);
     let (params, mut evidence) = parameters_counted(&g, &o);
@@ -55,7 +60,64 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     let leaf_gradients = demote_unowned_gradients(lt, &windows, &param_total);
     evidence.parameter_tensors = param_total.values().sum();
     evidence.leaf_gradients = leaf_gradients;
+    evidence.state_made_by_user_code = state_made_by_user_code;
     evidence
+}
+
+/// Makes optimizer state the per-parameter state the user's own code keeps: where a module's
+/// machinery made the model (tensors kept to the end, at least as many bytes as every other
+/// kept setup tensor together) and the user's code made, in setup, whole copies of its sizes
+/// (each size `k` times as often, `k` ≥ 1) that it keeps too, those copies are state kept per
+/// parameter (a gradient estimator's, an optimizer written by hand), not more models. Every
+/// setup tensor of the user's code with a parameter's size becomes optimizer state then.
+/// Returns how many.
+fn state_kept_per_parameter(lt: &mut Lifetimes) -> u64 {
+    let kept = |a: &&Allocation| {
+        a.alloc_at.is_some()
+            && a.free_at.is_none()
+            && !a.workspace
+            && a.category == Category::Parameter
+    };
+    let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut user: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut model_bytes = 0u64;
+    let mut user_bytes = 0u64;
+    for a in lt.allocations.iter().filter(kept) {
+        if a.by_module {
+            *model.entry(a.size).or_default() += 1;
+            model_bytes += a.size;
+        } else {
+            *user.entry(a.size).or_default() += 1;
+            user_bytes += a.size;
+        }
+    }
+    let Some((&size, &n)) = model.iter().next() else {
+        return 0;
+    };
+    let k = user.get(&size).copied().unwrap_or(0) / n;
+    let copies = k >= 1
+        && model
+            .iter()
+            .all(|(s, &n)| user.get(s).copied().unwrap_or(0) == k * n);
+    // the copies' bytes are k times the model's; what else the user's code keeps is less
+    // than the model
+    let rest = user_bytes.saturating_sub(k.saturating_mul(model_bytes));
+    if !copies || rest >= model_bytes {
+        return 0;
+    }
+    let mut moved = 0;
+    for a in lt.allocations.iter_mut() {
+        if a.category == Category::Parameter
+            && a.alloc_at.is_some()
+            && !a.by_module
+            && !a.workspace
+            && model.contains_key(&a.size)
+        {
+            a.category = Category::OptimizerState;
+            moved += 1;
+        }
+    }
+    moved
 }
 
 /// Tensors counted per (cycle, size).
@@ -374,5 +436,78 @@ impl Leaves {
                     .count() as u64
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kept setup tensor of `size` bytes, made by a module's machinery or by user code.
+    fn kept(size: u64, by_module: bool) -> Allocation {
+        Allocation {
+            addr: 0,
+            size,
+            alloc_at: Some(0),
+            free_at: None,
+            stack: 0,
+            category: Category::Parameter,
+            phase: Some(StackPhase::Setup),
+            by_frames: true,
+            workspace: false,
+            by_module,
+        }
+    }
+
+    fn categories(allocations: Vec<Allocation>) -> (u64, Vec<Category>) {
+        let mut lt = Lifetimes {
+            allocations,
+            ..Lifetimes::default()
+        };
+        let moved = state_kept_per_parameter(&mut lt);
+        (moved, lt.allocations.iter().map(|a| a.category).collect())
+    }
+
+    #[test]
+    fn whole_copies_of_the_parameters_made_by_user_code_are_optimizer_state() {
+        use Category::{OptimizerState as S, Parameter as P};
+        // a model of 100, 100 and 40 bytes; the user's code keeps one tensor per parameter
+        // (a gradient estimator's state), and a small tensor of its own
+        let model = [kept(100, true), kept(100, true), kept(40, true)];
+        let mut a: Vec<Allocation> = model.to_vec();
+        a.extend([
+            kept(100, false),
+            kept(100, false),
+            kept(40, false),
+            kept(8, false),
+        ]);
+        assert_eq!(categories(a), (3, vec![P, P, P, S, S, S, P]));
+        // two state tensors per parameter (Adam's moments written by hand)
+        let mut two: Vec<Allocation> = model.to_vec();
+        for _ in 0..2 {
+            two.extend([kept(100, false), kept(100, false), kept(40, false)]);
+        }
+        assert_eq!(categories(two).0, 6);
+    }
+
+    #[test]
+    fn parameters_made_by_user_code_beside_module_made_ones_stay_parameters() {
+        // not a whole copy: one of the two 100-byte sizes only
+        let partial = vec![kept(100, true), kept(100, true), kept(100, false)];
+        assert_eq!(categories(partial).0, 0);
+        // a model built mostly by the user's code (matrices made on the device) with a few
+        // module-made norms: the norms' sizes are covered, but the module's tensors are not
+        // the model
+        let mostly_user = vec![
+            kept(16, true),
+            kept(16, true),
+            kept(16, false),
+            kept(16, false),
+            kept(4096, false),
+            kept(4096, false),
+        ];
+        assert_eq!(categories(mostly_user).0, 0);
+        // nothing made by a module: nothing to tell the model by
+        assert_eq!(categories(vec![kept(100, false), kept(100, false)]).0, 0);
     }
 }

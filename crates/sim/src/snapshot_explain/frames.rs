@@ -139,6 +139,23 @@ pub fn is_workspace<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> bool {
     frames.any(|f| f.name.contains("getNewWorkspace") || f.name.contains("BlasLtWorkspace"))
 }
 
+/// A module's own machinery made the block: a frame of `torch.nn`'s modules, parameters or
+/// initialisers, a state dict loaded, or transformers' model loading.
+pub fn is_module_machinery<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> bool {
+    frames.any(|f| {
+        if !is_python(f) {
+            return false;
+        }
+        let p = path(f);
+        p.contains("torch/nn/modules/")
+            || p.ends_with("torch/nn/parameter.py")
+            || p.ends_with("torch/nn/init.py")
+            || p.ends_with("transformers/modeling_utils.py")
+            || f.name == "load_state_dict"
+            || f.name == "_load_from_state_dict"
+    })
+}
+
 /// The source line an allocation is reported under: the innermost frame of the user's own
 /// code, else the innermost Python frame.
 pub fn site_of<'a>(frames: impl Iterator<Item = &'a Frame> + Clone) -> Option<&'a Frame> {

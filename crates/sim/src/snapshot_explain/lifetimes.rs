@@ -9,7 +9,7 @@ use trainmem_alloc::pytorch::replay::free_action;
 use trainmem_alloc::{Snapshot, TraceAction, TraceEntry};
 use trainmem_core::Category;
 
-use super::frames::{StackPhase, is_workspace, phase_of};
+use super::frames::{StackPhase, is_module_machinery, is_workspace, phase_of};
 
 /// One allocation (a tensor's block) and what it was found to be.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +34,10 @@ pub struct Allocation {
     /// True when its stack shows a library's scratch buffer (cuBLAS's workspace), not a
     /// tensor: never counted as model state.
     pub workspace: bool,
+    /// True when its stack shows a module's own machinery made it (a module's construction,
+    /// `Module._apply` behind `.to()`, loading a state dict, `from_pretrained`): a
+    /// parameter's or buffer's block, not state the user's code keeps per parameter.
+    pub by_module: bool,
 }
 
 impl Allocation {
@@ -96,7 +100,7 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
     phase_windows(f, trace.len(), stacks, &mut out);
     let mut maker = AllocationMaker {
         f,
-        workspace_cache: HashMap::new(),
+        stack_cache: HashMap::new(),
     };
     let traced = traced_allocations(trace, stacks, &mut maker, &mut out);
     let mut start_live = traced.start_live;
@@ -163,13 +167,24 @@ fn phase_windows(f: &FramedSnapshot, len: usize, stacks: Option<&[u32]>, out: &m
 /// Makes allocations, telling a library's scratch buffers by their stacks.
 struct AllocationMaker<'a> {
     f: &'a FramedSnapshot,
-    workspace_cache: HashMap<u32, bool>,
+    /// Per stack: (a library's scratch buffer, made by a module's machinery).
+    stack_cache: HashMap<u32, (bool, bool)>,
 }
 
 impl AllocationMaker<'_> {
     /// An allocation not yet freed or categorized.
     fn make(&mut self, addr: u64, size: u64, alloc_at: Option<usize>, stack: u32) -> Allocation {
         let f = self.f;
+        let (workspace, by_module) = if stack == NO_STACK {
+            (false, false)
+        } else {
+            *self.stack_cache.entry(stack).or_insert_with(|| {
+                (
+                    is_workspace(f.stack(stack)),
+                    is_module_machinery(f.stack(stack)),
+                )
+            })
+        };
         Allocation {
             addr,
             size,
@@ -179,11 +194,8 @@ impl AllocationMaker<'_> {
             category: Category::Other,
             phase: None,
             by_frames: false,
-            workspace: stack != NO_STACK
-                && *self
-                    .workspace_cache
-                    .entry(stack)
-                    .or_insert_with(|| is_workspace(f.stack(stack))),
+            workspace,
+            by_module,
         }
     }
 }

@@ -98,9 +98,18 @@ fn header(out: &mut String, name: &str, ex: &SnapshotExplanation) {
     );
     let _ = writeln!(
         out,
-        "model state counted from: {} ({} parameter tensors)\n",
+        "model state counted from: {} ({} parameter tensors)",
         ex.model_state.counted_from, ex.model_state.parameter_tensors
     );
+    if ex.model_state.state_made_by_user_code > 0 {
+        let _ = writeln!(
+            out,
+            "optimizer state made by the user's own code: {} tensors, whole copies of the \
+             parameters' sizes kept beside the model",
+            ex.model_state.state_made_by_user_code
+        );
+    }
+    out.push('\n');
 }
 
 /// The steps found.
