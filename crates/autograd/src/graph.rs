@@ -469,8 +469,6 @@ impl<'p> Graph<'p> {
         }
     }
 
-    /// Runs op `i` forward: allocates its output, records its saved tensors when `save`,
-    /// and drops forward references of values past their last use (when `release_inputs`).
     /// The copy a chunked loss makes of part of its logits while it runs forward (litgpt's
     /// reshape of the last chunk's slice), when the loss is recorded for backward.
     fn chunk_copy<M: TensorMemory>(
@@ -496,6 +494,8 @@ impl<'p> Graph<'p> {
         }
     }
 
+    /// Runs op `i` forward: allocates its output, records its saved tensors when `save`,
+    /// and drops forward references of values past their last use (when `release_inputs`).
     fn run_op<M: TensorMemory>(
         &mut self,
         store: &mut TensorStore<M>,
