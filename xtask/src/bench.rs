@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod alloc;
 mod explain;
+mod from_hf;
 mod handover;
 mod loader;
 mod loader_formats;
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     LoaderFormats(loader_formats::LoaderFormatsBenchArgs),
     /// The simulator's speed on a large plan.
     Sim(sim::SimBenchArgs),
+    /// `plan from-hf` of a 7B model with a peft adapter, then `simulate`, as processes: under
+    /// 1 s together.
+    FromHf(from_hf::FromHfBenchArgs),
     /// `trainmem explain SNAPSHOT.pickle`'s speed on synthetic snapshots of 1 M and 4 M trace
     /// events, and the ratio of the two.
     Explain(explain::ExplainBenchArgs),
@@ -39,6 +43,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Loader(args) => loader::run(args),
         BenchCommand::LoaderFormats(args) => loader_formats::run(args),
         BenchCommand::Sim(args) => sim::run(args),
+        BenchCommand::FromHf(args) => from_hf::run(args),
         BenchCommand::Replay(args) => replay::run(args),
         BenchCommand::Tracker(args) => tracker::run(args),
         BenchCommand::Explain(args) => explain::run(args),
