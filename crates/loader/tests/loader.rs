@@ -713,10 +713,11 @@ fn persistent_workers_prefetch_the_next_epoch_within_the_bound() {
 
 #[test]
 fn build_times_count_every_batch_and_see_a_slow_one() {
-    // Batch 0 (samples 0 and 1) sleeps 50 ms in its transform, the other four take
-    // microseconds: the slowest build is at least 50 ms (less the 1/16 the histogram may
-    // round), the median far below it.
-    let slow = Duration::from_millis(50);
+    // Batch 0 (samples 0 and 1) sleeps 300 ms in its transform, the other four take
+    // microseconds: the slowest build is at least 300 ms (less the 1/16 the histogram may
+    // round), the median far below it. (At 50 ms, a machine busy compiling once delayed
+    // three fast builds past half of it.)
+    let slow = Duration::from_millis(300);
     for workers in [0, 2] {
         let mut loader = Loader::with_transform(
             numbers(10),
