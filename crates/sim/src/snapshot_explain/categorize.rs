@@ -10,6 +10,9 @@
 //! in the step does, two per parameter when every count is even); what the evidence leaves
 //! over of those sizes is the gradients kept between steps and the optimizer state, when the
 //! trace made none of its own; the rest is `other` (buffers, frozen weights, kept data).
+//! Whole copies of the parameters' sizes that the user's own code makes in setup and keeps
+//! beside a model a module's machinery made are optimizer state: state kept per parameter (a
+//! gradient estimator's, an optimizer written by hand), not more models.
 
 use std::collections::BTreeMap;
 
