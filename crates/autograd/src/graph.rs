@@ -17,7 +17,7 @@ use trainmem_core::Category;
 
 use crate::checkpoint::Segment;
 use crate::op::{Saved, SavedTable};
-use crate::program::{Op, Program, ValueDtype, ValueId};
+use crate::program::{LossChunks, Op, Program, ValueDtype, ValueId};
 use crate::store::{TensorId, TensorMemory, TensorStore};
 use trainmem_core::Dtype;
 use trainmem_core::OpKind;
@@ -469,6 +469,13 @@ impl<'p> Graph<'p> {
         }
     }
 
+    /// The program's loss chunks when `op` is the chunked loss (its cross-entropy).
+    fn chunks_of(&self, op: &Op) -> Option<LossChunks> {
+        let p = self.program;
+        p.loss_chunks
+            .filter(|_| op.kind == OpKind::CrossEntropy && Some(op.output) == p.loss)
+    }
+
     /// The copy a chunked loss makes of part of its logits while it runs forward (litgpt's
     /// reshape of the last chunk's slice), when the loss is recorded for backward.
     fn chunk_copy<M: TensorMemory>(
@@ -477,14 +484,8 @@ impl<'p> Graph<'p> {
         op: &Op,
         save: bool,
     ) -> Result<Option<TensorId>, M::Error> {
-        let p = self.program;
-        match p.loss_chunks {
-            Some(c)
-                if save
-                    && c.copied > 0
-                    && op.kind == OpKind::CrossEntropy
-                    && Some(op.output) == p.loss =>
-            {
+        match self.chunks_of(op) {
+            Some(c) if save && c.copied > 0 => {
                 let logits = self.value_bytes[op.inputs[0] as usize];
                 Ok(Some(
                     store.alloc(c.share(logits, c.copied), Category::Temporary)?,
@@ -696,10 +697,7 @@ impl<'p> Graph<'p> {
         let gout = self.grads[op.output as usize].take();
         if let Some(gout) = gout {
             // a chunked loss makes its gradients one chunk at a time
-            let chunk = match p.loss_chunks {
-                Some(c) if Some(op.output) == p.loss && op.kind == OpKind::CrossEntropy => Some(c),
-                _ => None,
-            };
+            let chunk = self.chunks_of(&op);
             let grad_bytes = |v: ValueId, k: usize| {
                 let bytes = self.value_bytes[v as usize];
                 match chunk {

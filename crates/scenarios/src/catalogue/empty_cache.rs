@@ -151,7 +151,7 @@ fn oom_despite_free_memory(base: &Frag, big: u64, small: u64) -> Judgement {
     match &base.oom {
         Some(o) => {
             let free_total = o.device_free + o.reserved_unallocated();
-            let mut figs = sizes_fig.clone();
+            let mut figs = sizes_fig;
             figs.push(Figure::bytes("device free at the OOM", o.device_free));
             figs.push(Figure::bytes("cached but free", o.reserved_unallocated()));
             Judgement::new(
@@ -169,11 +169,7 @@ fn oom_despite_free_memory(base: &Frag, big: u64, small: u64) -> Judgement {
                 figs,
             )
         }
-        None => Judgement::new(
-            false,
-            "the second large request succeeded",
-            sizes_fig.clone(),
-        ),
+        None => Judgement::new(false, "the second large request succeeded", sizes_fig),
     }
 }
 

@@ -748,15 +748,9 @@ impl<'a> Machine<'a> {
                 let v = self.le(2)?;
                 Some(Val::Int(v as i64))
             }
-            0x8a => {
-                let n = self.le(1)?;
-                let v = self.long(n)?;
-                Some(v)
-            }
-            0x8b => {
-                let n = self.le(4)?;
-                let v = self.long(n)?;
-                Some(v)
+            0x8a | 0x8b => {
+                let n = self.le(length_width(op))?;
+                Some(self.long(n)?)
             }
             b'I' | b'L' => Some(self.text_int()?),
             b'G' => {
@@ -766,35 +760,13 @@ impl<'a> Machine<'a> {
                 Some(Val::Float(f64::from_be_bytes(a)))
             }
             b'F' => Some(self.text_float()?),
-            0x8c | b'U' => {
-                let n = self.le(1)?;
-                let v = self.text(n)?;
-                Some(v)
+            0x8c | b'U' | b'X' | b'T' | 0x8d => {
+                let n = self.le(length_width(op))?;
+                Some(self.text(n)?)
             }
-            b'X' | b'T' => {
-                let n = self.le(4)?;
-                let v = self.text(n)?;
-                Some(v)
-            }
-            0x8d => {
-                let n = self.le(8)?;
-                let v = self.text(n)?;
-                Some(v)
-            }
-            b'C' => {
-                let n = self.le(1)?;
-                let v = self.bytes(n)?;
-                Some(v)
-            }
-            b'B' => {
-                let n = self.le(4)?;
-                let v = self.bytes(n)?;
-                Some(v)
-            }
-            0x8e | 0x96 => {
-                let n = self.le(8)?;
-                let v = self.bytes(n)?;
-                Some(v)
+            b'C' | b'B' | 0x8e | 0x96 => {
+                let n = self.le(length_width(op))?;
+                Some(self.bytes(n)?)
             }
             _ => None,
         })
@@ -946,6 +918,18 @@ impl<'a> Machine<'a> {
                 self.structure(op)?;
             }
         }
+    }
+}
+
+/// Bytes of the little-endian length before a length-prefixed value: 1 for the short forms
+/// (`LONG1`, `SHORT_BINUNICODE`, `SHORT_BINSTRING`, `SHORT_BINBYTES`), 8 for the protocol-4
+/// forms (`BINUNICODE8`, `BINBYTES8`, `BYTEARRAY8`), 4 for the rest (`LONG4`, `BINUNICODE`,
+/// `BINSTRING`, `BINBYTES`).
+fn length_width(op: u8) -> usize {
+    match op {
+        0x8a | 0x8c | b'U' | b'C' => 1,
+        0x8d | 0x8e | 0x96 => 8,
+        _ => 4,
     }
 }
 
