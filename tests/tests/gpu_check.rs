@@ -156,6 +156,13 @@ fn every_committed_gpu_check_holds() {
                 // On the CPU the file's own judgement is today's (the dry run is rerun at will).
                 "flex" => {
                     assert_eq!(s["reproduced"], Value::Bool(true), "{where_} {name}");
+                    // Tensors and the records beside them: the counting allocator's bytes within
+                    // 1% + 16 KiB at every boundary, every category.
+                    assert_eq!(
+                        u64_at(tracker, "outside"),
+                        0,
+                        "{where_} {name}: the tracker and its records against the counting allocator: {tracker}"
+                    );
                     assert_eq!(
                         s["twin_misses"].as_array().map(Vec::len),
                         Some(0),

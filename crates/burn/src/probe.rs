@@ -181,23 +181,31 @@ impl<B: MemoryBackend> Probe<B> {
         micro_batch: Option<u32>,
     ) -> Result<&ProbeSample, BurnRunError> {
         B::sync(&self.device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
-        let (host, host_peak, host_total_peak, host_handed_to_device) = if self.counting {
-            let snap = trainmem_probe::snapshot();
-            trainmem_probe::reset_peaks();
-            (
-                Some(CategoryBytes(snap.live.map(|v| v as u64))),
-                Some(CategoryBytes(snap.peak.map(|v| v as u64))),
-                Some(snap.total_peak as u64),
-                Some(CategoryBytes(snap.handed_to_device.map(|v| v as u64))),
-            )
-        } else {
-            (None, None, None, None)
+        let snap = self.counting.then(trainmem_probe::snapshot);
+        // The tracker's figures right after the host's, and its records from the same host
+        // snapshot: a loader's workers may allocate meanwhile.
+        let tracked = B::tracked_bytes().map(|mut t| {
+            if let Some(snap) = &snap {
+                t.records = trainmem_track::records_beside(snap);
+            }
+            t
+        });
+        let (host, host_peak, host_total_peak, host_handed_to_device) = match snap {
+            Some(snap) => {
+                trainmem_probe::reset_peaks();
+                (
+                    Some(CategoryBytes(snap.live.map(|v| v as u64))),
+                    Some(CategoryBytes(snap.peak.map(|v| v as u64))),
+                    Some(snap.total_peak as u64),
+                    Some(CategoryBytes(snap.handed_to_device.map(|v| v as u64))),
+                )
+            }
+            None => (None, None, None, None),
         };
         let data_file_rss = self
             .data_files
             .as_deref()
             .and_then(|files| trainmem_probe::mapped::mapped_rss(files).ok());
-        let tracked = B::tracked_bytes();
         if tracked.is_some() {
             trainmem_track::reset_peaks();
         }

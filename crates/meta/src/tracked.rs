@@ -40,6 +40,7 @@ fn meta_buffer(tensor: &MetaTensor) -> Option<BufferInfo> {
         bytes: tensor.buffer_bytes(),
         handle_bytes: 0,
         handle_key: 0,
+        adoptable: 0,
     })
 }
 

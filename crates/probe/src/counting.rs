@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::tag::{category_from_u8, current_tag_byte};
+use crate::tag::{category_from_u8, current_tag_byte, in_backend};
 use trainmem_core::Category;
 
 /// Number of categories.
@@ -37,11 +37,30 @@ const HEADER: usize = 8;
 /// the low bits keep the category.
 const HANDED: u8 = 0x80;
 
+/// Bit of the tag byte set on a block allocated inside a backend op ([`crate::BackendScope`]).
+const BACKEND: u8 = 0x40;
+
+/// The bits of the tag byte that hold the category.
+const CATEGORY_BITS: u8 = 0x3f;
+
+/// The slot of a tag byte's category.
+fn slot(tag: u8) -> usize {
+    usize::from(tag & CATEGORY_BITS).min(N - 1)
+}
+
+/// The tag a block allocated now carries: the thread's category, and whether it is inside a
+/// backend op.
+fn block_tag() -> u8 {
+    let tag = current_tag_byte();
+    if in_backend() { tag | BACKEND } else { tag }
+}
+
 static LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static PEAK: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static ALLOCATED: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static HANDED_LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+static BACKEND_LIVE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 static TOTAL_LIVE: AtomicUsize = AtomicUsize::new(0);
 static TOTAL_PEAK: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
@@ -74,7 +93,10 @@ fn outer_layout(layout: Layout) -> Option<(Layout, usize)> {
 }
 
 fn record_alloc(tag: u8, size: usize) {
-    let i = usize::from(tag).min(N - 1);
+    let i = slot(tag);
+    if tag & BACKEND != 0 {
+        BACKEND_LIVE[i].fetch_add(size, Ordering::Relaxed);
+    }
     let now = LIVE[i]
         .fetch_add(size, Ordering::Relaxed)
         .wrapping_add(size);
@@ -91,9 +113,12 @@ fn record_alloc(tag: u8, size: usize) {
 }
 
 fn record_dealloc(tag: u8, size: usize) {
-    let i = usize::from(tag & !HANDED).min(N - 1);
+    let i = slot(tag);
     if tag & HANDED != 0 {
         HANDED_LIVE[i].fetch_sub(size, Ordering::Relaxed);
+    }
+    if tag & BACKEND != 0 {
+        BACKEND_LIVE[i].fetch_sub(size, Ordering::Relaxed);
     }
     LIVE[i].fetch_sub(size, Ordering::Relaxed);
     TOTAL_LIVE.fetch_sub(size, Ordering::Relaxed);
@@ -109,7 +134,7 @@ unsafe fn tag_block(base: *mut u8, offset: usize, layout: Layout) -> *mut u8 {
     if base.is_null() {
         return base;
     }
-    let tag = current_tag_byte();
+    let tag = block_tag();
     // SAFETY: `offset < outer.size()`, so `base + offset` and the byte before it are inside
     // the block `System` just returned (the caller's contract).
     unsafe {
@@ -119,7 +144,7 @@ unsafe fn tag_block(base: *mut u8, offset: usize, layout: Layout) -> *mut u8 {
         }
         user.sub(1).write(tag);
         record_alloc(tag, layout.size());
-        crate::trace::record(user, layout.size(), false, tag);
+        crate::trace::record(user, layout.size(), false, tag & CATEGORY_BITS);
         user
     }
 }
@@ -160,7 +185,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         unsafe {
             let tag = ptr.sub(1).read();
             record_dealloc(tag, layout.size());
-            crate::trace::record(ptr, layout.size(), true, tag & !HANDED);
+            crate::trace::record(ptr, layout.size(), true, tag & CATEGORY_BITS);
             System.dealloc(ptr.sub(offset), outer);
         }
     }
@@ -182,17 +207,17 @@ unsafe impl GlobalAlloc for CountingAlloc {
             // The old block is untouched and still counted where it was.
             return base;
         }
-        let tag = current_tag_byte();
+        let tag = block_tag();
         // SAFETY: `System.realloc` copied the header with the data, so the old tag is at
         // `base + offset - 1`, inside the new block of `new_outer_size > offset` bytes.
         unsafe {
             let user = base.add(offset);
             let old_tag = user.sub(1).read();
             record_dealloc(old_tag, layout.size());
-            crate::trace::record(ptr, layout.size(), true, old_tag & !HANDED);
+            crate::trace::record(ptr, layout.size(), true, old_tag & CATEGORY_BITS);
             user.sub(1).write(tag);
             record_alloc(tag, new_size);
-            crate::trace::record(user, new_size, false, tag);
+            crate::trace::record(user, new_size, false, tag & CATEGORY_BITS);
             user
         }
     }
@@ -251,6 +276,10 @@ pub struct AllocSnapshot {
     /// ([`mark_handed_to_device`]); already included in `live`.
     #[serde(default)]
     pub handed_to_device: [usize; N],
+    /// Live bytes per category allocated inside a backend op ([`crate::BackendScope`]); already
+    /// included in `live`. The rest of `live` was allocated outside any backend op.
+    #[serde(default)]
+    pub in_backend: [usize; N],
     /// Live bytes, all categories together.
     pub total_live: usize,
     /// Peak of `total_live` since the start or the last [`reset_peaks`].
@@ -277,6 +306,7 @@ pub fn snapshot() -> AllocSnapshot {
         allocated: [0; N],
         allocations: [0; N],
         handed_to_device: [0; N],
+        in_backend: [0; N],
         total_live: TOTAL_LIVE.load(Ordering::Relaxed),
         total_peak: TOTAL_PEAK.load(Ordering::Relaxed),
     };
@@ -286,6 +316,7 @@ pub fn snapshot() -> AllocSnapshot {
         s.allocated[i] = ALLOCATED[i].load(Ordering::Relaxed);
         s.allocations[i] = COUNT[i].load(Ordering::Relaxed);
         s.handed_to_device[i] = HANDED_LIVE[i].load(Ordering::Relaxed);
+        s.in_backend[i] = BACKEND_LIVE[i].load(Ordering::Relaxed);
     }
     s
 }
@@ -298,7 +329,7 @@ pub fn snapshot() -> AllocSnapshot {
 pub unsafe fn block_category(ptr: *const u8) -> Category {
     // SAFETY: the caller guarantees `ptr` is a live block from this allocator, whose header
     // byte just before `ptr` holds the tag.
-    category_from_u8(unsafe { ptr.sub(1).read() } & !HANDED)
+    category_from_u8(unsafe { ptr.sub(1).read() } & CATEGORY_BITS)
 }
 
 /// Set while [`counting_is_global`] checks which allocator serves the global heap: every
@@ -360,11 +391,17 @@ pub fn mark_handed_to_device<T>(v: &Vec<T>) -> bool {
         if tag & HANDED != 0 {
             return false;
         }
-        let i = usize::from(tag).min(N - 1);
+        let i = slot(tag);
         HANDED_LIVE[i].fetch_add(size, Ordering::Relaxed);
         tag_at.write(tag | HANDED);
     }
     true
+}
+
+/// Live bytes under `category` allocated inside a backend op ([`crate::BackendScope`]) and not
+/// freed yet.
+pub fn backend_bytes(category: Category) -> usize {
+    BACKEND_LIVE[category.index()].load(Ordering::Relaxed)
 }
 
 /// Live bytes under `category` whose block was marked [`mark_handed_to_device`] and is not

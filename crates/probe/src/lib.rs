@@ -19,6 +19,9 @@
 //! * [`mark_handed_to_device`], [`handed_to_device_bytes`]: a buffer handed to a device
 //!   backend for an upload stays counted under its category and is also counted apart until
 //!   the backend frees it, so a backend's hold on uploaded host data shows on its own.
+//! * [`BackendScope`], [`backend_bytes`]: blocks allocated while a tensor backend runs one
+//!   of its ops are also counted as the backend's, so a run tells its tensors from the records
+//!   the framework keeps beside them (whatever was allocated outside any op).
 //! * [`start_trace`] / [`stop_trace`]: an optional, bounded, allocation-free record of
 //!   allocations and frees above a size threshold (address, size, category, thread), for
 //!   replaying a real run's allocation sizes through a caching-allocator model.
@@ -121,11 +124,12 @@ mod tag;
 mod trace;
 
 pub use counting::{
-    AllocSnapshot, CountingAlloc, block_category, handed_to_device_bytes, is_installed, live_bytes,
-    mark_handed_to_device, peak_bytes, reset_peak, reset_peaks, snapshot, total_live_bytes,
+    AllocSnapshot, CountingAlloc, backend_bytes, block_category, handed_to_device_bytes,
+    is_installed, live_bytes, mark_handed_to_device, peak_bytes, reset_peak, reset_peaks, snapshot,
+    total_live_bytes,
 };
 pub use rss::{ProcStatus, RssError};
-pub use tag::{CategoryScope, current_category, set_thread_category};
+pub use tag::{BackendScope, CategoryScope, current_category, set_thread_category};
 pub use trace::{
     TRACE_CAPACITY, TraceBusy, TraceEvent, TraceKind, TraceResult, start_trace, stop_trace,
     trace_enabled, trace_position, trace_thread_id,

@@ -14,6 +14,14 @@ use trainmem_core::Category;
 
 thread_local! {
     static TAG: Cell<u8> = const { Cell::new(Category::Other as u8) };
+    /// How many [`BackendScope`]s the thread is inside.
+    static IN_BACKEND: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a [`BackendScope`]; `false` while the thread-local is
+/// being torn down.
+pub(crate) fn in_backend() -> bool {
+    IN_BACKEND.try_with(|d| d.get() > 0).unwrap_or(false)
 }
 
 /// Converts a stored tag byte back into a category (bytes that are not a category read as
@@ -72,6 +80,36 @@ impl CategoryScope {
 impl Drop for CategoryScope {
     fn drop(&mut self) {
         set_thread_category(self.previous);
+    }
+}
+
+/// A scope during which the calling thread runs a tensor backend's op: the blocks it allocates
+/// meanwhile are counted under their category as usual, and also as the backend's
+/// ([`crate::AllocSnapshot::in_backend`]) until they are freed, by whichever thread.
+///
+/// This is how a measured run tells the backend's tensors (buffers, shapes, strides, made
+/// inside its ops) from the records the framework and the program keep beside them (graph
+/// nodes, optimizer maps, module records, made outside any op). Scopes nest; the guard is tied
+/// to its thread.
+#[derive(Debug)]
+#[must_use = "the thread leaves the backend when the scope is dropped"]
+pub struct BackendScope {
+    _not_send: PhantomData<*const ()>,
+}
+
+impl BackendScope {
+    /// Marks the calling thread as inside a backend op until the guard is dropped.
+    pub fn enter() -> BackendScope {
+        let _ = IN_BACKEND.try_with(|d| d.set(d.get().saturating_add(1)));
+        BackendScope {
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl Drop for BackendScope {
+    fn drop(&mut self) {
+        let _ = IN_BACKEND.try_with(|d| d.set(d.get().saturating_sub(1)));
     }
 }
 

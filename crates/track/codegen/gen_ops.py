@@ -198,7 +198,9 @@ def method(trait, name, generics, params, ret, where):
         hint = f"{first_keep}.as_ref()"
     fut = re.fullmatch(r"impl Future<Output = (.*)>(.*)", rty)
     lines = [f"    fn {name}{generics}({', '.join(sig)}){(' -> ' + outer(rty)) if rty else ''} {outer(where)} {{"]
-    if keeps:
+    if name.endswith("_from_data"):
+        lines.append("        let _op = crate::tensor::OpScope::from_data(&data);")
+    else:
         lines.append("        let _op = crate::tensor::OpScope::enter();")
     lines += [f"        {s}" for s in stmts]
     if fut:

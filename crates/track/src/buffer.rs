@@ -21,6 +21,11 @@ pub struct BufferInfo {
     /// Names the tensor's own record while it is alive (the address of its strides), so an
     /// in-place op whose output keeps its input's record keeps its count too; 0 when unknown.
     pub handle_key: u64,
+    /// Of `bytes`, those a tensor made from host data (`*_from_data`) takes over from the
+    /// caller instead of allocating them in the op: the data's block and what the caller's
+    /// `Bytes` boxed with it. Counted when the buffer's key is the data's address (the backend
+    /// kept the caller's block); 0 for a backend that always copies.
+    pub adoptable: u64,
 }
 
 /// A backend [`crate::Tracked`] can wrap, and how it names the buffer behind each tensor.
@@ -61,6 +66,12 @@ pub const FLEX_STORAGE_HEADER: u64 =
 /// dimensions moves to the heap.
 const FLEX_INLINE_DIMS: usize = 5;
 
+/// The heap bytes of a Flex storage's `Arc<Bytes>` block, which Flex allocates in the op even
+/// when it keeps the caller's data (`from_data`); the rest of [`FLEX_STORAGE_HEADER`] is the
+/// allocation controller, boxed with the data by whoever made the `Bytes`.
+const FLEX_STORAGE_ARC: u64 =
+    (2 * std::mem::size_of::<usize>() + std::mem::size_of::<burn::tensor::Bytes>()) as u64;
+
 /// The heap bytes one Flex tensor holds beside its storage: its strides (`Vec<isize>`, one per
 /// dimension) and, beyond five dimensions, its shape.
 fn flex_handle_bytes(rank: usize) -> u64 {
@@ -86,6 +97,7 @@ fn flex_buffer(tensor: &FlexTensor) -> Option<BufferInfo> {
         bytes: storage.capacity() as u64 + FLEX_STORAGE_HEADER,
         handle_bytes: flex_handle_bytes(tensor.layout().num_dims()),
         handle_key: tensor.layout().strides().as_ptr() as usize as u64,
+        adoptable: storage.capacity() as u64 + FLEX_STORAGE_HEADER - FLEX_STORAGE_ARC,
     })
 }
 

@@ -104,6 +104,7 @@ fn cube_buffer(tensor: &CubeTensor<CudaRuntime>) -> Option<BufferInfo> {
         // not counted here.
         handle_bytes: 0,
         handle_key: 0,
+        adoptable: 0,
     })
 }
 
@@ -139,6 +140,7 @@ fn fusion_buffer<R: burn_fusion::FusionRuntime>(
         bytes: (tensor.shape.num_elements() * tensor.dtype.size()) as u64,
         handle_bytes: 0,
         handle_key: 0,
+        adoptable: 0,
     })
 }
 

@@ -29,6 +29,9 @@ pub struct Token {
     key: Option<u64>,
     bytes: u64,
     category: Category,
+    /// Of `bytes`, those taken over from the caller's host data (see
+    /// [`BufferInfo::adoptable`]).
+    adopted: u64,
 }
 
 impl Token {
@@ -65,6 +68,22 @@ pub struct TrackedBytes {
     /// own). Host memory on every backend, never device memory.
     #[serde(default)]
     pub handles: CategoryBytes,
+    /// The records the run keeps on the host beside its tensors, per category: host bytes
+    /// allocated outside any op of the backend (burn's autodiff graph, its optimizers' and
+    /// modules' records, the program's own, the loader's), less the host data a tensor took
+    /// over as its buffer. Measured by trainmem-probe's counting allocator
+    /// ([`trainmem_probe::BackendScope`] marks the backend's ops); zero when it is not the
+    /// global allocator. Host memory on every backend, never device memory.
+    #[serde(default)]
+    pub records: CategoryBytes,
+}
+
+impl TrackedBytes {
+    /// What the tracker accounts for under `category` on a host backend: the buffers, the
+    /// tensors' own records and the records beside them.
+    pub fn host_accounted(&self, category: Category) -> u64 {
+        self.live.get(category) + self.handles.get(category) + self.records.get(category)
+    }
 }
 
 #[derive(Default)]
@@ -76,6 +95,8 @@ struct State {
     total_peak: u64,
     buffers: u64,
     buffers_created: u64,
+    /// Live bytes per category of buffers taken over from the caller's host data.
+    adopted: [u64; 8],
 }
 
 impl State {
@@ -145,6 +166,34 @@ impl Drop for Handle {
     }
 }
 
+thread_local! {
+    /// The address of the host data a `*_from_data` op of this thread is turning into a tensor
+    /// (0 outside such an op).
+    static ADOPTING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Tells the tracker that the op running on this thread makes a tensor from host data at
+/// `addr`, until [`adopting_done`]: a new buffer at that address took the data over.
+pub(crate) fn adopting(addr: u64) {
+    let _ = ADOPTING.try_with(|a| a.set(addr));
+}
+
+/// Ends [`adopting`].
+pub(crate) fn adopting_done() {
+    let _ = ADOPTING.try_with(|a| a.set(0));
+}
+
+/// The bytes of a new buffer `info` taken over from the caller's data, if the running op is
+/// turning data at the buffer's address into a tensor.
+fn adopted(info: &BufferInfo) -> u64 {
+    let addr = ADOPTING.try_with(std::cell::Cell::get).unwrap_or(0);
+    if addr != 0 && addr == info.key {
+        info.adoptable.min(info.bytes)
+    } else {
+        0
+    }
+}
+
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
 
 fn state() -> MutexGuard<'static, State> {
@@ -166,7 +215,7 @@ pub(crate) fn track(
 ) -> Option<Keep> {
     let category = trainmem_probe::current_category();
     match info {
-        Some(BufferInfo { key, bytes, .. }) => {
+        Some(info @ BufferInfo { key, bytes, .. }) => {
             if bytes == 0 {
                 return None;
             }
@@ -175,13 +224,16 @@ pub(crate) fn track(
             if !fresh && let Some(token) = s.by_key.get(&key).and_then(Weak::upgrade) {
                 return Some(token);
             }
+            let adopted = adopted(&info);
             let token = Arc::new(Token {
                 key: Some(key),
                 bytes,
                 category,
+                adopted,
             });
             s.by_key.insert(key, Arc::downgrade(&token));
             s.add(category, bytes);
+            s.adopted[category.index()] += adopted;
             Some(token)
         }
         None => {
@@ -197,6 +249,7 @@ pub(crate) fn track(
                 key: None,
                 bytes,
                 category,
+                adopted: 0,
             });
             state().add(category, bytes);
             Some(token)
@@ -219,12 +272,16 @@ impl Drop for Token {
             }
         }
         s.remove(self.category, self.bytes);
+        let slot = &mut s.adopted[self.category.index()];
+        *slot = slot.saturating_sub(self.adopted);
     }
 }
 
 /// What the tracker counts now, and the peaks since the last [`reset_peaks`].
 pub fn snapshot() -> TrackedBytes {
+    let host = trainmem_probe::is_installed().then(trainmem_probe::snapshot);
     let s = state();
+    let records = host.map_or([0; 8], |h| records_of(&h, &s.adopted));
     TrackedBytes {
         live: CategoryBytes(s.live),
         peak: CategoryBytes(s.peak),
@@ -232,7 +289,23 @@ pub fn snapshot() -> TrackedBytes {
         buffers: s.buffers,
         buffers_created: s.buffers_created,
         handles: CategoryBytes(std::array::from_fn(|i| HANDLES[i].load(Ordering::Relaxed))),
+        records: CategoryBytes(records),
     }
+}
+
+/// The records beside the tensors ([`TrackedBytes::records`]) in the counting allocator's
+/// snapshot `host`: its bytes allocated outside any backend op, less the host data tensors took
+/// over. A probe that reads `host` for its own figures passes it here, so both describe one
+/// instant even while other threads (a loader's workers) allocate.
+pub fn records_beside(host: &trainmem_probe::AllocSnapshot) -> CategoryBytes {
+    CategoryBytes(records_of(host, &state().adopted))
+}
+
+fn records_of(host: &trainmem_probe::AllocSnapshot, adopted: &[u64; 8]) -> [u64; 8] {
+    std::array::from_fn(|i| {
+        let outside = host.live[i].saturating_sub(host.in_backend[i]) as u64;
+        outside.saturating_sub(adopted[i])
+    })
 }
 
 /// Starts new peaks from the live bytes (a probe calls it at every sample, so each sample's
@@ -259,6 +332,7 @@ mod tests {
             bytes: 4096,
             handle_bytes: 0,
             handle_key: 0,
+            adoptable: 0,
         };
         let a = {
             let _tag = CategoryScope::enter(Category::Gradient);
@@ -319,6 +393,7 @@ mod tests {
             bytes: 64,
             handle_bytes: 0,
             handle_key: 0,
+            adoptable: 0,
         };
         let first = track(Some(info), None, false, || 0);
         drop(first);

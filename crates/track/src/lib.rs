@@ -72,7 +72,7 @@ pub mod tensor;
 
 pub use backend::Tracked;
 pub use buffer::{BufferInfo, TrackableBackend};
-pub use ledger::{TrackedBytes, reset_peaks, snapshot};
+pub use ledger::{TrackedBytes, records_beside, reset_peaks, snapshot};
 pub use memory::{DeviceFigures, MemoryBackend};
 pub use params::materialize;
 pub use tensor::TrackedTensor;

@@ -18,6 +18,7 @@ use crate::buffer::TrackableBackend;
 
 impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::from_data(&data);
         crate::tensor::wrap_float::<B>(B::float_from_data(data, device), None)
     }
     fn float_random(
@@ -26,12 +27,15 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_float::<B>(B::float_random(shape, distribution, device, dtype), None)
     }
     fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_float::<B>(B::float_zeros(shape, device, dtype), None)
     }
     fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_float::<B>(B::float_ones(shape, device, dtype), None)
     }
     fn float_full(
@@ -40,6 +44,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         device: &Device<Self>,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_float::<B>(B::float_full(shape, fill_value, device, dtype), None)
     }
     fn float_into_data(
@@ -55,6 +60,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         }
     }
     fn float_device(tensor: &FloatTensor<Self>) -> Device<Self> {
+        let _op = crate::tensor::OpScope::enter();
         B::float_device(&tensor.inner)
     }
     fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
@@ -72,6 +78,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         out
     }
     fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_float::<B>(B::float_empty(shape, device, dtype), None)
     }
     fn float_repeat_dim(tensor: FloatTensor<Self>, dim: usize, times: usize) -> FloatTensor<Self> {
@@ -532,6 +539,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         out
     }
     fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool {
+        let _op = crate::tensor::OpScope::enter();
         B::float_is_require_grad(&tensor.inner)
     }
     fn float_sum(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -1072,6 +1080,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
 
 impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
     fn int_empty(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_empty(shape, device, dtype), None)
     }
     fn int_into_data(
@@ -1087,9 +1096,11 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         }
     }
     fn int_from_data(data: TensorData, device: &Device<Self>) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::from_data(&data);
         crate::tensor::wrap_int::<B>(B::int_from_data(data, device), None)
     }
     fn int_device(tensor: &IntTensor<Self>) -> Device<Self> {
+        let _op = crate::tensor::OpScope::enter();
         B::int_device(&tensor.inner)
     }
     fn int_to_device(tensor: IntTensor<Self>, device: &Device<Self>) -> IntTensor<Self> {
@@ -1516,9 +1527,11 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         out
     }
     fn int_zeros(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_zeros(shape, device, dtype), None)
     }
     fn int_ones(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_ones(shape, device, dtype), None)
     }
     fn int_full(
@@ -1527,6 +1540,7 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         device: &Device<Self>,
         dtype: IntDType,
     ) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_full(shape, fill_value, device, dtype), None)
     }
     fn int_sum(tensor: IntTensor<Self>) -> IntTensor<Self> {
@@ -1743,6 +1757,7 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         device: &Device<Self>,
         dtype: IntDType,
     ) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_random(shape, distribution, device, dtype), None)
     }
     fn int_arange_step(
@@ -1751,9 +1766,11 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         device: &Device<Self>,
         dtype: IntDType,
     ) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_arange_step(range, step, device, dtype), None)
     }
     fn int_arange(range: Range<i64>, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_int::<B>(B::int_arange(range, device, dtype), None)
     }
     fn int_any(tensor: IntTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
@@ -1935,12 +1952,15 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
 
 impl<B: TrackableBackend> BoolTensorOps<Self> for Tracked<B> {
     fn bool_empty(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_bool::<B>(B::bool_empty(shape, device, dtype), None)
     }
     fn bool_zeros(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_bool::<B>(B::bool_zeros(shape, device, dtype), None)
     }
     fn bool_ones(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self> {
+        let _op = crate::tensor::OpScope::enter();
         crate::tensor::wrap_bool::<B>(B::bool_ones(shape, device, dtype), None)
     }
     fn bool_into_data(
@@ -1956,6 +1976,7 @@ impl<B: TrackableBackend> BoolTensorOps<Self> for Tracked<B> {
         }
     }
     fn bool_from_data(data: TensorData, device: &Device<Self>) -> BoolTensor<Self> {
+        let _op = crate::tensor::OpScope::from_data(&data);
         crate::tensor::wrap_bool::<B>(B::bool_from_data(data, device), None)
     }
     fn bool_into_int(tensor: BoolTensor<Self>, out_dtype: IntDType) -> IntTensor<Self> {
@@ -1973,6 +1994,7 @@ impl<B: TrackableBackend> BoolTensorOps<Self> for Tracked<B> {
         out
     }
     fn bool_device(tensor: &BoolTensor<Self>) -> Device<Self> {
+        let _op = crate::tensor::OpScope::enter();
         B::bool_device(&tensor.inner)
     }
     fn bool_to_device(tensor: BoolTensor<Self>, device: &Device<Self>) -> BoolTensor<Self> {
@@ -2261,6 +2283,7 @@ impl<B: TrackableBackend> BoolTensorOps<Self> for Tracked<B> {
 
 impl<B: TrackableBackend> QTensorOps<Self> for Tracked<B> {
     fn q_from_data(data: TensorData, device: &Device<Self>) -> QuantizedTensor<Self> {
+        let _op = crate::tensor::OpScope::from_data(&data);
         crate::tensor::wrap_q::<B>(B::q_from_data(data, device), None)
     }
     fn quantize(
@@ -2290,6 +2313,7 @@ impl<B: TrackableBackend> QTensorOps<Self> for Tracked<B> {
         out
     }
     fn q_device(tensor: &QuantizedTensor<Self>) -> Device<Self> {
+        let _op = crate::tensor::OpScope::enter();
         B::q_device(&tensor.inner)
     }
     fn q_to_device(tensor: QuantizedTensor<Self>, device: &Device<Self>) -> QuantizedTensor<Self> {
@@ -2339,6 +2363,7 @@ impl<B: TrackableBackend> QTensorOps<Self> for Tracked<B> {
         out
     }
     fn q_is_require_grad(tensor: &QuantizedTensor<Self>) -> bool {
+        let _op = crate::tensor::OpScope::enter();
         B::q_is_require_grad(&tensor.inner)
     }
     fn q_expand(tensor: QuantizedTensor<Self>, shape: Shape) -> QuantizedTensor<Self> {
@@ -3873,6 +3898,7 @@ impl<B: TrackableBackend> ModuleOps<Self> for Tracked<B> {
         out
     }
     fn has_ctc_loss_backward() -> bool {
+        let _op = crate::tensor::OpScope::enter();
         B::has_ctc_loss_backward()
     }
     fn ctc_loss_backward(

@@ -16,7 +16,6 @@ use crate::ledger::{Handle, Keep, track};
 /// A tensor of the inner backend, holding its buffer's token.
 ///
 /// Cloning it clones the inner tensor (a shared buffer, as on the inner backend) and the token.
-#[derive(Clone)]
 pub struct TrackedTensor<P> {
     /// The inner backend's tensor. Declared first, so it is dropped before the token.
     pub(crate) inner: P,
@@ -24,6 +23,19 @@ pub struct TrackedTensor<P> {
     pub(crate) token: Option<Keep>,
     /// This tensor's own record beside the buffer (see [`crate::TrackedBytes::handles`]).
     pub(crate) handle: Handle,
+}
+
+impl<P: Clone> Clone for TrackedTensor<P> {
+    /// The inner tensor is cloned as inside an op of the backend: what its clone allocates (its
+    /// own shape and strides) is the tensor's, not a record beside it.
+    fn clone(&self) -> Self {
+        let _backend = trainmem_probe::BackendScope::enter();
+        TrackedTensor {
+            inner: self.inner.clone(),
+            token: self.token.clone(),
+            handle: self.handle.clone(),
+        }
+    }
 }
 
 impl<P> TrackedTensor<P> {
@@ -180,19 +192,32 @@ fn reuses_address(key: u64, signature: impl FnOnce() -> u64) -> bool {
     consumed.is_some_and(|sig| sig != signature())
 }
 
-/// The span of one op of [`crate::Tracked`]: when it ends (normally or by a panic), the
-/// records of the inputs no output kept are released.
-pub(crate) struct OpScope(());
+/// The span of one op of [`crate::Tracked`]: the thread runs inside the backend meanwhile
+/// ([`trainmem_probe::BackendScope`]: what the op allocates is the backend's); when it ends
+/// (normally or by a panic), the records of the inputs no output kept are released.
+pub(crate) struct OpScope {
+    _backend: trainmem_probe::BackendScope,
+}
 
 impl OpScope {
     /// Opens the span.
     pub(crate) fn enter() -> OpScope {
-        OpScope(())
+        OpScope {
+            _backend: trainmem_probe::BackendScope::enter(),
+        }
+    }
+
+    /// Opens the span of an op that makes a tensor from the host data `data`: a new buffer at
+    /// the data's address took the caller's block over (see [`crate::BufferInfo::adoptable`]).
+    pub(crate) fn from_data(data: &burn::tensor::TensorData) -> OpScope {
+        crate::ledger::adopting(data.bytes.as_ptr() as usize as u64);
+        OpScope::enter()
     }
 }
 
 impl Drop for OpScope {
     fn drop(&mut self) {
+        crate::ledger::adopting_done();
         let _ = STASH.try_with(|s| {
             let mut s = s.borrow_mut();
             for slot in s.handles.iter_mut() {

@@ -1,12 +1,14 @@
 //! Random op sequences on `Tracked<Flex>`: after every op the tracker's live bytes per category
 //! (buffers plus the tensors' own records, `handles`) equal the bytes the counting allocator
-//! sees Flex hold, and everything returns to zero when the tensors are dropped. Views, in-place element-wise ops, clones, cat, slice and drops in
-//! random order.
+//! sees Flex hold, no record is left beside them (what the program allocated outside the ops and
+//! Flex took over as a buffer, `from_data`'s block, is the buffer's), and everything returns to
+//! zero when the tensors are dropped. Views, in-place element-wise ops, clones, cat, slice,
+//! tensors made from host data and drops in random order.
 
 use std::sync::Mutex;
 
 use burn::backend::Flex;
-use burn::tensor::{Distribution, Tensor, s};
+use burn::tensor::{Distribution, Tensor, TensorData, s};
 use proptest::prelude::*;
 use trainmem_core::Category;
 use trainmem_probe::{CategoryScope, CountingAlloc};
@@ -28,6 +30,8 @@ const TAGS: [Category; 3] = [Category::Activation, Category::Gradient, Category:
 enum Op {
     /// A new tensor of `rows × 64` f32 values (at least 4 KiB).
     New { rows: usize, tag: usize },
+    /// A tensor of `rows × 64` f32 values made from a vector the program filled.
+    FromData { rows: usize, tag: usize },
     /// A reshape view of tensor `i`.
     View { i: usize, tag: usize },
     /// A transposed view of tensor `i`.
@@ -51,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
     let tag = 0usize..TAGS.len();
     prop_oneof![
         3 => (1usize..64, tag.clone()).prop_map(|(rows, tag)| Op::New { rows, tag }),
+        1 => (1usize..64, tag.clone()).prop_map(|(rows, tag)| Op::FromData { rows, tag }),
         1 => (i.clone(), tag.clone()).prop_map(|(i, tag)| Op::View { i, tag }),
         1 => (i.clone(), tag.clone()).prop_map(|(i, tag)| Op::Transpose { i, tag }),
         1 => (i.clone(), 1usize..64, tag.clone()).prop_map(|(i, rows, tag)| Op::Slice { i, rows, tag }),
@@ -62,17 +67,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Live bytes per tagged category: (counting allocator, tracker).
-fn counts() -> ([u64; 3], [u64; 3]) {
-    let host = trainmem_probe::snapshot();
+/// Live bytes per tagged category: (counting allocator, tracker's tensors, tracker's records).
+fn counts() -> ([u64; 3], [u64; 3], [u64; 3]) {
     let tracked = trainmem_track::snapshot();
+    let host = trainmem_probe::snapshot();
     let mut a = [0; 3];
     let mut t = [0; 3];
+    let mut r = [0; 3];
     for (k, c) in TAGS.iter().enumerate() {
         a[k] = host.live[c.index()] as u64;
         t[k] = tracked.live.get(*c) + tracked.handles.get(*c);
+        r[k] = tracked.records.get(*c);
     }
-    (a, t)
+    (a, t, r)
 }
 
 fn apply(tensors: &mut Vec<Tensor<B, 2>>, op: &Op) {
@@ -82,6 +89,12 @@ fn apply(tensors: &mut Vec<Tensor<B, 2>>, op: &Op) {
         Op::New { rows, tag } => {
             let _t = CategoryScope::enter(TAGS[tag]);
             tensors.push(Tensor::random([rows, 64], Distribution::Default, &device));
+        }
+        Op::FromData { rows, tag } => {
+            let _t = CategoryScope::enter(TAGS[tag]);
+            let values: Vec<f32> = (0..rows * 64).map(|v| v as f32).collect();
+            let data = TensorData::new(values, [rows, 64]);
+            tensors.push(Tensor::from_data(data, &device));
         }
         Op::View { i, tag } => {
             if let Some(i) = pick(i, tensors.len()) {
@@ -157,22 +170,24 @@ proptest! {
         // The first random tensor of a thread seeds its generator (a few hundred bytes kept
         // for the thread's life): done before the baseline, under `other`.
         drop(Tensor::<B, 2>::random([1, 1], Distribution::Default, &Default::default()));
-        let (a0, t0) = counts();
+        let (a0, t0, r0) = counts();
         let mut tensors: Vec<Tensor<B, 2>> = Vec::with_capacity(64);
         for (n, op) in ops.iter().enumerate() {
             apply(&mut tensors, op);
-            let (a, t) = counts();
+            let (a, t, r) = counts();
             for k in 0..TAGS.len() {
                 prop_assert_eq!(
                     a[k] - a0[k],
                     t[k] - t0[k],
                     "{:?} after op {} ({:?})", TAGS[k], n, op
                 );
+                prop_assert_eq!(r[k], r0[k], "{:?}: no record beside the tensors after op {} ({:?})", TAGS[k], n, op);
             }
         }
         drop(tensors);
-        let (a, t) = counts();
+        let (a, t, r) = counts();
         prop_assert_eq!(a, a0, "the allocator is back where it started");
         prop_assert_eq!(t, t0, "the tracker is back where it started");
+        prop_assert_eq!(r, r0, "and so are the records");
     }
 }
