@@ -55,6 +55,11 @@ pub struct ProbeSample {
     /// counting allocator is installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_handed_to_device: Option<CategoryBytes>,
+    /// Live host bytes per category that are records beside the tensors, not tensors (part of
+    /// `host`): allocated outside any op of the backend, less the host data tensors took over
+    /// ([`trainmem_track::records_beside`]); `None` when no counting allocator is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_records: Option<CategoryBytes>,
     /// Resident bytes of the data set's memory-mapped files (their mappings' share of RssFile,
     /// [`trainmem_probe::mapped::mapped_rss`]); `None` when the run reads no data files or
     /// `/proc/self/smaps` is unavailable.
@@ -182,11 +187,12 @@ impl<B: MemoryBackend> Probe<B> {
     ) -> Result<&ProbeSample, BurnRunError> {
         B::sync(&self.device).map_err(|e| BurnRunError::Backend(e.to_string()))?;
         let snap = self.counting.then(trainmem_probe::snapshot);
+        let host_records = snap.as_ref().map(trainmem_track::records_beside);
         // The tracker's figures right after the host's, and its records from the same host
         // snapshot: a loader's workers may allocate meanwhile.
         let tracked = B::tracked_bytes().map(|mut t| {
-            if let Some(snap) = &snap {
-                t.records = trainmem_track::records_beside(snap);
+            if let Some(records) = host_records {
+                t.records = records;
             }
             t
         });
@@ -219,6 +225,7 @@ impl<B: MemoryBackend> Probe<B> {
             host_peak,
             host_total_peak,
             host_handed_to_device,
+            host_records,
             data_file_rss,
             rss: trainmem_probe::rss::read().ok(),
             device: B::device_memory(&self.device),

@@ -4,6 +4,9 @@
 //!   the note `host_categories = unavailable`, when no counting allocator is installed);
 //! * `host.handed_to_device`: the part of those bytes handed to a device backend for an upload
 //!   and still held by it (trainmem-probe's mark, set where a batch is uploaded);
+//! * `host.records`: the part of those bytes that is records beside the tensors (burn's graph,
+//!   optimizer and module records, the loader's own memory), allocated outside the backend's
+//!   ops;
 //! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`, and
 //!   `host.data_file_rss`: the data set's own mappings' share of RssFile (`/proc/self/smaps`);
 //! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
@@ -28,6 +31,9 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
     }
     if let Some(h) = s.host_handed_to_device {
         host.handed_to_device = h;
+    }
+    if let Some(r) = s.host_records {
+        host.records = r;
     }
     host.data_file_rss = s.data_file_rss;
     if let Some(rss) = s.rss {
@@ -150,6 +156,11 @@ mod tests {
                 h.set(Category::Input, 60);
                 h
             }),
+            host_records: Some({
+                let mut r = CategoryBytes::ZERO;
+                r.set(Category::Parameter, 30);
+                r
+            }),
             data_file_rss: Some(12),
             rss: Some(ProcStatus {
                 vm_rss: 70,
@@ -175,6 +186,7 @@ mod tests {
         assert_eq!(t.host.categories.get(Category::Parameter), 100);
         assert_eq!((t.host.anon_rss, t.host.file_rss), (40, 30));
         assert_eq!(t.host.handed_to_device.get(Category::Input), 60);
+        assert_eq!(t.host.records.get(Category::Parameter), 30);
         assert_eq!((t.host.data_file_rss, t.host.data_rss()), (Some(12), 12));
         assert_eq!((t.device.allocated, t.device.reserved), (300, 1000));
         assert_eq!(t.device.categories.get(Category::Cache), 700);

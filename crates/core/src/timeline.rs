@@ -253,6 +253,11 @@ pub struct HostBytes {
     /// 64 uploads or 64 MiB later), which the program no longer holds. Zero on host backends.
     #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
     pub handed_to_device: CategoryBytes,
+    /// The part of `categories` that is records kept beside the tensors, not tensors: a
+    /// framework's graph nodes, optimizer and module records, a loader's queues (host bytes
+    /// allocated outside any op of the tensor backend). Zero where it was not measured.
+    #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
+    pub records: CategoryBytes,
     /// Resident bytes of the memory-mapped data set's own mappings: its share of `file_rss`,
     /// without the binary's and libraries' pages. `Some(0)` when the data set is not mapped;
     /// `None` where it was not measured.

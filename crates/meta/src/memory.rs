@@ -66,6 +66,8 @@ pub struct MemoryStats {
     pub allocations: u64,
     /// Buffers released so far.
     pub frees: u64,
+    /// Live buffers per category, indexed by [`Category::index`].
+    pub buffers_per_category: [u64; 8],
 }
 
 impl MemoryStats {
@@ -82,6 +84,15 @@ impl MemoryStats {
     /// Buffers alive now.
     pub fn live_buffers(&self) -> u64 {
         self.allocations - self.frees
+    }
+
+    /// The host bytes burn's CPU backend (Flex) holds for the live buffers of `category`: their
+    /// data, and the storage header Flex allocates with every buffer
+    /// ([`trainmem_track::buffer::FLEX_STORAGE_HEADER`]). Flex's strides (8 bytes per dimension
+    /// of every tensor object) are not counted.
+    pub fn flex_host_bytes(&self, category: Category) -> u64 {
+        let i = category.index();
+        self.live.0[i] + self.buffers_per_category[i] * trainmem_track::buffer::FLEX_STORAGE_HEADER
     }
 }
 
@@ -167,6 +178,7 @@ impl Ledger {
         stats.total_live += bytes;
         stats.total_peak = stats.total_peak.max(stats.total_live);
         stats.allocations += 1;
+        stats.buffers_per_category[i] += 1;
         if let Some(hook) = state.hook.as_deref_mut() {
             hook.allocated(id, bytes, category);
         }
@@ -180,6 +192,7 @@ impl Ledger {
         stats.live.0[i] = stats.live.0[i].saturating_sub(bytes);
         stats.total_live = stats.total_live.saturating_sub(bytes);
         stats.frees += 1;
+        stats.buffers_per_category[i] = stats.buffers_per_category[i].saturating_sub(1);
         if let Some(hook) = state.hook.as_deref_mut() {
             hook.freed(id, bytes, category);
         }

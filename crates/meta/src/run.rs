@@ -10,7 +10,15 @@
 //! bytes go to each sample's host categories (as a measured run on Flex with the counting
 //! allocator reports them) and the device domain stays zero. With a device memory model
 //! ([`crate::CachingModel`]) the bytes go to the device categories instead, with the model's
-//! allocated and reserved totals and `cache = reserved − allocated`. RSS stays zero. The timeline's source is
+//! allocated and reserved totals and `cache = reserved − allocated`. RSS stays zero.
+//!
+//! Where the process counts its heap (trainmem-probe's `CountingAlloc` is the global
+//! allocator, as in trainmem's binaries), every sample also carries the records the closure's
+//! training code keeps beside its tensors — burn's autodiff graph nodes, its optimizers' and
+//! modules' records — per category, in `host.records` and added to `host.categories`: burn
+//! runs that code unchanged on Meta, and Meta's own structures are allocated inside its ops
+//! ([`trainmem_probe::BackendScope`]), so what is left outside them is those records, at the
+//! sizes a measured run has ([`crate::tensor::MEASURED_PRIMITIVE_SIZE`]). The timeline's source is
 //! [`Source::Simulated`] (it is a prediction) with producer `trainmem-meta`.
 
 use std::time::Instant;
@@ -103,6 +111,20 @@ impl Recorder {
                 for category in Category::ALL {
                     host.categories.set(category, stats.live_bytes(category));
                 }
+            }
+        }
+        // The records the training code keeps beside its tensors (burn's graph, optimizer and
+        // module records), where the process counts its heap: host memory with any memory
+        // model, added to the host categories as a counting allocator would see them.
+        if trainmem_probe::is_installed() {
+            let heap = trainmem_probe::snapshot();
+            let host = &mut sample.host;
+            for category in Category::ALL {
+                let i = category.index();
+                let records = heap.live[i].saturating_sub(heap.in_backend[i]) as u64;
+                host.records.set(category, records);
+                host.categories
+                    .set(category, host.categories.get(category) + records);
             }
         }
         self.timeline.push(sample);

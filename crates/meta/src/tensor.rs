@@ -21,9 +21,14 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use crate::device::MetaDevice;
 use crate::memory::Buffer;
 
-/// A tensor of the Meta backend (float, int and bool tensors alike).
+/// The size of a measured run's tensor primitive: a Flex tensor under trainmem-track's
+/// tracker (`Autodiff<Tracked<Flex>>`, as measured runs train).
+pub const MEASURED_PRIMITIVE_SIZE: usize =
+    std::mem::size_of::<trainmem_track::TrackedTensor<burn::backend::flex::FlexTensor>>();
+
+/// The fields a Meta tensor needs.
 #[derive(Debug, Clone)]
-pub struct MetaTensor {
+struct Fields {
     shape: Shape,
     dtype: DType,
     device: MetaDevice,
@@ -32,6 +37,34 @@ pub struct MetaTensor {
     contiguous: bool,
     /// Starts at the first byte of its buffer.
     at_origin: bool,
+}
+
+/// Bytes that bring a [`MetaTensor`] to [`MEASURED_PRIMITIVE_SIZE`].
+#[derive(Clone, Copy)]
+struct Padding([u8; MEASURED_PRIMITIVE_SIZE.saturating_sub(std::mem::size_of::<Fields>())]);
+
+impl Default for Padding {
+    fn default() -> Padding {
+        Padding([0; MEASURED_PRIMITIVE_SIZE.saturating_sub(std::mem::size_of::<Fields>())])
+    }
+}
+
+impl std::fmt::Debug for Padding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} B", self.0.len())
+    }
+}
+
+/// A tensor of the Meta backend (float, int and bool tensors alike).
+///
+/// It has the size of a measured run's tensor ([`MEASURED_PRIMITIVE_SIZE`]): burn keeps tensor
+/// primitives inline in the records it allocates beside them (every autodiff node's saved
+/// state, the gradients' container), so the host records of a run on Meta take the bytes they
+/// take in a measured run.
+#[derive(Debug, Clone)]
+pub struct MetaTensor {
+    fields: Fields,
+    _padding: Padding,
 }
 
 /// Bytes of a tensor of `shape` and `dtype` as the CPU backend stores it.
@@ -48,85 +81,97 @@ impl MetaTensor {
     /// A tensor with a fresh buffer on `device`, counted under the calling thread's category.
     pub fn new(shape: Shape, dtype: DType, device: MetaDevice) -> MetaTensor {
         let bytes = tensor_bytes(&shape, dtype);
+        // Meta's own structures (and a memory model's) are the backend's host bytes, not
+        // records the framework keeps beside its tensors.
+        let buffer = {
+            let _backend = trainmem_probe::BackendScope::enter();
+            Arc::new(Buffer::new(device.ledger(), bytes))
+        };
         MetaTensor {
-            buffer: Arc::new(Buffer::new(device.ledger(), bytes)),
-            shape,
-            dtype,
-            device,
-            contiguous: true,
-            at_origin: true,
+            fields: Fields {
+                buffer,
+                shape,
+                dtype,
+                device,
+                contiguous: true,
+                at_origin: true,
+            },
+            _padding: Padding::default(),
         }
     }
 
     /// The device the tensor lives on.
     pub fn device(&self) -> MetaDevice {
-        self.device
+        self.fields.device
     }
 
     /// Bytes of the buffer this tensor uses (shared with its views).
     pub fn buffer_bytes(&self) -> u64 {
-        self.buffer.bytes()
+        self.fields.buffer.bytes()
     }
 
     /// The category the tensor's buffer was counted under.
     pub fn category(&self) -> trainmem_core::Category {
-        self.buffer.category()
+        self.fields.buffer.category()
     }
 
     /// Names the tensor's buffer while it is alive (its address): equal for two tensors exactly
     /// when they share the buffer.
     pub fn buffer_key(&self) -> u64 {
-        Arc::as_ptr(&self.buffer) as usize as u64
+        Arc::as_ptr(&self.fields.buffer) as usize as u64
     }
 
     /// Whether no other tensor uses this tensor's buffer.
     pub fn is_unique(&self) -> bool {
-        Arc::strong_count(&self.buffer) == 1
+        Arc::strong_count(&self.fields.buffer) == 1
     }
 
     /// A fresh tensor on the same device.
     pub(crate) fn fresh(&self, shape: Shape, dtype: DType) -> MetaTensor {
-        MetaTensor::new(shape, dtype, self.device)
+        MetaTensor::new(shape, dtype, self.fields.device)
     }
 
     /// Whether an element-wise op may write into this tensor's buffer.
     fn writable_in_place(&self) -> bool {
-        self.is_unique() && self.contiguous && self.at_origin
+        self.is_unique() && self.fields.contiguous && self.fields.at_origin
     }
 
     /// A view of this tensor's buffer with another shape and layout.
     pub(crate) fn view(self, shape: Shape, contiguous: bool, at_origin: bool) -> MetaTensor {
         MetaTensor {
-            shape,
-            contiguous,
-            at_origin,
+            fields: Fields {
+                shape,
+                contiguous,
+                at_origin,
+                ..self.fields
+            },
             ..self
         }
     }
 
     /// A view that keeps the layout flags (reshape of a contiguous tensor).
     pub(crate) fn reshaped(self, shape: Shape) -> MetaTensor {
-        if self.contiguous {
-            let at_origin = self.at_origin;
+        if self.fields.contiguous {
+            let at_origin = self.fields.at_origin;
             self.view(shape, true, at_origin)
         } else {
-            self.fresh(shape, self.dtype)
+            self.fresh(shape, self.fields.dtype)
         }
     }
 
     /// The output of an element-wise op on this tensor alone, of dtype `dtype`.
     pub(crate) fn map(self, dtype: DType) -> MetaTensor {
-        if dtype == self.dtype && self.writable_in_place() {
+        if dtype == self.fields.dtype && self.writable_in_place() {
             self
         } else {
-            self.fresh(self.shape.clone(), dtype)
+            self.fresh(self.fields.shape.clone(), dtype)
         }
     }
 
     /// The output of an element-wise op writing into this tensor when it can (`shape` is the
     /// output shape, e.g. after broadcasting).
     pub(crate) fn map_into(self, shape: Shape, dtype: DType) -> MetaTensor {
-        if shape == self.shape && dtype == self.dtype && self.writable_in_place() {
+        if shape == self.fields.shape && dtype == self.fields.dtype && self.writable_in_place() {
             self
         } else {
             self.fresh(shape, dtype)
@@ -135,25 +180,25 @@ impl MetaTensor {
 
     /// Moves the tensor to `device` (a fresh buffer there unless it already lives there).
     pub(crate) fn moved_to(self, device: MetaDevice) -> MetaTensor {
-        if device == self.device {
+        if device == self.fields.device {
             self
         } else {
-            MetaTensor::new(self.shape, self.dtype, device)
+            MetaTensor::new(self.fields.shape, self.fields.dtype, device)
         }
     }
 }
 
 impl TensorMetadata for MetaTensor {
     fn dtype(&self) -> DType {
-        self.dtype
+        self.fields.dtype
     }
 
     fn shape(&self) -> Shape {
-        self.shape.clone()
+        self.fields.shape.clone()
     }
 
     fn rank(&self) -> usize {
-        self.shape.num_dims()
+        self.fields.shape.num_dims()
     }
 }
 

@@ -309,6 +309,7 @@ impl HostModel {
             categories: c,
             // The host side of uploads is not modelled: what the program holds is the twin's.
             handed_to_device: CategoryBytes::ZERO,
+            records: CategoryBytes::ZERO,
             // The only file pages the twin maps are the data set's.
             data_file_rss: Some(file_rss),
         }
