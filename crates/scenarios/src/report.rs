@@ -609,6 +609,34 @@ pub fn baseline_line(run: &RunReport) -> Option<String> {
     ))
 }
 
+/// The records the measured run kept beside its tensors, at its largest point (the most host
+/// bytes counted): burn's graph, optimizer and module records and the loader's own memory, per
+/// category, measured outside the backend's ops. `None` when the run measured none.
+pub fn records_line(run: &RunReport) -> Option<String> {
+    let t = run.measured.as_ref()?;
+    let s = t
+        .samples
+        .iter()
+        .filter(|s| !s.host.records.is_zero())
+        .max_by_key(|s| s.host.categories.total())?;
+    let parts: Vec<String> = Category::ALL
+        .iter()
+        .filter(|&&c| s.host.records.get(c) > 0)
+        .map(|&c| format!("{} {}", c.name(), human(s.host.records.get(c) as f64)))
+        .collect();
+    Some(format!(
+        "records beside the tensors at {} (burn's graph, optimizer and module records, the \
+         loader's memory; host bytes made outside the backend's ops): {} of {} counted: {}",
+        row_label(s)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        human(s.host.records.total() as f64),
+        human(s.host.categories.total() as f64),
+        parts.join(", ")
+    ))
+}
+
 /// The whole report for the terminal.
 pub fn render_text(report: &ScenarioReport) -> String {
     let mut out = String::new();
@@ -626,6 +654,9 @@ pub fn render_text(report: &ScenarioReport) -> String {
             let _ = writeln!(out, "   {line}");
         }
         out.push_str(&chart(run));
+        if let Some(line) = records_line(run) {
+            let _ = writeln!(out, "{line}");
+        }
         let table = twin_table(run);
         if !table.is_empty() {
             let _ = writeln!(out, "\ntwin error per category at the peak:");
@@ -703,6 +734,9 @@ fn markdown_run(run: &RunReport) -> String {
         let _ = writeln!(out, "{line}\n");
     }
     let _ = writeln!(out, "```text\n{}```\n", chart(run));
+    if let Some(line) = records_line(run) {
+        let _ = writeln!(out, "{line}\n");
+    }
     let table = twin_table(run);
     if !table.is_empty() {
         let _ = writeln!(
@@ -843,6 +877,38 @@ mod tests {
         assert!(!lines[3].contains('A'));
         assert!(lines[2].contains("+0.0%"));
         assert!(twin_table(&run).contains("activation"));
+        assert_eq!(records_line(&run), None, "no records measured");
+    }
+
+    #[test]
+    fn the_records_are_named_at_the_largest_point() {
+        let mut m = timeline(
+            Source::Measured,
+            &[(Phase::Forward, 0, 1 << 20), (Phase::Backward, 0, 4096)],
+        );
+        for s in &mut m.samples {
+            s.host.records.set(Category::Activation, 3072);
+        }
+        let run = RunReport {
+            label: "x".into(),
+            plan: trainmem_core::Plan::from_toml_str(
+                "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
+            )
+            .expect("plan"),
+            domain: Domain::Host,
+            twin: Vec::new(),
+            measured: Some(m),
+            simulated: None,
+            not_measured: None,
+            no_targets: None,
+            meta_run: None,
+            meta_check: None,
+            meta_failed: None,
+            no_meta: None,
+        };
+        let line = records_line(&run).expect("records measured");
+        assert!(line.contains("forward"), "{line}");
+        assert!(line.contains("activation 3.0 KiB"), "{line}");
     }
 
     #[test]
