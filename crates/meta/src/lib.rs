@@ -113,6 +113,19 @@
 //!   CPU, the bytes per category at every phase boundary agree with the Flex run's within
 //!   1% + 16 KiB (`tests/burn_loop.rs`; the largest difference seen is 12 KiB of 7.9 MB), and
 //!   `trainmem scenario NAME --meta` makes the same comparison inside every scenario.
+//! * **The records beside the tensors** (host memory on every backend): burn's autodiff graph
+//!   nodes (one per float op, kept until a backward frees them; a batcher that builds items
+//!   with a few ops makes a graph per op), its optimizers' per-parameter records and its
+//!   modules' `Param` records. burn runs that code unchanged on Meta, Meta makes its own
+//!   structures inside its ops ([`trainmem_probe::BackendScope`]) and its tensors have a
+//!   measured run's size ([`tensor::MEASURED_PRIMITIVE_SIZE`]: burn keeps tensors inline in its
+//!   records), so where the process counts its heap the host bytes left outside Meta's ops are
+//!   those records, per category: [`predict`]'s samples carry them (`host.records`, added to
+//!   `host.categories`), and so do the samples of `trainmem_burn::run_predicted::<Meta>`. On an
+//!   LSTM (records: 56% of what a forward adds to the activations) and a batcher that builds each
+//!   item with a few ops (71% of the batch), Meta's records and its totals
+//!   ([`MemoryStats::flex_host_bytes`] plus the records) predict Flex's within 1% + 16 KiB at
+//!   every phase (`tests/records.rs`).
 //! * **Scale**: tensors of any size cost no host memory; a LLaMA-7B-shaped decoder
 //!   (`examples/llama.rs`, 6.74 B parameters, sequence 2048) takes one AdamW step in about
 //!   0.1 s with a peak RSS of about 6.5 MiB.
@@ -146,8 +159,9 @@
 //! * Host data that burn's default op implementations build and upload (`triu`/`tril` masks,
 //!   `arange`, one-hot tables) is real, short-lived host memory; the uploaded tensor is counted.
 //!   Meta's own `zeros`/`ones`/`full` build no host data.
-//! * Non-tensor memory: autodiff graph nodes, optimizer maps, the scales of quantized tensors
-//!   (≈1% of the tensor bytes on the MLP test).
+//! * The scales of quantized tensors (≈1% of the tensor bytes on the MLP test).
+//! * Flex's strides (8 bytes per dimension of every tensor object) in
+//!   [`MemoryStats::flex_host_bytes`].
 //! * Where Flex first copies a non-contiguous operand into a contiguous buffer before an
 //!   element-wise op, Meta allocates only the output.
 //! * The caching model treats all buffers as allocations on one stream; the cubecl model does

@@ -51,6 +51,21 @@
 //! assert_eq!(trainmem_track::snapshot().live.total(), before);
 //! ```
 //!
+//! # The records beside the tensors
+//!
+//! A run holds more than its tensors: burn-autodiff registers a graph node for every float op
+//! (even on tensors that need no gradient) until a backward frees it, optimizers keep records
+//! per parameter, modules keep `Param` records, a loader keeps queues. Those are host memory on
+//! every backend. Every op of [`Tracked<B>`] (and every clone of a tracked tensor) runs inside
+//! a [`trainmem_probe::BackendScope`], so where trainmem-probe's counting allocator is the
+//! global allocator, the host bytes allocated outside the backend's ops are those records:
+//! [`TrackedBytes::records`], per category, less the host data a tensor took over as its
+//! buffer (Flex keeps the block a `from_data` was given; [`BufferInfo::adoptable`]). On Flex,
+//! the tracker's buffers, handles and records equal the counting allocator's bytes within
+//! 80 bytes at every phase boundary of every CPU scenario plan (trainmem-meta's
+//! `tests/burn_loop.rs`), and within 1% + 16 KiB on an LSTM and a per-item batcher, whose
+//! records are most of what their forward and their batches add (`tests/records.rs` there).
+//!
 //! The op traits are implemented by code generated from burn-backend's trait definitions
 //! (`codegen/gen_ops.py`): every method, defaulted ones included, calls the inner backend's
 //! method of the same name, so no computed value changes. A method that a later burn adds
