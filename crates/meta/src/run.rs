@@ -120,8 +120,7 @@ impl Recorder {
             let heap = trainmem_probe::snapshot();
             let host = &mut sample.host;
             for category in Category::ALL {
-                let i = category.index();
-                let records = heap.live[i].saturating_sub(heap.in_backend[i]) as u64;
+                let records = heap.outside_backend(category) as u64;
                 host.records.set(category, records);
                 host.categories
                     .set(category, host.categories.get(category) + records);

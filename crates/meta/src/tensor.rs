@@ -39,13 +39,16 @@ struct Fields {
     at_origin: bool,
 }
 
+/// How many bytes bring a [`MetaTensor`] to [`MEASURED_PRIMITIVE_SIZE`].
+const PADDING: usize = MEASURED_PRIMITIVE_SIZE.saturating_sub(std::mem::size_of::<Fields>());
+
 /// Bytes that bring a [`MetaTensor`] to [`MEASURED_PRIMITIVE_SIZE`].
 #[derive(Clone, Copy)]
-struct Padding([u8; MEASURED_PRIMITIVE_SIZE.saturating_sub(std::mem::size_of::<Fields>())]);
+struct Padding([u8; PADDING]);
 
 impl Default for Padding {
     fn default() -> Padding {
-        Padding([0; MEASURED_PRIMITIVE_SIZE.saturating_sub(std::mem::size_of::<Fields>())])
+        Padding([0; PADDING])
     }
 }
 
@@ -245,5 +248,19 @@ impl TensorMetadata for MetaQTensor {
 
     fn rank(&self) -> usize {
         self.values.rank()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_meta_tensor_has_a_measured_runs_size() {
+        assert_eq!(std::mem::size_of::<MetaTensor>(), MEASURED_PRIMITIVE_SIZE);
+        let t = MetaTensor::new(Shape::new([2, 3]), DType::F32, MetaDevice::new());
+        assert_eq!(t.buffer_bytes(), 24);
+        let shown = format!("{t:?}");
+        assert!(shown.contains(&format!("_padding: {PADDING} B")), "{shown}");
     }
 }

@@ -158,9 +158,7 @@ fn tracked_view(
 fn meta_view(device: &MetaDevice) -> (CategoryBytes, CategoryBytes) {
     let stats = device.stats();
     let host = trainmem_probe::snapshot();
-    let records = CategoryBytes(std::array::from_fn(|i| {
-        (host.live[i].saturating_sub(host.in_backend[i])) as u64
-    }));
+    let records = CategoryBytes(Category::ALL.map(|c| host.outside_backend(c) as u64));
     let accounted = CategoryBytes(std::array::from_fn(|i| {
         stats.flex_host_bytes(Category::ALL[i]) + records.0[i]
     }));

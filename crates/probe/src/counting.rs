@@ -296,6 +296,12 @@ impl AllocSnapshot {
     pub fn peak(&self, category: Category) -> usize {
         self.peak[category.index()]
     }
+
+    /// Live bytes of one category allocated outside any backend op ([`crate::BackendScope`]).
+    pub fn outside_backend(&self, category: Category) -> usize {
+        let i = category.index();
+        self.live[i].saturating_sub(self.in_backend[i])
+    }
 }
 
 /// Reads every counter.

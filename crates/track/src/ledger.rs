@@ -303,7 +303,7 @@ pub fn records_beside(host: &trainmem_probe::AllocSnapshot) -> CategoryBytes {
 
 fn records_of(host: &trainmem_probe::AllocSnapshot, adopted: &[u64; 8]) -> [u64; 8] {
     std::array::from_fn(|i| {
-        let outside = host.live[i].saturating_sub(host.in_backend[i]) as u64;
+        let outside = host.outside_backend(Category::ALL[i]) as u64;
         outside.saturating_sub(adopted[i])
     })
 }
