@@ -50,6 +50,9 @@ impl<B: TrackableBackend> BackendTypes for Tracked<B> {
     type QuantizedTensorPrimitive = TrackedTensor<B::QuantizedTensorPrimitive>;
 }
 
+/// What the inner backend allocates on the host in these calls (syncing, seeding, cleaning
+/// up, staging uploads) is the backend's, as in its ops ([`trainmem_probe::BackendScope`]);
+/// the closure of `memory_persistent_allocations` is the caller's code and stays outside.
 impl<B: TrackableBackend> Backend for Tracked<B> {
     fn ad_enabled(device: &Self::Device) -> bool {
         B::ad_enabled(device)
@@ -68,6 +71,7 @@ impl<B: TrackableBackend> Backend for Tracked<B> {
     }
 
     fn memory_cleanup(device: &Self::Device) {
+        let _backend = trainmem_probe::BackendScope::enter();
         B::memory_cleanup(device)
     }
 
@@ -76,10 +80,12 @@ impl<B: TrackableBackend> Backend for Tracked<B> {
     }
 
     fn seed(device: &Self::Device, seed: u64) {
+        let _backend = trainmem_probe::BackendScope::enter();
         B::seed(device, seed)
     }
 
     fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
+        let _backend = trainmem_probe::BackendScope::enter();
         B::sync(device)
     }
 
@@ -87,6 +93,7 @@ impl<B: TrackableBackend> Backend for Tracked<B> {
     where
         Iter: Iterator<Item = &'a mut TensorData>,
     {
+        let _backend = trainmem_probe::BackendScope::enter();
         B::staging(data, device)
     }
 
