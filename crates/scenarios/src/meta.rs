@@ -16,6 +16,11 @@
 //! in either run ([`Exclusion`] says so in the report). `temporary`, `cache` and `other` are
 //! not tensor bytes (gemm's packing buffer, runtime state) and are not compared.
 //!
+//! Where the measured run's tensors are host memory (Flex), the records beside the tensors
+//! (`HostBytes::records`: burn's graph, optimizer and module records, the loader's memory, made
+//! outside the backend's ops) are compared too, category by category ([`MetaComparison::records`]):
+//! burn runs the same code on Meta, so Meta predicts them.
+//!
 //! Tolerance at every boundary: 1% of the measured bytes plus the host count's resolution
 //! ([`trainmem_core::compare::HOST_RESOLUTION`], 16 KiB: a few kilobytes of runtime state
 //! created lazily land in whichever category the training thread carries at that moment).
@@ -25,7 +30,7 @@ use trainmem_burn::MeasuredRun;
 use trainmem_core::Category;
 use trainmem_core::Plan;
 use trainmem_core::compare::HOST_RESOLUTION;
-use trainmem_core::timeline::{Domain, Sample, Timeline};
+use trainmem_core::timeline::{CategoryBytes, Domain, Sample, Timeline};
 
 /// The tensor categories compared.
 pub const COMPARED: [Category; 5] = [
@@ -86,6 +91,10 @@ pub struct Exclusion {
 pub struct MetaComparison {
     /// One row per compared category.
     pub rows: Vec<MetaRow>,
+    /// One row per compared category for the records beside the tensors (`host.records`),
+    /// where the measured run's tensors are host memory; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<MetaRow>,
     /// Categories of [`COMPARED`] left out, with the reason.
     pub excluded: Vec<Exclusion>,
     /// Why the two timelines could not be laid side by side (different phase boundaries), when
@@ -96,12 +105,17 @@ pub struct MetaComparison {
 impl MetaComparison {
     /// Whether Meta agrees with the measured run at every boundary of every compared category.
     pub fn agrees(&self) -> bool {
-        self.mismatch.is_none() && !self.rows.is_empty() && self.rows.iter().all(MetaRow::within)
+        self.mismatch.is_none()
+            && !self.rows.is_empty()
+            && self.rows.iter().chain(&self.records).all(MetaRow::within)
     }
 
-    /// The rows outside the tolerance.
+    /// The rows outside the tolerance (tensor rows, then records rows).
     pub fn misses(&self) -> impl Iterator<Item = &MetaRow> {
-        self.rows.iter().filter(|r| !r.within())
+        self.rows
+            .iter()
+            .chain(&self.records)
+            .filter(|r| !r.within())
     }
 }
 
@@ -166,17 +180,40 @@ pub fn compare(
     if mismatch.is_some() {
         return MetaComparison {
             rows: Vec::new(),
+            records: Vec::new(),
             excluded,
             mismatch,
         };
     }
-    let rows = COMPARED
+    let compared: Vec<Category> = COMPARED
         .iter()
-        .filter(|c| !excluded.iter().any(|e| e.category == **c))
-        .map(|&category| category_row(m, t, category, domain))
+        .copied()
+        .filter(|c| !excluded.iter().any(|e| e.category == *c))
         .collect();
+    let rows = compared
+        .iter()
+        .map(|&category| category_row(m, t, category, |i| m.categories(i, domain), meta_bytes))
+        .collect();
+    let measured_records = m.samples.iter().any(|s| !s.host.records.is_zero());
+    let records = if domain == Domain::Host && measured_records {
+        compared
+            .iter()
+            .map(|&category| {
+                category_row(
+                    m,
+                    t,
+                    category,
+                    |i| m.samples[i].host.records,
+                    |s, c| s.host.records.get(c),
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     MetaComparison {
         rows,
+        records,
         excluded,
         mismatch: None,
     }
@@ -208,7 +245,15 @@ fn boundary_mismatch(m: &Timeline, t: &Timeline) -> Option<String> {
 
 /// One category compared at every boundary: how many are outside the allowance, the largest
 /// difference, and the boundary shown (the furthest beyond the limit, else the measured peak).
-fn category_row(m: &Timeline, t: &Timeline, category: Category, domain: Domain) -> MetaRow {
+/// `measured(i)` gives the measured run's bytes per category at boundary `i`, `meta(sample,
+/// category)` Meta's.
+fn category_row(
+    m: &Timeline,
+    t: &Timeline,
+    category: Category,
+    measured: impl Fn(usize) -> CategoryBytes,
+    meta: impl Fn(&Sample, Category) -> u64,
+) -> MetaRow {
     let mut row = MetaRow {
         category,
         point: String::new(),
@@ -224,8 +269,8 @@ fn category_row(m: &Timeline, t: &Timeline, category: Category, domain: Domain) 
     let mut by_limit: Option<(f64, usize)> = None;
     let mut peak: Option<(u64, usize)> = None;
     for (i, b) in t.samples.iter().enumerate() {
-        let measured_bytes = m.categories(i, domain).get(category);
-        let diff = measured_bytes.abs_diff(meta_bytes(b, category));
+        let measured_bytes = measured(i).get(category);
+        let diff = measured_bytes.abs_diff(meta(b, category));
         let allowed = allowance(measured_bytes);
         row.boundaries += 1;
         if diff > allowed {
@@ -248,13 +293,13 @@ fn category_row(m: &Timeline, t: &Timeline, category: Category, domain: Domain) 
         peak.map(|(_, i)| i)
     };
     if let Some(i) = shown {
-        let measured_bytes = m.categories(i, domain).get(category);
-        let meta = meta_bytes(&t.samples[i], category);
+        let measured_bytes = measured(i).get(category);
+        let meta_there = meta(&t.samples[i], category);
         row.point = point(&m.samples[i]);
         row.measured = measured_bytes;
-        row.meta = meta;
+        row.meta = meta_there;
         row.error = (measured_bytes > 0)
-            .then(|| (meta as f64 - measured_bytes as f64) / measured_bytes as f64);
+            .then(|| (meta_there as f64 - measured_bytes as f64) / measured_bytes as f64);
     }
     row
 }
@@ -348,6 +393,50 @@ mod tests {
         assert_eq!(act.len(), 1);
         assert_eq!((act[0].category, act[0].outside), (Category::Activation, 1));
         assert!((act[0].error.unwrap_or(0.0) - 0.0205).abs() < 1e-3);
+    }
+
+    /// Sets the activation records of every sample of `run`.
+    fn with_records(mut run: MeasuredRun, records: &[u64]) -> MeasuredRun {
+        for (s, &r) in run.timeline.samples.iter_mut().zip(records) {
+            s.host.records.set(Category::Activation, r);
+        }
+        run
+    }
+
+    #[test]
+    fn the_records_are_compared_where_the_tensors_are_host_memory() {
+        let values = [
+            (Phase::Forward, 1 << 20, 1 << 20),
+            (Phase::Backward, 1 << 20, 0),
+        ];
+        let measured = with_records(run(Source::Measured, &values, false), &[200_000, 8_000]);
+        let near = with_records(run(Source::Simulated, &values, true), &[190_000, 0]);
+        let c = compare(&plan(0), &measured, &near, Domain::Host);
+        assert!(c.agrees(), "{c:?}");
+        assert_eq!(c.records.len(), c.rows.len());
+        let act = c
+            .records
+            .iter()
+            .find(|r| r.category == Category::Activation)
+            .expect("activation records");
+        assert_eq!(
+            (act.largest_difference, act.point.as_str()),
+            (10_000, "e0 s0 forward")
+        );
+        // 40 KB short of the forward's records: outside 1% + 16 KiB.
+        let short = with_records(run(Source::Simulated, &values, true), &[160_000, 8_000]);
+        let c = compare(&plan(0), &measured, &short, Domain::Host);
+        assert!(!c.agrees());
+        assert_eq!(c.misses().count(), 1);
+        // Tensors on a device, or no records measured: nothing to compare.
+        let c = compare(&plan(0), &measured, &short, Domain::Device);
+        assert!(c.records.is_empty());
+        let bare = run(Source::Measured, &values, false);
+        assert!(
+            compare(&plan(0), &bare, &short, Domain::Host)
+                .records
+                .is_empty()
+        );
     }
 
     #[test]

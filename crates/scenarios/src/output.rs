@@ -384,8 +384,8 @@ pub fn meta_summary(reports: &[ScenarioReport]) -> String {
     for c in cats {
         let _ = write!(out, " {} |", c.name());
     }
-    let _ = writeln!(out, " agrees |");
-    let _ = writeln!(out, "|---|---|---|{}---|", "---|".repeat(cats.len()));
+    let _ = writeln!(out, " records | agrees |");
+    let _ = writeln!(out, "|---|---|---|{}---|---|", "---|".repeat(cats.len()));
     let (mut runs, mut agreeing) = (0, 0);
     for r in reports {
         let mut first = true;
@@ -422,6 +422,7 @@ pub fn meta_summary(reports: &[ScenarioReport]) -> String {
                 };
                 let _ = write!(out, " {cell} |");
             }
+            let _ = write!(out, " {} |", records_cell(&c.records));
             let agrees = c.agrees();
             if agrees {
                 agreeing += 1;
@@ -435,9 +436,31 @@ pub fn meta_summary(reports: &[ScenarioReport]) -> String {
          category's measured peak (at the boundary furthest outside 1% + 16 KiB when one is), \
          and in brackets the largest |Meta - measured| over all boundaries; \
          `input` is not compared with loader workers (the prefetch queue's fill at a boundary \
-         depends on thread scheduling)."
+         depends on thread scheduling). `records`: the records beside the tensors (burn's graph, \
+         optimizer and module records, host bytes made outside the backend's ops), the compared \
+         categories together: the largest |Meta - measured| of any of them at any boundary, \
+         each held to 1% + 16 KiB."
     );
     out
+}
+
+/// The `records` cell of a run: the largest difference of any category's records, or the
+/// categories outside the tolerance; `-` where the records were not compared.
+fn records_cell(rows: &[super::meta::MetaRow]) -> String {
+    if rows.is_empty() {
+        return "-".into();
+    }
+    let missed: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.within())
+        .map(|r| r.category.name())
+        .collect();
+    if missed.is_empty() {
+        let largest = rows.iter().map(|r| r.largest_difference).max().unwrap_or(0);
+        format!("max {}", report::human(largest as f64))
+    } else {
+        format!("MISS ({})", missed.join(", "))
+    }
 }
 
 #[cfg(test)]

@@ -506,10 +506,12 @@ pub fn meta_table(run: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<16} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
+        "{:<26} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
         "category", "boundary shown", "measured", "Meta", "error", "largest diff", "within"
     );
-    for r in &c.rows {
+    let tensors = c.rows.iter().map(|r| (r, ""));
+    let records = c.records.iter().map(|r| (r, "records: "));
+    for (r, what) in tensors.chain(records) {
         let err = r
             .error
             .map(|x| format!("{:+.2}%", x * 100.0))
@@ -522,8 +524,8 @@ pub fn meta_table(run: &RunReport) -> String {
         );
         let _ = writeln!(
             out,
-            "{:<16} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
-            r.category.name(),
+            "{:<26} {:<24} {:>12} {:>12} {:>8} {:>13} {:>11}",
+            format!("{what}{}", r.category.name()),
             r.point,
             r.measured,
             r.meta,
@@ -540,8 +542,9 @@ pub fn meta_table(run: &RunReport) -> String {
 
 /// The heading over [`meta_table`].
 pub const META_HEADING: &str = "trainmem-meta against the measured run, tensor bytes per \
-category at every phase boundary (within 1% + 16 KiB; shown: the boundary furthest outside it, \
-else the category's measured peak; largest diff: over all boundaries):";
+category at every phase boundary, then the records beside the tensors per category (within 1% + \
+16 KiB; shown: the boundary furthest outside it, else the category's measured peak; largest \
+diff: over all boundaries):";
 
 fn mark(v: &Verdict) -> &'static str {
     match (v.kind, v.reproduced) {
