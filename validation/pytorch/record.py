@@ -61,6 +61,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 import weakref
 
@@ -877,6 +878,24 @@ def device_slug(device):
     return "-".join("".join(c if c.isalnum() else " " for c in name).split())
 
 
+def record_each_in_its_own_process(args, names):
+    """Runs this script once per run of the suite (`--exact NAME`), each in a fresh process;
+    stops at the first that fails."""
+    for name in names:
+        if args.only and args.only not in name:
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out,
+               "--device", args.device, "--suite", args.suite, "--steps", str(args.steps),
+               "--threads", str(args.threads), "--exact", name]
+        if args.snapshots:
+            cmd.append("--snapshots")
+        if args.explain:
+            cmd += ["--explain", args.explain]
+        done = subprocess.run(cmd, check=False)
+        if done.returncode != 0:
+            sys.exit(f"{name}: its recording process failed (exit {done.returncode})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True,
@@ -890,6 +909,11 @@ def main():
                              "its ledger (NAME.pickle)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--only", default=None, help="record only runs whose name contains this")
+    parser.add_argument("--fresh-process", action="store_true",
+                        help="record each run in a process of its own, as a training script "
+                             "runs: it pays for its own CUDA context and cuBLAS workspaces "
+                             "instead of finding an earlier run's in the caching allocator")
+    parser.add_argument("--exact", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads (the storages recorded do not depend on it)")
     parser.add_argument("--explain", default=None,
@@ -917,8 +941,13 @@ def main():
         return
     torch.set_num_threads(args.threads)
     suite = runs() if args.suite == "cpu" else cuda_runs()
+    if args.fresh_process:
+        record_each_in_its_own_process(args, [entry[0] for entry in suite])
+        return
     for name, build, opt, batch, seq, extra in suite:
         if args.only and args.only not in name:
+            continue
+        if args.exact and name != args.exact:
             continue
         snapshot = None
         if args.device == "cuda" and args.snapshots:

@@ -34,8 +34,10 @@ if [ "$device" = cuda ]; then
     # models 32 MiB per thread on compute capability 9.0, 1 MiB more for cuBLASLt)
     "$python" validation/pytorch/record.py --device cuda --probe-blas --out "$out"
 fi
+# each run in a process of its own, as a training script runs: an earlier run's CUDA context
+# and cuBLAS workspaces are not left in the caching allocator for the next
 "$python" validation/pytorch/record.py --suite cuda --device "$device" $snapshots \
-    --steps "${STEPS:-3}" --out "$out"
+    --steps "${STEPS:-3}" --fresh-process --out "$out"
 # the storages live at the highest total of each phase (the op that made each, its dtype
 # and shape) of the runs whose activations the twin does not predict yet: autocast's GPT
 # runs and LoRA under autocast (not read by `cargo xtask validate`)
