@@ -8,7 +8,7 @@
 //! every boundary too (burn runs the same graph, optimizer and module code on both).
 //! (Each plan is cut to at most 2 epochs of 3 steps to keep the test short.)
 
-use trainmem_burn::agreement::TRACKER_SLACK;
+use trainmem_burn::agreement::{TRACKER_COMPARED, TRACKER_SLACK, tracker_within};
 use trainmem_burn::{RunOptions, run_measured_detailed, run_predicted};
 use trainmem_core::Category;
 use trainmem_core::plan::Plan;
@@ -18,13 +18,9 @@ use trainmem_probe::CountingAlloc;
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();
 
-const COMPARED: [Category; 5] = [
-    Category::Parameter,
-    Category::Gradient,
-    Category::OptimizerState,
-    Category::Activation,
-    Category::Input,
-];
+/// The categories compared: the tensor categories, `input` last (left out with loader
+/// workers).
+const COMPARED: [Category; 5] = TRACKER_COMPARED;
 
 /// Runs one plan on Flex and on Meta; returns a line per category (largest error over the
 /// phases) and the phases outside the tolerance.
@@ -77,7 +73,7 @@ fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
             if diff > worst[i].0 {
                 worst[i] = (diff, flex_bytes, meta_bytes);
             }
-            if diff > flex_bytes / 100 + 16 * 1024 {
+            if !tracker_within(flex_bytes, meta_bytes, TRACKER_SLACK) {
                 failures.push(format!(
                     "{name} {} step {} {c:?}: flex {flex_bytes}, meta {meta_bytes}",
                     f.phase.name(),
@@ -86,7 +82,7 @@ fn compare(name: &str, text: &str) -> (Vec<String>, Vec<String>) {
             }
             // The records beside the tensors: burn's code run on Meta keeps the same ones.
             let (flex_records, meta_records) = (f.host.records.get(*c), m.host.records.get(*c));
-            if flex_records.abs_diff(meta_records) > flex_records / 100 + 16 * 1024 {
+            if !tracker_within(flex_records, meta_records, TRACKER_SLACK) {
                 failures.push(format!(
                     "{name} {} step {} {c:?}: flex records {flex_records}, meta records {meta_records}",
                     f.phase.name(),

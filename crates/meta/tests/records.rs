@@ -19,6 +19,7 @@ use burn::nn::{Linear, LinearConfig, Lstm, LstmConfig};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
+use trainmem_burn::agreement::{TRACKER_COMPARED, TRACKER_SLACK, tracker_within};
 use trainmem_core::{Category, CategoryBytes};
 use trainmem_meta::{Meta, MetaDevice};
 use trainmem_probe::{CategoryScope, CountingAlloc};
@@ -35,14 +36,6 @@ const SEQ: usize = 24;
 const FEATURES: usize = 16;
 const HIDDEN: usize = 32;
 const STEPS: usize = 3;
-
-const COMPARED: [Category; 5] = [
-    Category::Parameter,
-    Category::Gradient,
-    Category::OptimizerState,
-    Category::Activation,
-    Category::Input,
-];
 
 #[derive(Module, Debug)]
 struct Sequence<B: burn::tensor::backend::Backend> {
@@ -165,10 +158,6 @@ fn meta_view(device: &MetaDevice) -> (CategoryBytes, CategoryBytes) {
     (accounted, records)
 }
 
-fn within(reference: u64, other: u64) -> bool {
-    reference.abs_diff(other) <= reference / 100 + (16 << 10)
-}
-
 #[test]
 fn records_and_tensors_make_up_the_counting_allocator_on_flex_and_meta_predicts_both() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -198,7 +187,7 @@ fn records_and_tensors_make_up_the_counting_allocator_on_flex_and_meta_predicts_
         (0, 0, String::new()),
     ];
     for (f, m) in flex.iter().zip(&meta) {
-        for c in COMPARED {
+        for c in TRACKER_COMPARED {
             let (host, tracked) = (f.host.get(c), f.accounted.get(c));
             let pairs = [
                 (host, tracked),
@@ -224,13 +213,13 @@ fn records_and_tensors_make_up_the_counting_allocator_on_flex_and_meta_predicts_
                 m.records.get(c),
                 f.records.get(c) as i64 - m.records.get(c) as i64
             );
-            if !within(host, tracked) {
+            if !tracker_within(host, tracked, TRACKER_SLACK) {
                 failures.push(format!(
                     "{} {} {c:?}: flex {host}, tracked {tracked}",
                     f.phase, f.step
                 ));
             }
-            if !within(f.records.get(c), m.records.get(c)) {
+            if !tracker_within(f.records.get(c), m.records.get(c), TRACKER_SLACK) {
                 failures.push(format!(
                     "{} {} {c:?}: flex records {}, meta records {}",
                     f.phase,
@@ -239,7 +228,7 @@ fn records_and_tensors_make_up_the_counting_allocator_on_flex_and_meta_predicts_
                     m.records.get(c)
                 ));
             }
-            if !within(host, m.accounted.get(c)) {
+            if !tracker_within(host, m.accounted.get(c), TRACKER_SLACK) {
                 failures.push(format!(
                     "{} {} {c:?}: flex {host}, meta {}",
                     f.phase,

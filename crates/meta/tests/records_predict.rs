@@ -9,6 +9,7 @@ use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Lstm, LstmConfig};
 use burn::tensor::{Tensor, TensorData};
+use trainmem_burn::agreement::TRACKER_COMPARED;
 use trainmem_core::timeline::Phase;
 use trainmem_core::{Category, CategoryBytes};
 use trainmem_meta::Meta;
@@ -23,13 +24,6 @@ struct Sequence<B: burn::tensor::backend::Backend> {
     lstm: Lstm<B>,
     head: Linear<B>,
 }
-
-const COMPARED: [Category; 4] = [
-    Category::Parameter,
-    Category::Gradient,
-    Category::Activation,
-    Category::Input,
-];
 
 /// `predict` on a process that counts its heap: every sample names the records beside the
 /// tensors, per category, and adds them to the host categories; the tensors stay the ledger's.
@@ -65,7 +59,7 @@ fn predictions_carry_the_records_beside_the_tensors() {
         records > 200_000,
         "the LSTM's forward keeps its graph's records: {records} B"
     );
-    for c in COMPARED {
+    for c in TRACKER_COMPARED {
         assert_eq!(
             forward.categories.get(c),
             tensors.get(c) + forward.records.get(c),
