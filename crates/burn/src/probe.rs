@@ -60,6 +60,11 @@ pub struct ProbeSample {
     /// ([`trainmem_track::records_beside`]); `None` when no counting allocator is installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_records: Option<CategoryBytes>,
+    /// Live host bytes per category of tensor data read back from the device into buffers
+    /// outside Rust's allocator, which the counting allocator does not see
+    /// ([`trainmem_track::host_reads`]: cubecl's page-locked read buffers); not part of `host`.
+    #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
+    pub host_device_reads: CategoryBytes,
     /// Resident bytes of the data set's memory-mapped files (their mappings' share of RssFile,
     /// [`trainmem_probe::mapped::mapped_rss`]); `None` when the run reads no data files or
     /// `/proc/self/smaps` is unavailable.
@@ -226,6 +231,7 @@ impl<B: MemoryBackend> Probe<B> {
             host_total_peak,
             host_handed_to_device,
             host_records,
+            host_device_reads: trainmem_track::host_reads::live(),
             data_file_rss,
             rss: trainmem_probe::rss::read().ok(),
             device: B::device_memory(&self.device),

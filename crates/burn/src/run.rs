@@ -206,6 +206,12 @@ pub struct MeasuredRun {
     pub host_counted: bool,
     /// Checkpoint files written.
     pub checkpoints: Vec<PathBuf>,
+    /// The size of each checkpoint file, in bytes, read right after it was written (index
+    /// for index with `checkpoints`): what the run wrote, even once the files are gone (a
+    /// run recorded on a lent machine and judged again elsewhere). Empty in runs recorded
+    /// before it was kept.
+    #[serde(default)]
+    pub checkpoint_sizes: Vec<u64>,
     /// Loader worker threads started during the run (`None` when no loader was used).
     pub loader_threads_spawned: Option<u64>,
     /// trainmem-loader's own accounting ([`LoaderMemory`]) read at every sample, index for
@@ -628,8 +634,11 @@ mod tests {
             .collect();
         assert_eq!(micro, vec![Some(0), Some(1), Some(0), Some(1)]);
         assert_eq!(run.checkpoints.len(), 2);
-        for c in &run.checkpoints {
-            assert!(std::fs::metadata(c).expect("checkpoint written").len() > 0);
+        assert_eq!(run.checkpoint_sizes.len(), 2, "each file's size is kept");
+        for (c, &size) in run.checkpoints.iter().zip(&run.checkpoint_sizes) {
+            let on_disk = std::fs::metadata(c).expect("checkpoint written").len();
+            assert!(on_disk > 0);
+            assert_eq!(size, on_disk, "the kept size is the file's");
         }
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -7,6 +7,10 @@
 //! * `host.records`: the part of those bytes that is records beside the tensors (burn's graph,
 //!   optimizer and module records, the loader's own memory), allocated outside the backend's
 //!   ops;
+//! * `host.device_reads`: tensor data read back from a device into host buffers outside Rust's
+//!   allocator (cubecl's page-locked read buffers), counted by trainmem-track while the
+//!   program holds it and added to `host.categories`, which the counting allocator alone
+//!   would leave without them;
 //! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`, and
 //!   `host.data_file_rss`: the data set's own mappings' share of RssFile (`/proc/self/smaps`);
 //! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
@@ -28,6 +32,10 @@ pub fn to_sample(s: &ProbeSample) -> Sample {
     let mut host = HostBytes::default();
     if let Some(h) = s.host {
         host.categories = h;
+    }
+    host.device_reads = s.host_device_reads;
+    for (category, bytes) in s.host_device_reads.iter() {
+        host.categories.add(category, bytes);
     }
     if let Some(h) = s.host_handed_to_device {
         host.handed_to_device = h;
@@ -161,6 +169,11 @@ mod tests {
                 r.set(Category::Parameter, 30);
                 r
             }),
+            host_device_reads: {
+                let mut r = CategoryBytes::ZERO;
+                r.set(Category::Temporary, 4096);
+                r
+            },
             data_file_rss: Some(12),
             rss: Some(ProcStatus {
                 vm_rss: 70,
@@ -187,6 +200,9 @@ mod tests {
         assert_eq!((t.host.anon_rss, t.host.file_rss), (40, 30));
         assert_eq!(t.host.handed_to_device.get(Category::Input), 60);
         assert_eq!(t.host.records.get(Category::Parameter), 30);
+        // data read back outside Rust's allocator is host memory the program holds
+        assert_eq!(t.host.device_reads.get(Category::Temporary), 4096);
+        assert_eq!(t.host.categories.get(Category::Temporary), 4096);
         assert_eq!((t.host.data_file_rss, t.host.data_rss()), (Some(12), 12));
         assert_eq!((t.device.allocated, t.device.reserved), (300, 1000));
         assert_eq!(t.device.categories.get(Category::Cache), 700);
@@ -198,7 +214,7 @@ mod tests {
             ..s
         };
         let t = to_sample(&none);
-        assert_eq!(t.host.categories.total(), 0);
+        assert_eq!(t.host.categories.total(), 4096, "the reads alone");
         assert_eq!(t.device.reserved, 0);
     }
 }

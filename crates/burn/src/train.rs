@@ -256,6 +256,7 @@ struct Trainer<'p, B: AutodiffBackend + MemoryBackend> {
     optim: AnyOptimizer<B>,
     kept: Kept<B>,
     checkpoints: Vec<PathBuf>,
+    checkpoint_sizes: Vec<u64>,
     step: u64,
     /// The backend keeps tensors in device memory (it reports device figures): a batch's host
     /// buffers are handed to it for an upload, not kept as the tensors.
@@ -370,7 +371,15 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
                 .as_ref()
                 .expect("the model is in place between steps");
             save_checkpoint(model, &path, &mut self.probe, step, epoch)?;
+            let size = std::fs::metadata(&path)
+                .map_err(|source| BurnRunError::Io {
+                    what: "reading the size of checkpoint",
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
             self.checkpoints.push(path);
+            self.checkpoint_sizes.push(size);
         }
         if plan.training.empty_cache == EmptyCachePolicy::EveryStep {
             self.empty_cache(step, epoch)?;
@@ -477,6 +486,7 @@ where
         optim,
         kept: Kept::new(),
         checkpoints: Vec::new(),
+        checkpoint_sizes: Vec::new(),
         step: 0,
     };
     for epoch in 0..plan.training.epochs {
@@ -513,6 +523,7 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
             optim,
             kept,
             checkpoints,
+            checkpoint_sizes,
             ..
         } = self;
         let model = model.expect("the model is in place after the last step");
@@ -555,6 +566,7 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
             parameter_bytes: param_bytes,
             host_counted,
             checkpoints,
+            checkpoint_sizes,
             loader_threads_spawned,
             loader_memory,
             loader_peak,

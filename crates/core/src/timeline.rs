@@ -258,6 +258,14 @@ pub struct HostBytes {
     /// allocated outside any op of the tensor backend). Zero where it was not measured.
     #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
     pub records: CategoryBytes,
+    /// Live bytes per category of tensor data read back from a device into host buffers
+    /// outside Rust's allocator (cubecl's page-locked read buffers on CUDA, wgpu's mapped
+    /// staging buffers) that the program holds, under the category of the thread that read
+    /// them; already included in `categories`. A checkpoint written from a GPU's parameters
+    /// holds one model's worth while it writes. Zero on host backends, whose reads are in
+    /// Rust's allocator.
+    #[serde(default, skip_serializing_if = "CategoryBytes::is_zero")]
+    pub device_reads: CategoryBytes,
     /// Resident bytes of the memory-mapped data set's own mappings: its share of `file_rss`,
     /// without the binary's and libraries' pages. `Some(0)` when the data set is not mapped;
     /// `None` where it was not measured.

@@ -17,6 +17,12 @@ pub fn bytes_at(t: &Timeline, i: usize, category: Option<Category>) -> u64 {
     bytes_in(t, tensor_domain(t), i, category)
 }
 
+/// [`bytes_at`] in host memory, whatever device holds the tensors: for what a run holds on
+/// the host beside a GPU's tensors (a checkpoint's copy of the parameters).
+pub fn host_bytes_at(t: &Timeline, i: usize, category: Option<Category>) -> u64 {
+    bytes_in(t, Domain::Host, i, category)
+}
+
 /// [`bytes_at`] with the domain already known (for loops over many samples).
 fn bytes_in(t: &Timeline, domain: Domain, i: usize, category: Option<Category>) -> u64 {
     let cats = t.categories(i, domain);
@@ -42,7 +48,15 @@ pub fn points(t: &Timeline, phase: Phase) -> Vec<usize> {
 
 /// `bytes_at` for every sample after `phase`.
 pub fn series_at(t: &Timeline, phase: Phase, category: Option<Category>) -> Vec<u64> {
-    let domain = tensor_domain(t);
+    series_in(t, tensor_domain(t), phase, category)
+}
+
+/// [`series_at`] in host memory ([`host_bytes_at`]).
+pub fn host_series_at(t: &Timeline, phase: Phase, category: Option<Category>) -> Vec<u64> {
+    series_in(t, Domain::Host, phase, category)
+}
+
+fn series_in(t: &Timeline, domain: Domain, phase: Phase, category: Option<Category>) -> Vec<u64> {
     points(t, phase)
         .into_iter()
         .map(|i| bytes_in(t, domain, i, category))

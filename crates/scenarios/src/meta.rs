@@ -328,6 +328,7 @@ mod tests {
             parameter_bytes: 0,
             host_counted: true,
             checkpoints: Vec::new(),
+            checkpoint_sizes: Vec::new(),
             loader_threads_spawned: None,
             loader_memory: Vec::new(),
             loader_peak: None,

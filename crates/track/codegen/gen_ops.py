@@ -161,6 +161,11 @@ def wrap(expr, ty, hint):
         return f"{{ let ({', '.join(names)}) = {expr}; ({inner}) }}"
     if ty == "TensorPrimitive<B>":
         return f"crate::tensor::wrap_primitive::<B>({expr})"
+    # data read back to the host: buffers outside Rust's allocator are counted while held
+    if ty == "Result<TensorData, ExecutionError>":
+        return f"{expr}.map(crate::host_reads::watch)"
+    if ty == "Result<TransactionPrimitiveData, ExecutionError>":
+        return f"{expr}.map(crate::host_reads::watch_transaction)"
     if ty in ("MaxPool1dWithIndices<B>", "MaxPool2dWithIndices<B>"):
         s = ty.split("<")[0]
         return (f"{{ let o = {expr}; {s}::new(crate::tensor::wrap_float::<B>(o.output, None), "

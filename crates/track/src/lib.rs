@@ -78,6 +78,7 @@ pub mod cubecl_id;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod hash;
+pub mod host_reads;
 pub mod ledger;
 pub mod memory;
 #[allow(missing_docs)]

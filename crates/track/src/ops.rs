@@ -54,7 +54,7 @@ impl<B: TrackableBackend> FloatTensorOps<Self> for Tracked<B> {
         let (tensor, k_tensor) = crate::tensor::unwrap_float::<B>(tensor);
         let fut = B::float_into_data(tensor);
         async move {
-            let out = fut.await;
+            let out = fut.await.map(crate::host_reads::watch);
             drop((k_tensor,));
             out
         }
@@ -1090,7 +1090,7 @@ impl<B: TrackableBackend> IntTensorOps<Self> for Tracked<B> {
         let (tensor, k_tensor) = crate::tensor::unwrap_int::<B>(tensor);
         let fut = B::int_into_data(tensor);
         async move {
-            let out = fut.await;
+            let out = fut.await.map(crate::host_reads::watch);
             drop((k_tensor,));
             out
         }
@@ -1970,7 +1970,7 @@ impl<B: TrackableBackend> BoolTensorOps<Self> for Tracked<B> {
         let (tensor, k_tensor) = crate::tensor::unwrap_bool::<B>(tensor);
         let fut = B::bool_into_data(tensor);
         async move {
-            let out = fut.await;
+            let out = fut.await.map(crate::host_reads::watch);
             drop((k_tensor,));
             out
         }
@@ -2337,7 +2337,7 @@ impl<B: TrackableBackend> QTensorOps<Self> for Tracked<B> {
         let (tensor, k_tensor) = crate::tensor::unwrap_q::<B>(tensor);
         let fut = B::q_into_data(tensor);
         async move {
-            let out = fut.await;
+            let out = fut.await.map(crate::host_reads::watch);
             drop((k_tensor,));
             out
         }
@@ -3975,7 +3975,7 @@ impl<B: TrackableBackend> TransactionOps<Self> for Tracked<B> {
         let (transaction, k_transaction) = crate::tensor::unwrap_transaction::<B>(transaction);
         let fut = B::tr_execute(transaction);
         async move {
-            let out = fut.await;
+            let out = fut.await.map(crate::host_reads::watch_transaction);
             drop((k_transaction,));
             out
         }

@@ -1,11 +1,12 @@
-//! `checkpoint-save`: live memory spikes by about the model size while a checkpoint is being
-//! written, and falls back right after; with no saves there is no spike.
+//! `checkpoint-save`: live host memory spikes by about the model size while a checkpoint is
+//! being written, and falls back right after; with no saves there is no spike. The copy is
+//! host memory on every backend: on a GPU the device holds nothing more during a save.
 
 use trainmem_core::Category;
 use trainmem_core::timeline::{Phase, Timeline};
 
 use crate::checks::{
-    bytes_at, close, delta, index_of, param_bytes, place, points, series_at, spread,
+    close, delta, host_bytes_at, host_series_at, index_of, param_bytes, place, points, spread,
 };
 use crate::ctx::{Ctx, Judgement};
 use crate::error::Result;
@@ -18,7 +19,9 @@ pub const EXPLANATION: &[&str] = &[
      item owns a host copy of every parameter, so while the save runs the live bytes are the \
      training state plus one more model: a spike of the parameter bytes at every save. The \
      copy is dropped as soon as the file is written, so the level after the save is the level \
-     before it.",
+     before it. The copy is host memory whatever device trains: on a GPU every parameter is \
+     read back into host buffers (page-locked ones on CUDA), so host RAM spikes while device \
+     memory stays flat.",
     "Knob: `training.checkpoint_every = 0` (no saves) removes the spike. With saves, budget one \
      extra model copy of headroom at each save point; saving less often only makes the spikes \
      rarer, not smaller.",
@@ -28,8 +31,10 @@ pub const EXPLANATION: &[&str] = &[
 /// record also holds each parameter's name and shape, a few hundred bytes per tensor.
 const SPIKE_MARGIN: f64 = 0.05;
 
-/// One save: the live bytes after the optimizer step it follows, during the save, and at the
-/// next sample, with the `temporary` bytes during the save.
+/// One save: the live host bytes after the optimizer step it follows, during the save, and at
+/// the next sample, with the `temporary` bytes during the save. Host bytes whatever device
+/// trains: the copy a checkpoint is written from is host memory (on a CPU device, host memory
+/// is where the tensors are too; on a GPU the device holds nothing more during a save).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Save {
     step: u64,
@@ -59,10 +64,10 @@ fn saves(t: &Timeline) -> Vec<Save> {
             let after = (i + 1 < t.samples.len()).then_some(i + 1)?;
             Some(Save {
                 step,
-                before: bytes_at(t, before, None),
-                during: bytes_at(t, i, None),
-                after: bytes_at(t, after, None),
-                temporary: bytes_at(t, i, Some(Category::Temporary)),
+                before: host_bytes_at(t, before, None),
+                during: host_bytes_at(t, i, None),
+                after: host_bytes_at(t, after, None),
+                temporary: host_bytes_at(t, i, Some(Category::Temporary)),
             })
         })
         .collect()
@@ -139,7 +144,7 @@ fn copy_is_temporary(t: &Timeline) -> Judgement {
 fn no_saves_no_spike(a: &Timeline, b: &Timeline) -> Judgement {
     let params = param_bytes(b);
     let saves_b = points(b, Phase::CheckpointSave).len();
-    let steps_b = series_at(b, Phase::OptimizerStep, None);
+    let steps_b = host_series_at(b, Phase::OptimizerStep, None);
     let flat = spread(&steps_b);
     let top_b = steps_b.iter().copied().max().unwrap_or(0);
     let top_a = saves(a).iter().map(|s| s.during).max().unwrap_or(0);
@@ -202,11 +207,16 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         copy_is_temporary,
     );
     if let Some(m) = &ctx.record(base).measured {
-        let files = m.checkpoints.clone();
-        let sizes: Vec<u64> = files
-            .iter()
-            .filter_map(|p| std::fs::metadata(p).ok().map(|md| md.len()))
-            .collect();
+        // the sizes the run read right after writing each file; a run recorded before they
+        // were kept is read from its files, where they still exist
+        let sizes: Vec<u64> = if m.checkpoint_sizes.is_empty() {
+            m.checkpoints
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).ok().map(|md| md.len()))
+                .collect()
+        } else {
+            m.checkpoint_sizes.clone()
+        };
         let params = m.parameter_bytes;
         ctx.push_verdict(
             VerdictKind::Pattern,

@@ -60,8 +60,11 @@ pub struct HostMoment {
     pub scale: f64,
     /// The current batch is on the host (being collated / copied).
     pub batch_on_host: bool,
-    /// Extra bytes of a checkpoint being serialised.
+    /// Extra bytes of a checkpoint being serialised (`other`).
     pub checkpoint_bytes: u64,
+    /// The host copy of the parameters a checkpoint is written from while a GPU holds the
+    /// tensors (`temporary`).
+    pub checkpoint_copy: u64,
     /// Metric scalars kept so far.
     pub scalars: u64,
     /// The framework's records held in host memory (the tensors are on a GPU).
@@ -84,6 +87,7 @@ impl HostMoment {
             scale: 1.0,
             batch_on_host: false,
             checkpoint_bytes: 0,
+            checkpoint_copy: 0,
             scalars: 0,
             records: crate::engine::runner::HostRecords::default(),
             epoch_open: false,
@@ -282,6 +286,7 @@ impl HostModel {
             c.add(Category::Input, self.dataset_bytes);
         }
         c.add(Category::Other, m.checkpoint_bytes + 8 * m.scalars);
+        c.add(Category::Temporary, m.checkpoint_copy);
         c.add(Category::Parameter, m.records.param_records);
         c.add(Category::OptimizerState, m.records.optimizer_records);
         if let Some(d) = device_tensors {
@@ -310,6 +315,13 @@ impl HostModel {
             // The host side of uploads is not modelled: what the program holds is the twin's.
             handed_to_device: CategoryBytes::ZERO,
             records: CategoryBytes::ZERO,
+            // a checkpoint's copy of a GPU's parameters is read back into the device
+            // backend's own host buffers
+            device_reads: {
+                let mut r = CategoryBytes::ZERO;
+                r.set(Category::Temporary, m.checkpoint_copy);
+                r
+            },
             // The only file pages the twin maps are the data set's.
             data_file_rss: Some(file_rss),
         }

@@ -637,3 +637,62 @@ fn pytorch_keeps_a_cublas_workspace_per_thread_from_its_first_matmul() {
     let r = tiny_on_gpu("burn", "", true);
     assert_eq!(other_bytes(&r), (0, 0, 0));
 }
+
+/// burn writes a checkpoint from an f32 copy of every parameter: on a CPU device a
+/// `temporary` block beside the tensors, on a GPU the parameters read back into host
+/// buffers (host `temporary`, counted as device reads) while the device holds nothing more;
+/// PyTorch's `torch.save` serialises parameters and optimizer state on the host (`other`).
+#[test]
+fn a_checkpoint_copy_is_where_the_framework_writes_it_from() {
+    const PARAMS: u64 = 58 * 4;
+    let save = |r: &SimResult| {
+        let t = &r.timeline;
+        let at = t
+            .find(0, Phase::CheckpointSave)
+            .expect("a save after step 0");
+        let before = t.find(0, Phase::OptimizerStep).expect("step 0");
+        let after = t.find(1, Phase::BatchLoaded).expect("step 1");
+        (at.clone(), before.clone(), after.clone())
+    };
+    let every_step = |text: String| {
+        text.replace(
+            "steps_per_epoch = 3",
+            "steps_per_epoch = 3\ncheckpoint_every = 1",
+        )
+    };
+    // burn on a GPU
+    let text = every_step(
+        TINY.replace("kind = \"cpu\"\ncapacity = \"1MiB\"", "capacity = \"1GiB\"")
+            .replace("[model.mlp]", "framework = \"burn\"\n[model.mlp]"),
+    );
+    let r = simulate(&Plan::from_toml_str(&text).unwrap(), SimOptions::default()).unwrap();
+    let (at, before, after) = save(&r);
+    assert_eq!(at.host.categories.get(Category::Temporary), PARAMS);
+    assert_eq!(at.host.device_reads.get(Category::Temporary), PARAMS);
+    assert_eq!(
+        at.device.categories, before.device.categories,
+        "the device holds nothing more during the save"
+    );
+    assert_eq!(after.host.categories.get(Category::Temporary), 0);
+    assert_eq!(after.host.device_reads.total(), 0);
+    // burn on the CPU: the copy is a block beside the tensors
+    let text = every_step(TINY.replace("[model.mlp]", "framework = \"burn\"\n[model.mlp]"));
+    let r = simulate(&Plan::from_toml_str(&text).unwrap(), SimOptions::default()).unwrap();
+    let (at, before, _) = save(&r);
+    assert_eq!(
+        at.device.categories.get(Category::Temporary)
+            - before.device.categories.get(Category::Temporary),
+        PARAMS
+    );
+    assert_eq!(at.host.device_reads.total(), 0);
+    // PyTorch on a GPU: parameters and Adam's two moments, serialised (`other`)
+    let text =
+        every_step(TINY.replace("kind = \"cpu\"\ncapacity = \"1MiB\"", "capacity = \"1GiB\""));
+    let r = simulate(&Plan::from_toml_str(&text).unwrap(), SimOptions::default()).unwrap();
+    let (at, before, _) = save(&r);
+    assert_eq!(
+        at.host.categories.get(Category::Other) - before.host.categories.get(Category::Other),
+        3 * PARAMS
+    );
+    assert_eq!(at.host.categories.get(Category::Temporary), 0);
+}

@@ -5,6 +5,7 @@ use trainmem_core::Category;
 
 use super::{Finding, PatternKind};
 use crate::engine::Summary;
+use crate::profile::{CheckpointRecord, FrameworkProfile};
 use trainmem_core::bytes::human;
 use trainmem_core::plan::Plan;
 use trainmem_core::timeline::{Domain, Phase, Timeline};
@@ -57,30 +58,38 @@ pub(super) fn epoch_spike(plan: &Plan, t: &Timeline, _s: &Summary, out: &mut Vec
     }
 }
 
-/// A host spike while a checkpoint is serialised.
+/// A host spike while a checkpoint is written: the framework's record of what it writes
+/// ([`CheckpointRecord`]), `temporary` or `other` host bytes above the sample before.
 pub(super) fn checkpoint_spike(plan: &Plan, t: &Timeline, _s: &Summary, out: &mut Vec<Finding>) {
-    if let Some(c) = t.at_phase(Phase::CheckpointSave).next() {
-        let ckpt = c.host.categories.get(Category::Other);
-        let i = t
-            .samples
-            .iter()
-            .position(|x| std::ptr::eq(x, c))
-            .unwrap_or(0);
-        let before = i
-            .checked_sub(1)
-            .map_or(0, |j| t.samples[j].host.categories.get(Category::Other));
-        out.push(Finding {
-            kind: PatternKind::CheckpointSpike,
-            domain: Domain::Host,
-            bytes: ckpt as i128 - before as i128,
-            step: Some(c.step),
-            text: format!(
-                "Every {} steps a checkpoint is serialised: host memory spikes by {} (parameters and optimizer state copied out) and drops back when it is written.",
-                plan.training.checkpoint_every,
-                human(ckpt.saturating_sub(before))
-            ),
-        });
-    }
+    let Some(i) = t
+        .samples
+        .iter()
+        .position(|x| x.phase == Phase::CheckpointSave)
+    else {
+        return;
+    };
+    let held = |j: usize| {
+        let c = &t.samples[j].host.categories;
+        c.get(Category::Temporary) + c.get(Category::Other)
+    };
+    let (during, before) = (held(i), i.checked_sub(1).map_or(0, held));
+    let what = match FrameworkProfile::of(plan.framework).checkpoint {
+        CheckpointRecord::F32ParameterCopy => {
+            "an f32 copy of every parameter, the record it writes"
+        }
+        CheckpointRecord::SerialisedState => "parameters and optimizer state serialised",
+    };
+    out.push(Finding {
+        kind: PatternKind::CheckpointSpike,
+        domain: Domain::Host,
+        bytes: during as i128 - before as i128,
+        step: Some(t.samples[i].step),
+        text: format!(
+            "Every {} steps a checkpoint is written: host memory spikes by {} ({what}) and drops back when the file is written.",
+            plan.training.checkpoint_every,
+            human(during.saturating_sub(before))
+        ),
+    });
 }
 
 /// Host memory above the plan's host capacity.

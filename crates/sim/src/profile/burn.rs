@@ -6,9 +6,9 @@ use trainmem_autograd::{Saved, SavedTable, ValueDtype};
 use trainmem_core::{Dtype, OpKind};
 
 use super::{
-    AutogradRules, BlasWorkspaces, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs,
-    FrameworkProfile, GpuRules, KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRecords,
-    OptimizerRules, ParamUpdate, RetainGraph, StateDtype, Vocabulary,
+    AutogradRules, BlasWorkspaces, Bookkeeping, CheckpointRecord, Checkpointing, CpuRules,
+    DroppedGraphs, FrameworkProfile, GpuRules, KernelScratch, Lowering, MetricsAt, MetricsRules,
+    OptimizerRecords, OptimizerRules, ParamUpdate, RetainGraph, StateDtype, Vocabulary,
 };
 
 /// Host bytes burn 0.21 keeps beside each parameter tensor's data on `Autodiff<Flex>`
@@ -145,10 +145,10 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         recorded: MetricsAt::AfterEachBackward,
         loop_holds_outputs: true,
     },
+    checkpoint: CheckpointRecord::F32ParameterCopy,
     cpu: CpuRules {
         batch_is_host_batch: true,
         trainmem_loader: true,
-        checkpoint_record_f32: true,
         kernel_scratch: KernelScratch::GemmPacking,
         dropout_float_noise: false,
     },

@@ -39,6 +39,8 @@ pub struct FrameworkProfile {
     pub bookkeeping: Bookkeeping,
     /// When metrics are recorded and what the training loop holds for them.
     pub metrics: MetricsRules,
+    /// What a checkpoint save holds while the file is written.
+    pub checkpoint: CheckpointRecord,
     /// What changes when the tensors live on a CPU device.
     pub cpu: CpuRules,
     /// What changes when the tensors live on a GPU.
@@ -192,6 +194,20 @@ pub enum MetricsAt {
     AfterEachBackward,
 }
 
+/// What a checkpoint save holds in host memory while it writes the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointRecord {
+    /// An f32 copy of every parameter (no optimizer state), `temporary` while the recorder
+    /// writes it: burn's record of the module at full precision. On a CPU device it is a
+    /// tensor-sized block beside the tensors; on a GPU it is the host side of reading every
+    /// parameter back (cubecl's page-locked read buffers on CUDA), and the device holds
+    /// nothing more.
+    F32ParameterCopy,
+    /// Parameters and optimizer state serialised on the host (`other`): a `state_dict`
+    /// pickled by `torch.save`.
+    SerialisedState,
+}
+
 /// What changes when a run's tensors live on a CPU device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuRules {
@@ -203,10 +219,6 @@ pub struct CpuRules {
     /// too: the host side is the same whatever device holds the tensors; token models read a
     /// synthetic source without a sampler.
     pub trainmem_loader: bool,
-    /// A checkpoint is written from an f32 copy of every parameter (no optimizer state),
-    /// held as a `temporary` tensor while the recorder writes it (otherwise: parameters
-    /// and optimizer state serialised on the host, `other`).
-    pub checkpoint_record_f32: bool,
     /// Kernel scratch the compute library keeps for the training thread's life, unless the
     /// plan gives `host.kernel_scratch`.
     pub kernel_scratch: KernelScratch,

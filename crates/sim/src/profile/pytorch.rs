@@ -5,9 +5,9 @@ use trainmem_autograd::{SavedTable, ValueDtype};
 use trainmem_core::Dtype;
 
 use super::{
-    AutogradRules, BlasWorkspaces, Bookkeeping, Checkpointing, CpuRules, DroppedGraphs,
-    FrameworkProfile, GpuRules, KernelScratch, Lowering, MetricsAt, MetricsRules, OptimizerRules,
-    ParamUpdate, RetainGraph, StateDtype, Vocabulary,
+    AutogradRules, BlasWorkspaces, Bookkeeping, CheckpointRecord, Checkpointing, CpuRules,
+    DroppedGraphs, FrameworkProfile, GpuRules, KernelScratch, Lowering, MetricsAt, MetricsRules,
+    OptimizerRules, ParamUpdate, RetainGraph, StateDtype, Vocabulary,
 };
 
 /// PyTorch, as far as memory goes.
@@ -55,10 +55,10 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
         recorded: MetricsAt::AfterOptimizerStep,
         loop_holds_outputs: false,
     },
+    checkpoint: CheckpointRecord::SerialisedState,
     cpu: CpuRules {
         batch_is_host_batch: false,
         trainmem_loader: false,
-        checkpoint_record_f32: false,
         kernel_scratch: KernelScratch::None,
         dropout_float_noise: true,
     },

@@ -6,6 +6,7 @@ use trainmem_core::Category;
 use trainmem_core::Dtype;
 
 use super::Runner;
+use crate::profile::CheckpointRecord;
 use trainmem_core::plan::{EmptyCachePolicy, MetricRetention};
 use trainmem_core::timeline::Phase;
 
@@ -50,24 +51,33 @@ impl Runner<'_> {
         }
     }
 
-    /// A checkpoint is written (`checkpoint_save`): on a CPU device where the framework
-    /// writes an f32 record, a `temporary` copy of every parameter; otherwise parameters
-    /// and optimizer state serialised on the host (`other`).
+    /// A checkpoint is written (`checkpoint_save`), holding what the framework's record
+    /// holds ([`CheckpointRecord`]): burn's f32 copy of every parameter, a `temporary` tensor
+    /// on a CPU device and host memory beside a GPU's tensors; PyTorch's serialised
+    /// parameters and optimizer state, host `other`.
     fn save_checkpoint(&mut self) -> Result<(), crate::engine::memory::SimOom> {
         self.begin(Phase::CheckpointSave);
         let program = self.spec.program;
-        if self.spec.cpu && self.spec.profile.cpu.checkpoint_record_f32 {
-            let elems: u64 = program.params.iter().map(|p| p.elems).sum();
-            let t = self
-                .store
-                .alloc(elems * Dtype::F32.size(), Category::Temporary)?;
-            self.sample(Phase::CheckpointSave);
-            self.store.release(t);
-        } else {
-            let ms = self.state.bytes(program);
-            self.host.moment.checkpoint_bytes = ms.parameters + ms.optimizer_state;
-            self.sample(Phase::CheckpointSave);
-            self.host.moment.checkpoint_bytes = 0;
+        match self.spec.profile.checkpoint {
+            CheckpointRecord::F32ParameterCopy => {
+                let elems: u64 = program.params.iter().map(|p| p.elems).sum();
+                let bytes = elems * Dtype::F32.size();
+                if self.spec.cpu {
+                    let t = self.store.alloc(bytes, Category::Temporary)?;
+                    self.sample(Phase::CheckpointSave);
+                    self.store.release(t);
+                } else {
+                    self.host.moment.checkpoint_copy = bytes;
+                    self.sample(Phase::CheckpointSave);
+                    self.host.moment.checkpoint_copy = 0;
+                }
+            }
+            CheckpointRecord::SerialisedState => {
+                let ms = self.state.bytes(program);
+                self.host.moment.checkpoint_bytes = ms.parameters + ms.optimizer_state;
+                self.sample(Phase::CheckpointSave);
+                self.host.moment.checkpoint_bytes = 0;
+            }
         }
         Ok(())
     }
