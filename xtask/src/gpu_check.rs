@@ -11,6 +11,11 @@
 //! 3. cubecl's pools as trainmem-meta predicts them for this device's memory, against the
 //!    reserved bytes burn really held after empty-cache's first epoch.
 //!
+//! On `--backend wgpu` (a build with `--features wgpu`, on any machine where wgpu finds an
+//! adapter: a GPU's Vulkan, Metal or DirectX 12 driver, or Mesa's software Vulkan on a machine
+//! with no GPU) the same three items run on burn's cubecl backend over wgpu, item 3 with the
+//! pools cubecl-wgpu sizes from the adapter's limits.
+//!
 //! On `--backend flex` the same command runs end to end on the CPU (the dry run of the
 //! script): the scenarios are measured on Flex, and item 2 compares the tracker with the
 //! counting allocator (tensor categories, 1% + 16 KiB) instead of cubecl.
@@ -35,7 +40,7 @@ use trainmem_scenarios::{ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS
 /// Arguments of `gpu-check`.
 #[derive(Debug, clap::Args)]
 pub struct GpuCheckArgs {
-    /// The backend of the measured runs (`cuda` needs a build with `--features cuda`).
+    /// The backend of the measured runs (`cuda` and `wgpu` need a build with that feature).
     #[arg(long, default_value = "cuda")]
     backend: BackendChoice,
     /// Where the device's folder is written.
@@ -81,9 +86,9 @@ fn yes() -> bool {
 /// The device a check ran on.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceInfo {
-    /// `cuda` or `flex`.
+    /// `cuda`, `wgpu` (`-fusion` after either with burn's fusion) or `flex`.
     pub backend: String,
-    /// The device's name (the driver's, on CUDA).
+    /// The device's name (the driver's on CUDA, the adapter's on wgpu).
     pub name: String,
     /// Total memory according to the driver (CUDA).
     pub total_bytes: Option<u64>,
@@ -134,11 +139,17 @@ pub struct TrackerCheck {
     pub slack: u64,
 }
 
-/// cubecl's reserved bytes after empty-cache's first epoch: predicted and (CUDA) measured.
+/// cubecl's reserved bytes after empty-cache's first epoch: predicted and (on a device)
+/// measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolCheck {
-    /// Device memory the prediction was made for.
+    /// Device memory the prediction was made for (CUDA: its largest page is a quarter of it;
+    /// 0 on wgpu, whose pools follow the adapter's limits instead).
     pub device_bytes: u64,
+    /// The largest page and the alignment the prediction used, where they do not follow from
+    /// `device_bytes` (wgpu: the adapter's storage-binding limit and uniform offset alignment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_and_alignment: Option<(u64, u64)>,
     /// trainmem-meta's cubecl model.
     pub predicted_reserved: u64,
     /// burn on the device, when measured here.
@@ -146,8 +157,8 @@ pub struct PoolCheck {
 }
 
 /// The tracker's device bytes (every category but `cache`) against cubecl's bytes in use, at
-/// every boundary of the measured CUDA runs: within 1% + 64 KiB.
-fn cuda_tracker_check(runs: &[&Timeline]) -> TrackerCheck {
+/// every boundary of the measured runs on a device (CUDA, wgpu): within 1% + 64 KiB.
+fn device_tracker_check(runs: &[&Timeline]) -> TrackerCheck {
     let mut c = TrackerCheck {
         percent: 1.0,
         slack: 64 << 10,
@@ -205,32 +216,46 @@ fn reserved_after_first_epoch(t: &Timeline) -> Option<u64> {
         .map(|s| s.device.reserved)
 }
 
-fn device_info(backend: BackendChoice) -> DeviceInfo {
-    match backend {
+/// Whether burn's fusion is built in (on the CUDA or the wgpu backend).
+const FUSED: bool = cfg!(any(feature = "fusion", feature = "wgpu-fusion"));
+
+/// A device backend's info, with `-fusion` added where burn's fusion is built in.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn fused(backend: &str, name: String, total_bytes: Option<u64>) -> DeviceInfo {
+    if FUSED {
+        DeviceInfo {
+            backend: format!("{backend}-fusion"),
+            name: format!("{name} fusion"),
+            total_bytes,
+        }
+    } else {
+        DeviceInfo {
+            backend: backend.into(),
+            name,
+            total_bytes,
+        }
+    }
+}
+
+fn device_info(backend: BackendChoice) -> anyhow::Result<DeviceInfo> {
+    Ok(match backend {
         #[cfg(feature = "cuda")]
         BackendChoice::Cuda => {
             let total = trainmem_track::cuda::driver_free_total(0).map(|(_, t)| t);
             let name = cuda_name().unwrap_or_else(|| "cuda-device-0".into());
-            if cfg!(feature = "fusion") {
-                DeviceInfo {
-                    backend: "cuda-fusion".into(),
-                    name: format!("{name} fusion"),
-                    total_bytes: total,
-                }
-            } else {
-                DeviceInfo {
-                    backend: "cuda".into(),
-                    name,
-                    total_bytes: total,
-                }
-            }
+            fused("cuda", name, total)
+        }
+        #[cfg(feature = "wgpu")]
+        BackendChoice::Wgpu => {
+            let adapter = trainmem_burn::wgpu_adapter().map_err(anyhow::Error::msg)?;
+            fused("wgpu", adapter.name, None)
         }
         _ => DeviceInfo {
             backend: "flex".into(),
             name: format!("flex-cpu-{}", std::env::consts::ARCH),
             total_bytes: None,
         },
-    }
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -239,11 +264,11 @@ fn cuda_name() -> Option<String> {
     ctx.name().ok()
 }
 
-/// The empty-cache scenario's GPU plan on trainmem-meta's cubecl model for `bytes` of device
-/// memory: reserved after the first epoch.
-fn predicted_reserved(bytes: u64) -> anyhow::Result<u64> {
+/// The empty-cache scenario's GPU plan on trainmem-meta's cubecl model set up as `config`:
+/// reserved after the first epoch.
+fn predicted_reserved(config: trainmem_meta::CubeclConfig) -> anyhow::Result<u64> {
     let plan = trainmem_scenarios::empty_cache_gpu_plan()?;
-    let (device, _pools) = trainmem_meta::MetaDevice::cubecl(bytes);
+    let (device, _pools) = trainmem_meta::MetaDevice::cubecl_with(config);
     let run = trainmem_burn::run_predicted::<trainmem_meta::Meta>(
         &plan,
         trainmem_burn::RunOptions::default(),
@@ -261,8 +286,8 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         return replay(&args, dir);
     }
     trainmem_scenarios::backend_available(args.backend)?;
-    let cuda = args.backend == BackendChoice::Cuda;
-    let device = device_info(args.backend);
+    let on_device = args.backend.on_device();
+    let device = device_info(args.backend)?;
     let work = match &args.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("trainmem-gpu-check-{}", std::process::id())),
@@ -288,7 +313,7 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         .join(trainmem_scenarios::output::slug(&device.name));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("gpu-check.json");
-    let not_measured = if cfg!(feature = "fusion") {
+    let mut not_measured = if FUSED {
         vec![
             "burn's `fusion` feature is on: the tracker counts fusion tensors at their dense \
              size (a view counted again, a fused-away intermediate counted while held), so its \
@@ -298,11 +323,19 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         ]
     } else {
         vec![
-            "burn's `fusion` feature: this build trains without it (burn::backend::Cuda is \
-             CubeBackend); a build with xtask's `fusion` feature measures the fused backend"
+            "burn's `fusion` feature: this build trains without it (burn::backend::Cuda and \
+             Wgpu are CubeBackend); a build with xtask's `fusion` (CUDA) or `wgpu-fusion` \
+             feature measures the fused backend"
                 .to_string(),
         ]
     };
+    if args.backend == BackendChoice::Wgpu {
+        not_measured.push(
+            "wgpu reports no free or total device memory: the device's size is not recorded, \
+             and cubecl's pools are predicted from the adapter's limits"
+                .to_string(),
+        );
+    }
     let mut scenarios = Vec::new();
     let mut empty_cache_reserved = None;
     for (i, s) in selected.iter().enumerate() {
@@ -324,16 +357,16 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
                         .flat_map(|t| t.samples.iter())
                         .map(f)
                         .max()
-                        .filter(|_| cuda)
+                        .filter(|_| on_device)
                 };
                 let device_peak_in_use = peak(|s| s.device.peak_allocated.max(s.device.allocated));
                 let device_peak_reserved = peak(|s| s.device.peak_reserved.max(s.device.reserved));
-                if s.name == "empty-cache" && cuda {
+                if s.name == "empty-cache" && on_device {
                     empty_cache_reserved =
                         measured.first().and_then(|t| reserved_after_first_epoch(t));
                 }
-                let tracker = if cuda {
-                    cuda_tracker_check(&measured)
+                let tracker = if on_device {
+                    device_tracker_check(&measured)
                 } else {
                     let plan = trainmem_scenarios::plans::load(s.name)?;
                     flex_tracker_check(&plan)?
@@ -408,30 +441,7 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(&path, serde_json::to_string_pretty(&partial)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let pools = if cuda {
-        match device.total_bytes {
-            Some(total) => vec![PoolCheck {
-                device_bytes: total,
-                predicted_reserved: predicted_reserved(total)?,
-                measured_reserved: empty_cache_reserved,
-            }],
-            None => Vec::new(),
-        }
-    } else {
-        [
-            trainmem_meta::cubecl::H100_80GB_BYTES,
-            trainmem_meta::cubecl::H200_BYTES,
-        ]
-        .into_iter()
-        .map(|bytes| {
-            Ok(PoolCheck {
-                device_bytes: bytes,
-                predicted_reserved: predicted_reserved(bytes)?,
-                measured_reserved: None,
-            })
-        })
-        .collect::<anyhow::Result<_>>()?
-    };
+    let pools = pool_checks(args.backend, &device, empty_cache_reserved)?;
     let check = GpuCheck {
         device: device.clone(),
         scenarios,
@@ -450,12 +460,56 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         s.error.is_none()
             && s.reproduced
             && s.twin_misses.is_empty()
-            && (!cuda || cfg!(feature = "fusion") || s.tracker.outside == 0)
+            && (!on_device || FUSED || s.tracker.outside == 0)
     });
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// cubecl's pools predicted for the device the check ran on, beside the reserved bytes burn
+/// held after empty-cache's first epoch there (`measured`): on CUDA for the driver's total
+/// memory, on wgpu for the adapter's limits; on Flex, the predictions for the two recorded
+/// GPUs.
+fn pool_checks(
+    backend: BackendChoice,
+    device: &DeviceInfo,
+    measured: Option<u64>,
+) -> anyhow::Result<Vec<PoolCheck>> {
+    let cuda = |bytes: u64, measured| -> anyhow::Result<PoolCheck> {
+        Ok(PoolCheck {
+            device_bytes: bytes,
+            page_and_alignment: None,
+            predicted_reserved: predicted_reserved(trainmem_meta::CubeclConfig::cuda(bytes))?,
+            measured_reserved: measured,
+        })
+    };
+    Ok(match backend {
+        BackendChoice::Cuda => match device.total_bytes {
+            Some(total) => vec![cuda(total, measured)?],
+            None => Vec::new(),
+        },
+        #[cfg(feature = "wgpu")]
+        BackendChoice::Wgpu => {
+            let adapter = trainmem_burn::wgpu_adapter().map_err(anyhow::Error::msg)?;
+            let config =
+                trainmem_meta::CubeclConfig::wgpu(adapter.max_page_size, adapter.alignment);
+            vec![PoolCheck {
+                device_bytes: 0,
+                page_and_alignment: Some((adapter.max_page_size, adapter.alignment)),
+                predicted_reserved: predicted_reserved(config)?,
+                measured_reserved: measured,
+            }]
+        }
+        _ => [
+            trainmem_meta::cubecl::H100_80GB_BYTES,
+            trainmem_meta::cubecl::H200_BYTES,
+        ]
+        .into_iter()
+        .map(|bytes| cuda(bytes, None))
+        .collect::<anyhow::Result<_>>()?,
     })
 }
 
@@ -467,6 +521,8 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
         .with_context(|| format!("parsing {}/gpu-check.json", dir.display()))?;
     let backend = if recorded.device.backend.starts_with("cuda") {
         BackendChoice::Cuda
+    } else if recorded.device.backend.starts_with("wgpu") {
+        BackendChoice::Wgpu
     } else {
         BackendChoice::Flex
     };
@@ -534,9 +590,12 @@ fn print_summary(c: &GpuCheck) {
         );
     }
     for p in &c.pools {
+        let on = match p.page_and_alignment {
+            Some((page, alignment)) => format!("pages of {page} B, alignment {alignment} B"),
+            None => format!("{} B", p.device_bytes),
+        };
         println!(
-            "cubecl pools on {} B: predicted {:.2} MiB reserved after the first epoch{}",
-            p.device_bytes,
+            "cubecl pools on {on}: predicted {:.2} MiB reserved after the first epoch{}",
             p.predicted_reserved as f64 / 1048576.0,
             p.measured_reserved
                 .map(|m| format!(", burn held {:.2} MiB", m as f64 / 1048576.0))

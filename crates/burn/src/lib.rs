@@ -84,7 +84,7 @@ pub use model::{Batch, BatchInput, BatchTarget, ExampleShape, Net, example_shape
 pub use probe::{Probe, ProbeSample, host_counting_available};
 pub use run::{
     BackendChoice, MeasuredRun, Progress, RunOptions, run_measured, run_measured_detailed,
-    run_on_backend, run_predicted,
+    run_on_backend, run_predicted, supports_dtype,
 };
 
 /// `Ok` when CUDA device `index` can train (the driver library loads and has the device), or
@@ -93,4 +93,12 @@ pub use run::{
 #[cfg(feature = "cuda")]
 pub fn cuda_device_available(index: usize) -> Result<(), String> {
     trainmem_track::cuda::device_available(index)
+}
+
+/// The adapter burn's default wgpu device trains on, or why there is none, in words
+/// (trainmem-track's check, before burn's wgpu backend is touched: without an adapter it
+/// panics).
+#[cfg(feature = "wgpu")]
+pub fn wgpu_adapter() -> Result<trainmem_track::wgpu::Adapter, String> {
+    trainmem_track::wgpu::adapter()
 }

@@ -72,8 +72,8 @@ use trainmem_track::{MemoryBackend, TrackableBackend, Tracked};
 /// Which burn backend a run trains on: the one name for a backend choice everywhere in
 /// trainmem (arguments, requests to child processes, recorded reports).
 ///
-/// Written and read as `flex` or `cuda`. Choosing `Cuda` in a build without the `cuda` feature
-/// is allowed; a run on it fails with [`BurnRunError::Unsupported`].
+/// Written and read as `flex`, `cuda` or `wgpu`. Choosing a device backend in a build without
+/// its feature is allowed; a run on it fails with [`BurnRunError::Unsupported`].
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
@@ -84,18 +84,33 @@ pub enum BackendChoice {
     Flex,
     /// burn's CUDA backend on device 0 (feature `cuda`; fails at run time without a GPU).
     Cuda,
+    /// burn's wgpu backend on its default device (feature `wgpu`): Vulkan, Metal or DirectX
+    /// 12, and on a machine with no GPU a software Vulkan (Mesa's lavapipe), which runs burn's
+    /// cubecl code, pools and fusion for real on the CPU.
+    Wgpu,
 }
 
 impl BackendChoice {
     /// Every choice, in the order `--help` lists them.
-    pub const ALL: [BackendChoice; 2] = [BackendChoice::Flex, BackendChoice::Cuda];
+    pub const ALL: [BackendChoice; 3] = [
+        BackendChoice::Flex,
+        BackendChoice::Cuda,
+        BackendChoice::Wgpu,
+    ];
 
-    /// The name written and read (`flex`, `cuda`).
+    /// The name written and read (`flex`, `cuda`, `wgpu`).
     pub fn name(self) -> &'static str {
         match self {
             BackendChoice::Flex => "flex",
             BackendChoice::Cuda => "cuda",
+            BackendChoice::Wgpu => "wgpu",
         }
+    }
+
+    /// Whether the backend keeps tensors in device memory (a GPU's, or a software device's),
+    /// beside the host memory of the program.
+    pub fn on_device(self) -> bool {
+        !matches!(self, BackendChoice::Flex)
     }
 }
 
@@ -112,7 +127,7 @@ impl std::str::FromStr for BackendChoice {
         BackendChoice::ALL
             .into_iter()
             .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown backend `{s}`: expected `flex` or `cuda`"))
+            .ok_or_else(|| format!("unknown backend `{s}`: expected `flex`, `cuda` or `wgpu`"))
     }
 }
 
@@ -300,6 +315,51 @@ fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, Bu
         BackendChoice::Cuda => Err(BurnRunError::Unsupported(
             "the CUDA backend: this build has no `cuda` feature".into(),
         )),
+        #[cfg(feature = "wgpu")]
+        BackendChoice::Wgpu => train_on::<burn::backend::Wgpu>(
+            plan,
+            opts,
+            burn::backend::wgpu::WgpuDevice::DefaultDevice,
+            "burn 0.21.0 wgpu",
+        ),
+        #[cfg(not(feature = "wgpu"))]
+        BackendChoice::Wgpu => Err(BurnRunError::Unsupported(
+            "the wgpu backend: this build has no `wgpu` feature".into(),
+        )),
+    }
+}
+
+/// Whether burn's `backend` can train in `dtype` here, where that can be told without starting
+/// a device context in this process: Flex; wgpu's bf16, which it never has (burn 0.21's wgpu
+/// backend compiles to WGSL, which has no bf16 type: known without an adapter, so a recorded
+/// wgpu run is judged again the same way anywhere); wgpu's other dtypes where this build has
+/// the backend and an adapter is found. `None` otherwise (CUDA, which would start a context). A
+/// run in a dtype its backend lacks fails with [`BurnRunError::Unsupported`] whatever this
+/// says.
+pub fn supports_dtype(backend: BackendChoice, dtype: trainmem_core::Dtype) -> Option<bool> {
+    use burn::tensor::backend::Backend;
+    use trainmem_core::Dtype;
+    let dtype = match dtype {
+        Dtype::F32 => burn::tensor::DType::F32,
+        Dtype::F16 => burn::tensor::DType::F16,
+        Dtype::Bf16 => burn::tensor::DType::BF16,
+        // the dtypes a plan trains in are the three floats above
+        _ => return None,
+    };
+    match backend {
+        BackendChoice::Flex => Some(<burn::backend::Flex as Backend>::supports_dtype(
+            &burn::backend::flex::FlexDevice,
+            dtype,
+        )),
+        BackendChoice::Wgpu if dtype == burn::tensor::DType::BF16 => Some(false),
+        #[cfg(feature = "wgpu")]
+        BackendChoice::Wgpu => trainmem_track::wgpu::adapter().ok().map(|_| {
+            <burn::backend::Wgpu as Backend>::supports_dtype(
+                &burn::backend::wgpu::WgpuDevice::DefaultDevice,
+                dtype,
+            )
+        }),
+        _ => None,
     }
 }
 
@@ -482,6 +542,34 @@ mod tests {
         p.training.steps_per_epoch = Some(2);
         p.validate().expect("valid");
         p
+    }
+
+    #[test]
+    fn dtype_support_is_asked_only_where_no_device_starts() {
+        // Flex trains in the three floats a plan names
+        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            assert_eq!(supports_dtype(BackendChoice::Flex, d), Some(true), "{d}");
+        }
+        // integers are not a training dtype
+        assert_eq!(supports_dtype(BackendChoice::Flex, Dtype::I64), None);
+        // CUDA is not asked: that would start a context in this process
+        assert_eq!(supports_dtype(BackendChoice::Cuda, Dtype::Bf16), None);
+        // wgpu's WGSL has no bf16, with or without an adapter
+        assert_eq!(
+            supports_dtype(BackendChoice::Wgpu, Dtype::Bf16),
+            Some(false)
+        );
+        // `wgpu`, `cuda` and `flex` are written and read back
+        for b in BackendChoice::ALL {
+            assert_eq!(b.name().parse::<BackendChoice>(), Ok(b));
+            assert_eq!(b.on_device(), b != BackendChoice::Flex);
+        }
+        assert!(
+            "metal"
+                .parse::<BackendChoice>()
+                .unwrap_err()
+                .contains("`wgpu`")
+        );
     }
 
     #[test]

@@ -53,7 +53,8 @@ pub struct ScenarioArgs {
     /// List the scenarios with a one-line description.
     #[arg(long)]
     pub list: bool,
-    /// Backend of the measured runs: `flex` or `cuda`.
+    /// Backend of the measured runs: `flex`, `cuda` or `wgpu` (the last two need a build with
+    /// that feature).
     #[arg(long, default_value = "flex")]
     pub backend: BackendChoice,
     /// Real runs, the simulated twin, or both side by side.

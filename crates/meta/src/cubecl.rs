@@ -54,18 +54,29 @@ pub const H200_BYTES: u64 = 150_108_633_088;
 /// How a cubecl memory manager is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CubeclConfig {
-    /// The device's memory in bytes (the largest page is a quarter of it).
-    pub capacity: u64,
+    /// The largest page in bytes, from which cubecl sizes its pools.
+    pub max_page_size: u64,
     /// The allocation alignment in bytes.
     pub alignment: u64,
 }
 
 impl CubeclConfig {
-    /// burn 0.21's CUDA backend on a device of `capacity` bytes (see the module docs).
+    /// burn 0.21's CUDA backend on a device of `capacity` bytes: the largest page is a quarter
+    /// of the device's memory (see the module docs).
     pub fn cuda(capacity: u64) -> CubeclConfig {
         CubeclConfig {
-            capacity,
+            max_page_size: capacity / 4,
             alignment: CUDA_ALIGNMENT,
+        }
+    }
+
+    /// burn 0.21's wgpu backend on an adapter whose largest storage-buffer binding is
+    /// `max_storage_binding` bytes and whose uniform offset alignment is `alignment` bytes:
+    /// cubecl-wgpu 0.10 takes the first as its largest page and the second as its alignment.
+    pub fn wgpu(max_storage_binding: u64, alignment: u64) -> CubeclConfig {
+        CubeclConfig {
+            max_page_size: max_storage_binding,
+            alignment,
         }
     }
 
@@ -78,7 +89,7 @@ impl CubeclConfig {
     /// mode `Auto`).
     pub fn manager<S: ComputeStorage>(&self, storage: S, name: &str) -> MemoryManagement<S> {
         let properties = MemoryDeviceProperties {
-            max_page_size: self.capacity / 4,
+            max_page_size: self.max_page_size,
             alignment: self.alignment,
         };
         MemoryManagement::from_configuration(
@@ -329,7 +340,13 @@ impl MetaDevice {
     /// CUDA backend configures it on a device of `capacity` bytes; the model is returned to read
     /// its figures ([`CubeclModel`]).
     pub fn cubecl(capacity: u64) -> (MetaDevice, CubeclModel) {
-        let model = CubeclModel::cuda(capacity);
+        MetaDevice::cubecl_with(CubeclConfig::cuda(capacity))
+    }
+
+    /// A fresh device whose buffers go through cubecl's memory management set up as `config`
+    /// says (another runtime's, [`CubeclConfig::wgpu`]).
+    pub fn cubecl_with(config: CubeclConfig) -> (MetaDevice, CubeclModel) {
+        let model = CubeclModel::new(config);
         (model.device(), model)
     }
 }

@@ -51,10 +51,25 @@ pub fn backend_available(backend: BackendChoice) -> Result<()> {
     match backend {
         BackendChoice::Flex => Ok(()),
         #[cfg(feature = "cuda")]
-        BackendChoice::Cuda => trainmem_burn::cuda_device_available(0)
-            .map_err(|detail| ScenarioError::NoCudaDevice { detail }),
-        #[cfg(not(feature = "cuda"))]
-        BackendChoice::Cuda => Err(ScenarioError::CudaNotBuilt),
+        BackendChoice::Cuda => {
+            trainmem_burn::cuda_device_available(0).map_err(|detail| ScenarioError::NoDevice {
+                backend: "cuda",
+                detail,
+            })
+        }
+        #[cfg(feature = "wgpu")]
+        BackendChoice::Wgpu => {
+            trainmem_burn::wgpu_adapter()
+                .map(|_| ())
+                .map_err(|detail| ScenarioError::NoDevice {
+                    backend: "wgpu",
+                    detail,
+                })
+        }
+        #[cfg(any(not(feature = "cuda"), not(feature = "wgpu")))]
+        other => Err(ScenarioError::BackendNotBuilt {
+            backend: other.name(),
+        }),
     }
 }
 
@@ -320,10 +335,10 @@ impl Ctx {
             progress: Some(&mut on_step),
             max_steps: None,
         };
-        // With measured runs on CUDA the twin predicts the same plan on a GPU (tensors in
-        // device memory), so the two are compared in the same domain.
+        // With measured runs on a device backend (CUDA, wgpu) the twin predicts the same plan
+        // on a GPU (tensors in device memory), so the two are compared in the same domain.
         let on_gpu;
-        let plan = if self.backend == BackendChoice::Cuda && plan.device.kind == DeviceKind::Cpu {
+        let plan = if self.backend.on_device() && plan.device.kind == DeviceKind::Cpu {
             let mut gpu = plan.clone();
             gpu.device.kind = DeviceKind::Cuda;
             on_gpu = gpu;
@@ -364,8 +379,10 @@ impl Ctx {
             },
             work_dir: Some(self.work_dir.join("work")),
             // Traced so the tensors can be replayed through the caching allocator (the
-            // scenario's memory_viz snapshot).
-            trace_allocations: Some(super::replay::MIN_TRACE),
+            // scenario's memory_viz snapshot), where they are host memory: on a device
+            // backend the training thread's host allocations are the backend's own (wgpu's
+            // command buffers), not the tensors.
+            trace_allocations: (!self.backend.on_device()).then_some(super::replay::MIN_TRACE),
             ..RunOptions::default()
         };
         configure(&mut opts);
@@ -457,20 +474,22 @@ impl Ctx {
         measured: Option<MeasuredRun>,
         simulated: Option<SimResult>,
     ) -> usize {
-        // On CUDA the device bytes per category come from trainmem-track's tracker; a run
+        // On a device backend the bytes per category come from trainmem-track's tracker; a run
         // without them (made with `track_tensors` off) has only cubecl's pool totals.
         let untracked_device = |m: &MeasuredRun| {
             m.samples
                 .iter()
                 .any(|s| s.device.is_some_and(|d| d.categories.is_none()))
         };
-        let no_targets = (self.backend == BackendChoice::Cuda
+        let no_targets = (self.backend.on_device()
             && measured.as_ref().is_some_and(untracked_device))
         .then(|| {
-            "measured on CUDA without the tracker: cubecl reports bytes in use and reserved, \
-             not bytes per category, so the per-category comparison has nothing measured to \
-             hold the twin to"
-                .to_string()
+            format!(
+                "measured on {} without the tracker: cubecl reports bytes in use and \
+                 reserved, not bytes per category, so the per-category comparison has nothing \
+                 measured to hold the twin to",
+                self.backend
+            )
         });
         self.runs.push(RunRecord {
             label: label.to_string(),

@@ -73,15 +73,20 @@ pub enum ScenarioError {
         /// The run that could not be measured.
         label: String,
     },
-    /// `--backend cuda` in a build without the `cuda` feature.
+    /// `--backend cuda` or `--backend wgpu` in a build without that feature.
     #[error(
-        "--backend cuda needs a build with CUDA: `cargo run -p xtask --features cuda -- scenario \
-         ...` or `cargo install --path crates/cli --features cuda`"
+        "--backend {backend} needs a build with it: `cargo run -p xtask --features {backend} -- \
+         scenario ...` or `cargo install --path crates/cli --features {backend}`"
     )]
-    CudaNotBuilt,
-    /// `--backend cuda` on a machine where CUDA cannot run.
-    #[error("--backend cuda: {detail}")]
-    NoCudaDevice {
+    BackendNotBuilt {
+        /// The backend's name (`cuda`, `wgpu`).
+        backend: &'static str,
+    },
+    /// A device backend on a machine where it cannot run.
+    #[error("--backend {backend}: {detail}")]
+    NoDevice {
+        /// The backend's name (`cuda`, `wgpu`).
+        backend: &'static str,
         /// What is missing.
         detail: String,
     },

@@ -4,8 +4,8 @@
 //!
 //! * **What a backend reports** ([`memory`]): the [`MemoryBackend`] trait a measured run's
 //!   probe reads at every phase boundary, and the [`DeviceFigures`] it returns (cubecl's bytes in
-//!   use and reserved on CUDA, the driver's free and total, and the bytes per category when
-//!   they are known).
+//!   use and reserved on CUDA and wgpu, CUDA's driver free and total, and the bytes per
+//!   category when they are known).
 //! * **[`Tracked<B>`]**, a backend decorator: every op runs on the inner backend `B` unchanged,
 //!   and every buffer the inner backend holds is counted, from the op that creates it until the
 //!   last tensor sharing it is dropped, under the category the creating thread carries
@@ -16,8 +16,8 @@
 //!
 //! Views, in-place results and clones share their input's buffer; counting tensors would count
 //! those bytes twice and release them early. [`Tracked<B>`] asks the inner backend which buffer
-//! each output holds ([`TrackableBackend`]): Flex names its storage, Meta its buffer, cubecl its
-//! memory handle (feature `cuda`). An output whose buffer is already counted shares that
+//! each output holds ([`TrackableBackend`]): Flex names its storage, Meta its buffer, every
+//! cubecl runtime its memory handle (features `cuda`, `wgpu`; the `cube` module). An output whose buffer is already counted shares that
 //! buffer's token; a new buffer gets a token of its own; the bytes leave the count when the last
 //! token holder (a tensor of any op, view or clone) is dropped. A backend that cannot name its
 //! buffers (`impl TrackableBackend for MyBackend {}`) is counted by a rule instead: an output of
@@ -66,6 +66,12 @@
 //! `tests/burn_loop.rs`), and within 1% + 16 KiB on an LSTM and a per-item batcher, whose
 //! records are most of what their forward and their batches add (`tests/records.rs` there).
 //!
+//! A device backend reads a tensor back (`into_data`, a transaction) into host buffers outside
+//! Rust's allocator (cubecl's page-locked read buffers on CUDA, wgpu's mapped staging buffers),
+//! which a counting allocator cannot see. [`Tracked<B>`] wraps such data so its bytes are
+//! counted under the reading thread's category while the program holds it
+//! ([`host_reads::live`]); the values, the alignment and the buffer's kind are unchanged.
+//!
 //! The op traits are implemented by code generated from burn-backend's trait definitions
 //! (`codegen/gen_ops.py`): every method, defaulted ones included, calls the inner backend's
 //! method of the same name, so no computed value changes. A method that a later burn adds
@@ -74,6 +80,8 @@
 
 mod backend;
 pub mod buffer;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod cube;
 pub mod cubecl_id;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -85,6 +93,8 @@ pub mod memory;
 mod ops;
 mod params;
 pub mod tensor;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use backend::Tracked;
 pub use buffer::{BufferInfo, TrackableBackend};

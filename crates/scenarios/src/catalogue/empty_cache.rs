@@ -24,7 +24,6 @@ use crate::error::alloc_error;
 use crate::error::{Result, ScenarioError};
 use crate::replay::{EmptyCacheCheck, MIN_TRACE, replay};
 use crate::report::{Figure, VerdictKind, mib};
-use trainmem_burn::BackendChoice;
 
 const MIB: u64 = 1 << 20;
 
@@ -343,12 +342,13 @@ fn cache_verdicts(ctx: &mut Ctx, idx: usize) {
 /// On CUDA the measured run's device memory is cubecl's own (bytes in use and reserved by its
 /// pools, `memory_cleanup` as empty_cache at every epoch end), beside the twin on a GPU; the
 /// fragmentation experiment uses the twin's tensor sizes (host traces are not device tensors).
-fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> Result<()> {
+fn run_on_device(ctx: &mut Ctx, gpu: &Plan) -> Result<()> {
     let idx = ctx.run("on the GPU (cubecl's pools)", gpu)?;
-    ctx.note(
-        "on CUDA the measured figures are cubecl's memory_usage (bytes in use / reserved) and \
+    ctx.note(format!(
+        "on {} the measured figures are cubecl's memory_usage (bytes in use / reserved) and \
          empty_cache is burn's memory_cleanup, sampled at every epoch end",
-    );
+        ctx.backend
+    ));
     cache_verdicts(ctx, idx);
     let sizes = ctx.record(idx).simulated.as_ref().map(sizes_simulated);
     if let Some(sizes) = sizes {
@@ -358,7 +358,7 @@ fn run_on_cuda(ctx: &mut Ctx, gpu: &Plan) -> Result<()> {
 }
 
 /// The scenario's plan on a GPU, with `empty_cache` at every epoch end: what it measures with
-/// `--backend cuda`.
+/// `--backend cuda` or `wgpu`.
 pub fn gpu_plan(plan: &Plan) -> Plan {
     let mut gpu = plan.clone();
     gpu.device.kind = DeviceKind::Cuda;
@@ -371,8 +371,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let plan = ctx.plan("empty-cache")?;
     let gpu = gpu_plan(&plan);
 
-    if ctx.backend == BackendChoice::Cuda {
-        return run_on_cuda(ctx, &gpu);
+    if ctx.backend.on_device() {
+        return run_on_device(ctx, &gpu);
     }
     let mut traced = None;
     if ctx.mode.measured() {

@@ -71,9 +71,28 @@ fn halves(
     )
 }
 
+/// Whether the measured runs' backend can train in `dtype` (true where that cannot be asked
+/// without starting a device: the run then says so itself).
+fn trainable_in(ctx: &Ctx, dtype: Dtype) -> bool {
+    trainmem_burn::supports_dtype(ctx.backend, dtype).unwrap_or(true)
+}
+
 /// Runs the scenario.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
-    let plan = ctx.plan("mixed-precision")?;
+    let mut plan = ctx.plan("mixed-precision")?;
+    if ctx.mode.measured() && !trainable_in(ctx, plan.precision.compute) {
+        for other in [Dtype::Bf16, Dtype::F16] {
+            if other != plan.precision.compute && trainable_in(ctx, other) {
+                ctx.note(format!(
+                    "burn's {} backend here has no {}: the scenario trains in {other}, the other \
+                     2-byte float, whose bytes per element (and so every verdict) are the same",
+                    ctx.backend, plan.precision.compute
+                ));
+                plan.precision.compute = other;
+                break;
+            }
+        }
+    }
     let half_name = plan.precision.compute.to_string();
     let half = ctx.run(&format!("{half_name}, no master weights"), &plan)?;
     let mut f32_plan = plan.clone();
