@@ -62,3 +62,24 @@ fn a_measured_host_run_is_compared_on_the_host_even_when_the_twin_fills_the_devi
         Domain::Device
     );
 }
+
+/// A device backend this build lacks is refused in words that say how to build it; Flex is
+/// always there.
+#[test]
+fn a_backend_not_built_in_is_named_with_the_feature_to_build() {
+    assert!(crate::ctx::backend_available(BackendChoice::Flex).is_ok());
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let e = crate::ctx::backend_available(BackendChoice::Wgpu).expect_err("not built");
+        let text = e.to_string();
+        assert!(
+            text.contains("--backend wgpu") && text.contains("--features wgpu"),
+            "{text}"
+        );
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let e = crate::ctx::backend_available(BackendChoice::Cuda).expect_err("not built");
+        assert!(e.to_string().contains("--features cuda"), "{e}");
+    }
+}
