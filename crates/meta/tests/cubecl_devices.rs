@@ -2,22 +2,28 @@
 //! gives the reserved bytes burn really held on each (RESULTS.md, "The devices: memory, CUDA
 //! context, cubecl's pools": the H100 of 2026-11-24 and the H200 of 2026-11-26). cubecl-cuda
 //! sizes its pools from the device's total memory (`cuDeviceTotalMem`: the largest page is a
-//! quarter of it), which is all it reads of the device for them.
+//! quarter of it), which is all it reads of the device for them. cubecl-wgpu sizes them from the
+//! adapter's limits instead, held on the lavapipe adapter of 2026-11-29.
 
 use trainmem_burn::{RunOptions, run_predicted};
 use trainmem_core::plan::{DeviceKind, EmptyCachePolicy, Plan};
 use trainmem_core::timeline::Phase;
 use trainmem_meta::cubecl::{H100_80GB_BYTES, H200_BYTES};
-use trainmem_meta::{Meta, MetaDevice, PRODUCER};
+use trainmem_meta::{CubeclConfig, Meta, MetaDevice, PRODUCER};
 
 /// Reserved and in-use bytes after the first epoch of empty-cache's GPU plan on a device of
 /// `bytes`.
 fn after_first_epoch(bytes: u64) -> (u64, u64) {
+    after_first_epoch_on(CubeclConfig::cuda(bytes))
+}
+
+/// The same on cubecl's memory management set up as `config`.
+fn after_first_epoch_on(config: CubeclConfig) -> (u64, u64) {
     let mut plan = Plan::from_toml_str(include_str!("../../scenarios/plans/empty-cache.toml"))
         .expect("the scenario's plan parses");
     plan.device.kind = DeviceKind::Cuda;
     plan.training.empty_cache = EmptyCachePolicy::EveryEpoch;
-    let (device, _pools) = MetaDevice::cubecl(bytes);
+    let (device, _pools) = MetaDevice::cubecl_with(config);
     let run = run_predicted::<Meta>(&plan, RunOptions::default(), device, PRODUCER)
         .expect("the plan trains on Meta");
     let s = run
@@ -62,4 +68,15 @@ fn the_h100_and_the_h200_get_the_reserved_bytes_burn_held_on_each() {
             "{bytes} B: {reserved} B"
         );
     }
+}
+
+/// burn on wgpu over Mesa's lavapipe (`fixtures/gpu-check/llvmpipe-llvm-15-0-6-256-bits/`):
+/// cubecl-wgpu takes its largest page from the adapter's largest storage-buffer binding
+/// (134,217,728 B there) and its alignment from the uniform offset alignment (32 B); burn held
+/// 167,845,888 B reserved after the first epoch, 64.04 MiB in use.
+#[test]
+fn lavapipe_gets_the_reserved_bytes_burn_held_there() {
+    let (reserved, in_use) = after_first_epoch_on(CubeclConfig::wgpu(134_217_728, 32));
+    assert_eq!(reserved, 167_845_888);
+    assert_eq!(mib(in_use), "64.04");
 }
