@@ -13,11 +13,12 @@
 //!   would leave without them;
 //! * `host.anon_rss` / `host.file_rss`: `RssAnon` and `RssFile + RssShmem` from `/proc`, and
 //!   `host.data_file_rss`: the data set's own mappings' share of RssFile (`/proc/self/smaps`);
-//! * `device`: on CUDA, cubecl's bytes in use (`allocated`) and reserved (`reserved`), with
-//!   `cache = reserved - allocated`; the per-category split of device bytes is not observable
-//!   there and stays zero (a backend that attributes its own tensors, trainmem-meta, fills
-//!   it through [`trainmem_track::DeviceFigures::categories`]). On a CPU backend tensors are host memory, so `device` is all zero
-//!   and every tensor byte is in the host categories.
+//! * `device`: on a cubecl device (CUDA, wgpu), cubecl's bytes in use (`allocated`) and
+//!   reserved (`reserved`), with `cache = reserved - allocated`; the bytes per category are
+//!   trainmem-track's count of the buffers (or, on a backend that attributes its own tensors,
+//!   trainmem-meta, its own), through [`trainmem_track::DeviceFigures::categories`]. On a CPU
+//!   backend tensors are host memory, so `device` is all zero and every tensor byte is in the
+//!   host categories.
 
 use trainmem_core::Category;
 use trainmem_core::plan::Plan;
