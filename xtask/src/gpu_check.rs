@@ -237,24 +237,30 @@ fn fused(backend: &str, name: String, total_bytes: Option<u64>) -> DeviceInfo {
     }
 }
 
-fn device_info(backend: BackendChoice) -> anyhow::Result<DeviceInfo> {
+/// The device the check runs on, and, on wgpu, the largest page and the alignment cubecl sizes
+/// its pools from (the adapter's limits, read once).
+fn device_info(backend: BackendChoice) -> anyhow::Result<(DeviceInfo, Option<(u64, u64)>)> {
     Ok(match backend {
         #[cfg(feature = "cuda")]
         BackendChoice::Cuda => {
             let total = trainmem_track::cuda::driver_free_total(0).map(|(_, t)| t);
             let name = cuda_name().unwrap_or_else(|| "cuda-device-0".into());
-            fused("cuda", name, total)
+            (fused("cuda", name, total), None)
         }
         #[cfg(feature = "wgpu")]
         BackendChoice::Wgpu => {
             let adapter = trainmem_burn::wgpu_adapter().map_err(anyhow::Error::msg)?;
-            fused("wgpu", adapter.name, None)
+            let pools = (adapter.max_page_size, adapter.alignment);
+            (fused("wgpu", adapter.name, None), Some(pools))
         }
-        _ => DeviceInfo {
-            backend: "flex".into(),
-            name: format!("flex-cpu-{}", std::env::consts::ARCH),
-            total_bytes: None,
-        },
+        _ => (
+            DeviceInfo {
+                backend: "flex".into(),
+                name: format!("flex-cpu-{}", std::env::consts::ARCH),
+                total_bytes: None,
+            },
+            None,
+        ),
     })
 }
 
@@ -287,7 +293,7 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
     }
     trainmem_scenarios::backend_available(args.backend)?;
     let on_device = args.backend.on_device();
-    let device = device_info(args.backend)?;
+    let (device, page_and_alignment) = device_info(args.backend)?;
     let work = match &args.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("trainmem-gpu-check-{}", std::process::id())),
@@ -441,7 +447,12 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(&path, serde_json::to_string_pretty(&partial)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let pools = pool_checks(args.backend, &device, empty_cache_reserved)?;
+    let pools = pool_checks(
+        args.backend,
+        &device,
+        page_and_alignment,
+        empty_cache_reserved,
+    )?;
     let check = GpuCheck {
         device: device.clone(),
         scenarios,
@@ -471,11 +482,12 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
 
 /// cubecl's pools predicted for the device the check ran on, beside the reserved bytes burn
 /// held after empty-cache's first epoch there (`measured`): on CUDA for the driver's total
-/// memory, on wgpu for the adapter's limits; on Flex, the predictions for the two recorded
-/// GPUs.
+/// memory, on wgpu for the adapter's limits (`page_and_alignment`); on Flex, the predictions
+/// for the two recorded GPUs.
 fn pool_checks(
     backend: BackendChoice,
     device: &DeviceInfo,
+    page_and_alignment: Option<(u64, u64)>,
     measured: Option<u64>,
 ) -> anyhow::Result<Vec<PoolCheck>> {
     let cuda = |bytes: u64, measured| -> anyhow::Result<PoolCheck> {
@@ -486,23 +498,19 @@ fn pool_checks(
             measured_reserved: measured,
         })
     };
-    Ok(match backend {
-        BackendChoice::Cuda => match device.total_bytes {
+    Ok(match (backend, page_and_alignment) {
+        (BackendChoice::Cuda, _) => match device.total_bytes {
             Some(total) => vec![cuda(total, measured)?],
             None => Vec::new(),
         },
-        #[cfg(feature = "wgpu")]
-        BackendChoice::Wgpu => {
-            let adapter = trainmem_burn::wgpu_adapter().map_err(anyhow::Error::msg)?;
-            let config =
-                trainmem_meta::CubeclConfig::wgpu(adapter.max_page_size, adapter.alignment);
-            vec![PoolCheck {
-                device_bytes: 0,
-                page_and_alignment: Some((adapter.max_page_size, adapter.alignment)),
-                predicted_reserved: predicted_reserved(config)?,
-                measured_reserved: measured,
-            }]
-        }
+        (BackendChoice::Wgpu, Some((page, alignment))) => vec![PoolCheck {
+            device_bytes: 0,
+            page_and_alignment: Some((page, alignment)),
+            predicted_reserved: predicted_reserved(trainmem_meta::CubeclConfig::wgpu(
+                page, alignment,
+            ))?,
+            measured_reserved: measured,
+        }],
         _ => [
             trainmem_meta::cubecl::H100_80GB_BYTES,
             trainmem_meta::cubecl::H200_BYTES,

@@ -338,14 +338,7 @@ fn train_on_backend(plan: &Plan, opts: RunOptions<'_>) -> Result<MeasuredRun, Bu
 /// says.
 pub fn supports_dtype(backend: BackendChoice, dtype: trainmem_core::Dtype) -> Option<bool> {
     use burn::tensor::backend::Backend;
-    use trainmem_core::Dtype;
-    let dtype = match dtype {
-        Dtype::F32 => burn::tensor::DType::F32,
-        Dtype::F16 => burn::tensor::DType::F16,
-        Dtype::Bf16 => burn::tensor::DType::BF16,
-        // the dtypes a plan trains in are the three floats above
-        _ => return None,
-    };
+    let dtype: burn::tensor::DType = crate::train::float_dtype(dtype)?.into();
     match backend {
         BackendChoice::Flex => Some(<burn::backend::Flex as Backend>::supports_dtype(
             &burn::backend::flex::FlexDevice,

@@ -675,12 +675,19 @@ impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
     }
 }
 
-fn half_dtype(plan: &Plan) -> Option<FloatDType> {
-    match plan.precision.compute {
+/// burn's float dtype for a plan's dtype (`None` for integers and dtypes burn does not train in).
+pub(crate) fn float_dtype(dtype: Dtype) -> Option<FloatDType> {
+    match dtype {
+        Dtype::F32 => Some(FloatDType::F32),
         Dtype::F16 => Some(FloatDType::F16),
         Dtype::Bf16 => Some(FloatDType::BF16),
         _ => None,
     }
+}
+
+/// The half-precision dtype the plan trains in, if it does.
+fn half_dtype(plan: &Plan) -> Option<FloatDType> {
+    float_dtype(plan.precision.compute).filter(|d| *d != FloatDType::F32)
 }
 
 fn cast_batch<B: Backend>(batch: Batch<B>, dtype: Option<FloatDType>) -> Batch<B> {

@@ -845,6 +845,31 @@ mod tests {
         assert!(!miss.within());
     }
 
+    /// A run of a 2 → 2 MLP compared in host memory, with these timelines and twin errors.
+    fn host_run(
+        measured: Option<Timeline>,
+        simulated: Option<Timeline>,
+        twin: Vec<CategoryError>,
+    ) -> RunReport {
+        RunReport {
+            label: "x".into(),
+            plan: trainmem_core::Plan::from_toml_str(
+                "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
+            )
+            .expect("plan"),
+            domain: Domain::Host,
+            twin,
+            measured,
+            simulated,
+            not_measured: None,
+            no_targets: None,
+            meta_run: None,
+            meta_check: None,
+            meta_failed: None,
+            no_meta: None,
+        }
+    }
+
     #[test]
     fn chart_overlays_the_twin_and_stacks_categories() {
         let m = timeline(
@@ -855,23 +880,8 @@ mod tests {
             Source::Simulated,
             &[(Phase::Forward, 0, 1 << 20), (Phase::Backward, 0, 0)],
         );
-        let run = RunReport {
-            label: "x".into(),
-            plan: trainmem_core::Plan::from_toml_str(
-                "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
-            )
-            .expect("plan"),
-            domain: Domain::Host,
-            twin: category_errors(&m, &s, Domain::Host),
-            measured: Some(m),
-            simulated: Some(s),
-            not_measured: None,
-            no_targets: None,
-            meta_run: None,
-            meta_check: None,
-            meta_failed: None,
-            no_meta: None,
-        };
+        let twin = category_errors(&m, &s, Domain::Host);
+        let run = host_run(Some(m), Some(s), twin);
         let text = chart(&run);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
@@ -892,23 +902,7 @@ mod tests {
         for s in &mut m.samples {
             s.host.records.set(Category::Activation, 3072);
         }
-        let run = RunReport {
-            label: "x".into(),
-            plan: trainmem_core::Plan::from_toml_str(
-                "[model.mlp]\ninput = 2\nhidden = []\noutput = 2\n",
-            )
-            .expect("plan"),
-            domain: Domain::Host,
-            twin: Vec::new(),
-            measured: Some(m),
-            simulated: None,
-            not_measured: None,
-            no_targets: None,
-            meta_run: None,
-            meta_check: None,
-            meta_failed: None,
-            no_meta: None,
-        };
+        let run = host_run(Some(m), None, Vec::new());
         let line = records_line(&run).expect("records measured");
         assert!(line.contains("forward"), "{line}");
         assert!(line.contains("activation 3.0 KiB"), "{line}");

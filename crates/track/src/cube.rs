@@ -16,10 +16,30 @@
 //! and a fused-away intermediate is counted while a tensor holds it. The figures are the
 //! logical tensors' bytes, which cubecl's bytes in use are compared against, not held to.
 
+use burn::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 use crate::buffer::{BufferInfo, TrackableBackend};
+use crate::memory::DeviceFigures;
+
+/// cubecl's pool figures for `device` of runtime `R` (its client's `memory_usage`), with the
+/// driver's free and total bytes where the runtime has them; `None` when cubecl cannot say.
+pub fn device_figures<R: Runtime>(
+    device: &R::Device,
+    driver_free_total: Option<(u64, u64)>,
+) -> Option<DeviceFigures> {
+    let usage = R::client(device).memory_usage().ok()?;
+    Some(DeviceFigures {
+        number_allocs: usage.number_allocs,
+        bytes_in_use: usage.bytes_in_use,
+        bytes_padding: usage.bytes_padding,
+        bytes_reserved: usage.bytes_reserved,
+        driver_free: driver_free_total.map(|d| d.0),
+        driver_total: driver_free_total.map(|d| d.1),
+        categories: None,
+    })
+}
 
 /// The cubecl handle's id as the key, and its size.
 fn cube_buffer<R: CubeRuntime>(tensor: &CubeTensor<R>) -> Option<BufferInfo> {

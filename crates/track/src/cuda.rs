@@ -20,7 +20,6 @@
 use crate::memory::{DeviceFigures, MemoryBackend};
 use burn::backend::Cuda;
 use burn::backend::cuda::CudaDevice;
-use burn::cubecl::Runtime;
 use burn::cubecl::cuda::CudaRuntime;
 
 /// Whether the CUDA driver library can be loaded (cudarc panics on first use otherwise).
@@ -59,18 +58,7 @@ pub fn driver_free_total(index: usize) -> Option<(u64, u64)> {
 
 /// cubecl's pool figures and the driver's free/total for `device`.
 pub fn device_memory(device: &CudaDevice) -> Option<DeviceFigures> {
-    let client = CudaRuntime::client(device);
-    let usage = client.memory_usage().ok()?;
-    let driver = driver_free_total(device.index);
-    Some(DeviceFigures {
-        number_allocs: usage.number_allocs,
-        bytes_in_use: usage.bytes_in_use,
-        bytes_padding: usage.bytes_padding,
-        bytes_reserved: usage.bytes_reserved,
-        driver_free: driver.map(|d| d.0),
-        driver_total: driver.map(|d| d.1),
-        categories: None,
-    })
+    crate::cube::device_figures::<CudaRuntime>(device, driver_free_total(device.index))
 }
 
 impl MemoryBackend for Cuda {

@@ -17,7 +17,6 @@
 use burn::backend::Wgpu;
 use burn::backend::wgpu::graphics::{AutoGraphicsApi, GraphicsApi};
 use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
-use burn::cubecl::Runtime;
 
 use crate::memory::{DeviceFigures, MemoryBackend};
 
@@ -71,16 +70,7 @@ pub fn adapter() -> Result<Adapter, String> {
 
 /// cubecl's pool figures for `device` (no driver figures: wgpu reports none).
 pub fn device_memory(device: &WgpuDevice) -> Option<DeviceFigures> {
-    let usage = WgpuRuntime::client(device).memory_usage().ok()?;
-    Some(DeviceFigures {
-        number_allocs: usage.number_allocs,
-        bytes_in_use: usage.bytes_in_use,
-        bytes_padding: usage.bytes_padding,
-        bytes_reserved: usage.bytes_reserved,
-        driver_free: None,
-        driver_total: None,
-        categories: None,
-    })
+    crate::cube::device_figures::<WgpuRuntime>(device, None)
 }
 
 impl MemoryBackend for Wgpu {
