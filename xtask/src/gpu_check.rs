@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use trainmem_burn::BackendChoice;
 use trainmem_core::Category;
 use trainmem_core::timeline::{Phase, Timeline};
-use trainmem_scenarios::{ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS};
+use trainmem_scenarios::{ChildCommand, Ctx, Isolation, Mode, Recorded, SCENARIOS, TwinDevice};
 
 /// Arguments of `gpu-check`.
 #[derive(Debug, clap::Args)]
@@ -323,8 +323,9 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
         vec![
             "burn's `fusion` feature is on: the tracker counts fusion tensors at their dense \
              size (a view counted again, a fused-away intermediate counted while held), so its \
-             agreement with cubecl's bytes in use is reported, not judged; the twin has no \
-             fusion model (it predicts the unfused run)"
+             agreement with cubecl's bytes in use is reported, not judged; the twin predicts \
+             the run with its fusion model (`device.fusion`), cubecl's pools are predicted for \
+             the unfused run"
                 .to_string(),
         ]
     } else {
@@ -527,13 +528,13 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
         .with_context(|| format!("reading {}/gpu-check.json", dir.display()))?;
     let recorded: GpuCheck = serde_json::from_str(&text)
         .with_context(|| format!("parsing {}/gpu-check.json", dir.display()))?;
-    let backend = if recorded.device.backend.starts_with("cuda") {
-        BackendChoice::Cuda
-    } else if recorded.device.backend.starts_with("wgpu") {
-        BackendChoice::Wgpu
-    } else {
-        BackendChoice::Flex
-    };
+    let alignment = recorded
+        .pools
+        .first()
+        .and_then(|p| p.page_and_alignment)
+        .map(|(_, a)| a);
+    let (backend, twin_device) = TwinDevice::recorded(&recorded.device.backend, alignment)
+        .with_context(|| format!("unknown backend `{}`", recorded.device.backend))?;
     let work = match &args.work_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("trainmem-gpu-replay-{}", std::process::id())),
@@ -551,6 +552,7 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
             s,
             &dir.join("runs").join(s.name),
             backend,
+            twin_device,
             work.join(s.name),
         )
         .with_context(|| format!("judging {} again", s.name))?;

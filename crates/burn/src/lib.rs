@@ -95,6 +95,11 @@ pub fn cuda_device_available(index: usize) -> Result<(), String> {
     trainmem_track::cuda::device_available(index)
 }
 
+/// Whether this build trains on burn's cubecl backends fused (burn's `fusion` feature, which
+/// trainmem-track's `fusion` feature turns on): [`BackendChoice::Cuda`] and
+/// [`BackendChoice::Wgpu`] then run `Fusion<CubeBackend<…>>`.
+pub const FUSION: bool = trainmem_track::FUSION;
+
 /// The adapter burn's default wgpu device trains on, or why there is none, in words
 /// (trainmem-track's check, before burn's wgpu backend is touched: without an adapter it
 /// panics).

@@ -451,6 +451,19 @@ pub struct DevicePlan {
     /// framework's default for the compute capability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blas_workspace: Option<ByteSize>,
+    /// burn on a GPU only (`framework = "burn"`, `kind = "cuda"`): the bytes cubecl rounds
+    /// each buffer up to, when the runtime's is not the caching allocator's 512 B (cubecl-cuda's
+    /// pitch). cubecl-wgpu takes the adapter's uniform offset alignment: 32 B on Mesa's
+    /// lavapipe, 256 B on many discrete GPUs. With it, the twin counts each device tensor at
+    /// its bytes rounded up to this, as cubecl does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment: Option<ByteSize>,
+    /// burn on a GPU only: the run uses burn's `fusion` feature (`burn::backend::Cuda` and
+    /// `Wgpu` are then `Fusion<CubeBackend<…>>`). Fused kernels write their results into new
+    /// buffers: every optimizer step writes each parameter anew, and element-wise ops write
+    /// no operand in place. trainmem-track counts each fusion tensor at its dense size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fusion: bool,
 }
 
 /// The compute capability a plan's GPU has when `device.compute_capability` is absent: 9.0,
@@ -504,6 +517,8 @@ impl Default for DevicePlan {
             context: None,
             compute_capability: None,
             blas_workspace: None,
+            alignment: None,
+            fusion: false,
         }
     }
 }
@@ -635,7 +650,36 @@ impl Plan {
         self.validate_data(&err)?;
         self.validate_retention(&err)?;
         self.validate_layout(&err)?;
+        self.validate_device(&err)?;
         self.validate_model(&err)
+    }
+
+    /// `[device]`: the cubecl-only settings need burn on a GPU; an alignment is a power of two.
+    fn validate_device(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
+        let d = &self.device;
+        let on_cubecl = self.framework == Framework::Burn && d.kind == DeviceKind::Cuda;
+        for (key, set) in [
+            ("device.alignment", d.alignment.is_some()),
+            ("device.fusion", d.fusion),
+        ] {
+            if set && !on_cubecl {
+                return Err(err(
+                    key,
+                    "is a setting of burn's cubecl backends: it needs framework = \"burn\" and \
+                     device.kind = \"cuda\""
+                        .into(),
+                ));
+            }
+        }
+        if let Some(a) = d.alignment
+            && !a.0.is_power_of_two()
+        {
+            return Err(err(
+                "device.alignment",
+                format!("{} bytes is not a power of two", a.0),
+            ));
+        }
+        Ok(())
     }
 
     /// `[training]`: batch, accumulation, epochs and steps, and enough samples for a batch.
@@ -1256,6 +1300,42 @@ steps_per_epoch = 3
         assert!(e.contains("device.compute_capability"), "{e}");
         assert_eq!(parse_capability("10.0"), Some((10, 0)));
         assert_eq!(parse_capability("9"), None);
+    }
+
+    #[test]
+    fn cubecl_device_settings_need_burn_on_a_gpu_and_a_power_of_two() {
+        let plan = |head: &str, device: &str| {
+            Plan::from_toml_str(&format!(
+                "{head}\n{MINI}[device]\nkind = \"cuda\"\n{device}"
+            ))
+        };
+        let p = plan(
+            "framework = \"burn\"",
+            "fusion = true\nalignment = \"32\"\n",
+        )
+        .unwrap();
+        assert!(p.device.fusion);
+        assert_eq!(p.device.alignment, Some(ByteSize(32)));
+        let text = p.to_toml().unwrap();
+        assert!(text.contains("fusion = true"), "{text}");
+        // absent, they are not written
+        let p = plan("framework = \"burn\"", "").unwrap();
+        assert!(!p.to_toml().unwrap().contains("fusion"));
+        for (head, device, says) in [
+            ("", "fusion = true\n", "device.fusion"),
+            ("", "alignment = \"32\"\n", "device.alignment"),
+            (
+                "framework = \"burn\"",
+                "alignment = \"48\"\n",
+                "power of two",
+            ),
+        ] {
+            let e = plan(head, device).unwrap_err().to_string();
+            assert!(e.contains(says), "{device}: {e}");
+        }
+        let cpu = format!("framework = \"burn\"\n{MINI}[device]\nkind = \"cpu\"\nfusion = true\n");
+        let e = Plan::from_toml_str(&cpu).unwrap_err().to_string();
+        assert!(e.contains("cubecl"), "{e}");
     }
 
     #[test]

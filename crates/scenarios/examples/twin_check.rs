@@ -190,7 +190,7 @@ fn main() -> ExitCode {
                 .map_or(0, |s| s.host.categories.get(Category::Other))
         };
         let m_start = other_at(&measured.timeline, "start");
-        let scratch = trainmem_sim::profile::FrameworkProfile::of(plan.framework)
+        let scratch = trainmem_sim::profile::FrameworkProfile::for_plan(&plan)
             .kernel_scratch_bytes(&plan, &trainmem_sim::Machine::detect());
         let rest = m_start as i64 - scratch as i64 - probe_own as i64;
         println!(

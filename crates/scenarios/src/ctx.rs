@@ -21,6 +21,7 @@ use super::error::plan_error;
 use super::error::{Result, ScenarioError};
 use super::isolate::{self, Isolation};
 use super::report::{Figure, Verdict, VerdictKind};
+use super::twin_device::TwinDevice;
 
 /// Which runs a scenario makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -193,6 +194,10 @@ pub struct Ctx {
     /// Keep every measured run in a folder, or take them from one instead of training
     /// ([`Recorded`]).
     pub recorded: Option<Recorded>,
+    /// The device the twin predicts a device backend's runs on (burn's fusion, cubecl's
+    /// alignment): this build's by default ([`TwinDevice::of_build`]), a recording's when
+    /// judging it again.
+    pub twin_device: TwinDevice,
     runs: Vec<RunRecord>,
     verdicts: Vec<Verdict>,
     notes: Vec<String>,
@@ -223,6 +228,7 @@ impl Ctx {
             isolation: Isolation::InProcess,
             meta: false,
             recorded: None,
+            twin_device: TwinDevice::of_build(backend),
             runs: Vec::new(),
             verdicts: Vec::new(),
             notes: Vec::new(),
@@ -337,10 +343,12 @@ impl Ctx {
         };
         // With measured runs on a device backend (CUDA, wgpu) the twin predicts the same plan
         // on a GPU (tensors in device memory), so the two are compared in the same domain.
+        // burn's plans take the device's fusion and alignment there.
         let on_gpu;
-        let plan = if self.backend.on_device() && plan.device.kind == DeviceKind::Cpu {
+        let plan = if self.backend.on_device() {
             let mut gpu = plan.clone();
             gpu.device.kind = DeviceKind::Cuda;
+            self.twin_device.apply(&mut gpu);
             on_gpu = gpu;
             &on_gpu
         } else {

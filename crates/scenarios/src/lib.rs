@@ -60,6 +60,7 @@ pub mod output;
 pub mod plans;
 pub mod replay;
 pub mod report;
+mod twin_device;
 
 mod catalogue;
 use catalogue::*;
@@ -69,6 +70,7 @@ use error::Result;
 pub use error::ScenarioError;
 pub use isolate::{ChildCommand, Isolation, serve_child};
 pub use report::ScenarioReport;
+pub use twin_device::TwinDevice;
 
 /// One registered scenario.
 #[derive(Debug, Clone, Copy)]
@@ -248,17 +250,20 @@ pub fn execute_in(scenario: &Scenario, mut ctx: Ctx) -> Result<ScenarioReport> {
 
 /// Judges `scenario` again on measured runs recorded elsewhere (`runs/<label>.json`, as
 /// [`Recorded::Save`] wrote them, for instance by `cargo xtask gpu-check` on a lent GPU):
-/// nothing is trained, the twin is simulated for `backend` (a GPU plan when it is CUDA) and
-/// the verdicts are today's. `work_dir` takes whatever the scenario writes. The recorded runs
-/// carry no allocation trace when they were trimmed for committing, and their checkpoint files
-/// stay where they were written.
+/// nothing is trained, the twin is simulated for `backend` on `device` (a GPU plan when it is
+/// CUDA or wgpu, with the recording's fusion and alignment) and the verdicts are today's.
+/// `work_dir` takes whatever the scenario writes. The recorded runs carry no allocation trace
+/// when they were trimmed for committing, and their checkpoint files stay where they were
+/// written.
 pub fn judge_recorded(
     scenario: &Scenario,
     runs: &Path,
     backend: BackendChoice,
+    device: TwinDevice,
     work_dir: PathBuf,
 ) -> Result<ScenarioReport> {
     let mut ctx = Ctx::new(Mode::Both, backend, work_dir, false);
+    ctx.twin_device = device;
     ctx.recorded = Some(Recorded::Load(runs.to_path_buf()));
     execute_in(scenario, ctx)
 }

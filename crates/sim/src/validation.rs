@@ -722,7 +722,7 @@ pub fn twin_peaks(rec: &Recording) -> Result<Vec<TwinPeak>, ValidationError> {
         name: rec.name.clone(),
         detail: e.0,
     })?;
-    let profile = crate::FrameworkProfile::of(plan.framework);
+    let profile = crate::FrameworkProfile::for_plan(&plan);
     let table = profile.saved_table_on(plan.device.kind);
     let mut graph = Graph::new(&program, &table, plan.precision.compute);
     graph.owns_inputs = profile.autograd.forward_owns_batch;

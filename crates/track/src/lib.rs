@@ -97,6 +97,10 @@ pub mod tensor;
 pub mod wgpu;
 
 pub use backend::Tracked;
+
+/// Whether this build runs burn's cubecl backends fused (this crate's `fusion` feature, which
+/// turns on burn's): `burn::backend::Cuda` and `Wgpu` are then `Fusion<CubeBackend<…>>`.
+pub const FUSION: bool = cfg!(feature = "fusion");
 pub use buffer::{BufferInfo, TrackableBackend};
 pub use ledger::{TrackedBytes, records_beside, reset_peaks, snapshot};
 pub use memory::{DeviceFigures, MemoryBackend};

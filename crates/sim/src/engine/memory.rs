@@ -23,8 +23,10 @@ pub struct SimOom {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum SimMemory {
-    /// PyTorch-semantics caching allocator over a simulated GPU.
-    Caching(AllocatorMemory<SimulatedDevice>),
+    /// PyTorch-semantics caching allocator over a simulated GPU; with a granularity, each
+    /// tensor counts its own bytes rounded up to it (see [`SimMemory::with_granularity`])
+    /// instead of its block.
+    Caching(AllocatorMemory<SimulatedDevice>, Option<u64>),
     /// Exact bytes with a capacity (CPU backends allocate from the system allocator).
     Exact(CountingMemory),
 }
@@ -47,9 +49,22 @@ impl SimMemory {
             config.parse()?
         };
         let dev = SimulatedDevice::new(capacity).with_name("simulated device");
-        Ok(SimMemory::Caching(AllocatorMemory::new(
-            CachingAllocator::with_config(dev, cfg),
-        )))
+        Ok(SimMemory::Caching(
+            AllocatorMemory::new(CachingAllocator::with_config(dev, cfg)),
+            None,
+        ))
+    }
+
+    /// Counts each tensor at its own bytes rounded up to `granularity` instead of at the
+    /// caching allocator's block (which still holds it, and still makes `allocated` and
+    /// `reserved`): a framework whose device runtime rounds each buffer to its own alignment
+    /// (burn's cubecl backends: the runtime's alignment, 1 where trainmem-track counts dense
+    /// sizes). Nothing changes for exact counting.
+    pub fn with_granularity(self, granularity: u64) -> SimMemory {
+        match self {
+            SimMemory::Caching(m, _) => SimMemory::Caching(m, Some(granularity.max(1))),
+            exact @ SimMemory::Exact(_) => exact,
+        }
     }
 
     /// Exact counting with a capacity.
@@ -60,7 +75,7 @@ impl SimMemory {
     /// `memory_allocated`.
     pub fn allocated(&self) -> u64 {
         match self {
-            SimMemory::Caching(m) => m.allocator.memory_allocated(),
+            SimMemory::Caching(m, _) => m.allocator.memory_allocated(),
             SimMemory::Exact(c) => c.live,
         }
     }
@@ -68,7 +83,7 @@ impl SimMemory {
     /// `memory_reserved` (= allocated without a cache).
     pub fn reserved(&self) -> u64 {
         match self {
-            SimMemory::Caching(m) => m.allocator.memory_reserved(),
+            SimMemory::Caching(m, _) => m.allocator.memory_reserved(),
             SimMemory::Exact(c) => c.live,
         }
     }
@@ -76,7 +91,7 @@ impl SimMemory {
     /// Highest reserved since the last call; resets the window.
     pub fn take_reserved_peak(&mut self) -> u64 {
         match self {
-            SimMemory::Caching(m) => {
+            SimMemory::Caching(m, _) => {
                 let p = m.allocator.max_memory_reserved();
                 m.allocator.reset_peak_stats();
                 p
@@ -92,7 +107,7 @@ impl SimMemory {
     /// `empty_cache`: bytes returned to the device.
     pub fn empty_cache(&mut self) -> u64 {
         match self {
-            SimMemory::Caching(m) => m.allocator.empty_cache().map(|r| r.bytes).unwrap_or(0),
+            SimMemory::Caching(m, _) => m.allocator.empty_cache().map(|r| r.bytes).unwrap_or(0),
             SimMemory::Exact(_) => 0,
         }
     }
@@ -100,7 +115,7 @@ impl SimMemory {
     /// The allocator's snapshot (caching allocator only).
     pub fn snapshot(&self) -> Option<Snapshot> {
         match self {
-            SimMemory::Caching(m) => Some(m.allocator.snapshot()),
+            SimMemory::Caching(m, _) => Some(m.allocator.snapshot()),
             SimMemory::Exact(_) => None,
         }
     }
@@ -109,21 +124,21 @@ impl SimMemory {
     /// snapshot (none for exact counting).
     pub fn cache_figures(&self) -> Option<CacheFigures> {
         match self {
-            SimMemory::Caching(m) => Some(m.allocator.cache_figures()),
+            SimMemory::Caching(m, _) => Some(m.allocator.cache_figures()),
             SimMemory::Exact(_) => None,
         }
     }
 
     /// Turns on the allocator's event trace (for the memory_viz export).
     pub fn enable_trace(&mut self, max_entries: usize) {
-        if let SimMemory::Caching(m) = self {
+        if let SimMemory::Caching(m, _) = self {
             m.allocator.enable_trace(Some(max_entries));
         }
     }
 
     /// Sets the allocator's trace clock.
     pub fn set_time(&mut self, t: u64) {
-        if let SimMemory::Caching(m) = self {
+        if let SimMemory::Caching(m, _) = self {
             m.allocator.set_time(t);
         }
     }
@@ -131,7 +146,7 @@ impl SimMemory {
     /// Allocator configuration string in effect.
     pub fn describe(&self) -> String {
         match self {
-            SimMemory::Caching(_) => "caching allocator (PyTorch semantics)".into(),
+            SimMemory::Caching(..) => "caching allocator (PyTorch semantics)".into(),
             SimMemory::Exact(_) => "exact (no caching)".into(),
         }
     }
@@ -144,10 +159,10 @@ impl TensorMemory for SimMemory {
     #[inline]
     fn allocate(&mut self, bytes: u64, category: Category) -> Result<Allocated<SimHandle>, SimOom> {
         match self {
-            SimMemory::Caching(m) => match m.allocate(bytes, category) {
+            SimMemory::Caching(m, granularity) => match m.allocate(bytes, category) {
                 Ok(a) => Ok(Allocated {
                     handle: SimHandle::Block(a.handle),
-                    size: a.size,
+                    size: granularity.map_or(a.size, |g| bytes.next_multiple_of(g)),
                 }),
                 Err(e) => Err(SimOom {
                     message: match &e {
@@ -185,7 +200,7 @@ impl TensorMemory for SimMemory {
     #[inline]
     fn free(&mut self, handle: SimHandle) {
         match (self, handle) {
-            (SimMemory::Caching(m), SimHandle::Block(b)) => m.free(b),
+            (SimMemory::Caching(m, _), SimHandle::Block(b)) => m.free(b),
             (SimMemory::Exact(c), SimHandle::Slot(s)) => c.free(s),
             _ => debug_assert!(false, "handle from another memory"),
         }

@@ -326,6 +326,45 @@ fn burn_kept_graphs_pin_the_weights_they_saved() {
     );
 }
 
+/// Device peaks per category of the tiny MLP under burn on a GPU, with `device` settings.
+fn burn_gpu_peaks(optimizer: &str, device: &str) -> trainmem_core::timeline::CategoryBytes {
+    let text = format!(
+        "framework = \"burn\"\n{}",
+        TINY.replace("kind = \"adam\"", &format!("kind = \"{optimizer}\""))
+            .replace(
+                "kind = \"cpu\"\ncapacity = \"1MiB\"",
+                &format!("kind = \"cuda\"\ncapacity = \"1GiB\"\n{device}")
+            )
+    );
+    let plan = Plan::from_toml_str(&text).unwrap();
+    let r = simulate(&plan, SimOptions::default()).unwrap();
+    r.timeline
+        .peak_per_category(trainmem_core::timeline::Domain::Device)
+}
+
+#[test]
+fn burn_fused_writes_every_parameter_anew_counted_at_its_dense_size() {
+    // the tiny MLP's parameters: 32 + 8 + 16 + 2 f32
+    let dense = 58 * 4;
+    let unfused = burn_gpu_peaks("sgd", "");
+    assert_eq!(unfused.get(Category::OptimizerState), 0, "updated in place");
+    assert_eq!(
+        unfused.get(Category::Parameter),
+        4 * 512,
+        "one 512-byte block each"
+    );
+    let fused = burn_gpu_peaks("sgd", "fusion = true");
+    assert_eq!(fused.get(Category::Parameter), dense);
+    assert_eq!(
+        fused.get(Category::OptimizerState),
+        dense,
+        "every parameter written into a new buffer by the step"
+    );
+    let aligned = burn_gpu_peaks("sgd", "alignment = \"32\"");
+    assert_eq!(aligned.get(Category::Parameter), 128 + 32 + 64 + 32);
+    assert_eq!(aligned.get(Category::OptimizerState), 0);
+}
+
 #[test]
 fn burn_plain_sgd_keeps_only_the_optimizer_bookkeeping() {
     let (peaks, _) = burn_peaks("sgd", "");

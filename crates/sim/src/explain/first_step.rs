@@ -54,7 +54,7 @@ pub(super) fn startup(plan: &Plan, t: &Timeline, s: &Summary, out: &mut Vec<Find
 /// framework allocates inside the step), or none under plain SGD.
 pub(super) fn optimizer_jump(plan: &Plan, t: &Timeline, s: &Summary, out: &mut Vec<Finding>) {
     let dev = Domain::Device;
-    let profile = FrameworkProfile::of(plan.framework);
+    let profile = FrameworkProfile::for_plan(plan);
     // state made with the optimizer and shared by its parameters (adamw8bit's quantization
     // maps) is there from the start: the jump is what the first step adds to it
     let made_with_optimizer = t
@@ -178,10 +178,14 @@ fn first_step_breakdown_text(
         human(record_bytes),
         records.what,
     );
-    if rewritten > 0 && profile.optimizer.param_update == ParamUpdate::WhenUniquelyOwned {
+    if rewritten > 0 && profile.optimizer.param_update != ParamUpdate::InPlace {
         let adamw = kind == OptimizerKind::AdamW;
         let kept = plan.leak.retain_outputs && plan.leak.retain_graph;
+        let fused = profile.optimizer.param_update == ParamUpdate::NewBuffer;
         let why = match (adamw, kept) {
+            _ if fused => {
+                "burn's fusion writes each updated parameter into a new buffer (a fused kernel's output), made by the step's ops; the old buffers are freed"
+            }
             (true, true) => {
                 "AdamW's decoupled decay clones every parameter, and the graphs kept without backward still reference the weights their matmuls saved, whose old buffers stay with those graphs"
             }

@@ -73,7 +73,7 @@ pub(super) fn checkpoint_spike(plan: &Plan, t: &Timeline, _s: &Summary, out: &mu
         c.get(Category::Temporary) + c.get(Category::Other)
     };
     let (during, before) = (held(i), i.checked_sub(1).map_or(0, held));
-    let what = match FrameworkProfile::of(plan.framework).checkpoint {
+    let what = match FrameworkProfile::for_plan(plan).checkpoint {
         CheckpointRecord::F32ParameterCopy => {
             "an f32 copy of every parameter, the record it writes"
         }

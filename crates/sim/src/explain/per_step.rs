@@ -61,7 +61,7 @@ pub(super) fn activation_retention(plan: &Plan, t: &Timeline, s: &Summary, out: 
 /// growing, with the cause and the remedy in the framework's words.
 pub(super) fn plateau_or_growth(plan: &Plan, t: &Timeline, _s: &Summary, out: &mut Vec<Finding>) {
     let dev = Domain::Device;
-    let profile = FrameworkProfile::of(plan.framework);
+    let profile = FrameworkProfile::for_plan(plan);
     let ends: Vec<(u64, u64)> = t
         .samples
         .iter()

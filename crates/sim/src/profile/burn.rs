@@ -164,6 +164,34 @@ pub const PROFILE: FrameworkProfile = FrameworkProfile {
     },
 };
 
+/// burn on a GPU with its `fusion` feature (`Fusion<CubeBackend<…>>`, plan `device.fusion`):
+/// [`PROFILE`] but for what fused kernels change, measured with trainmem-track on a lent H100
+/// and on wgpu over Mesa's lavapipe (fixtures/gpu-check/*-fusion/):
+///
+/// * A fused kernel writes its result into a new tensor, never into an operand: every
+///   optimizer step writes each parameter into a new buffer, made by the step's ops
+///   (`optimizer_state`), whatever the optimizer ([`ParamUpdate::NewBuffer`]); plain SGD does
+///   not reuse the gradient's buffer; MSE's `logits - targets` is a difference of its own,
+///   which `square` saves ([`SavedTable::burn`]'s entry, not [`GPU_SAVED`]'s).
+/// * trainmem-track counts each fusion tensor at its dense size (a lazy id has no buffer to
+///   measure yet), so the twin counts device tensors unrounded (`SimMemory`'s granularity 1).
+pub const FUSED: FrameworkProfile = FrameworkProfile {
+    optimizer: OptimizerRules {
+        param_update: ParamUpdate::NewBuffer,
+        ..PROFILE.optimizer
+    },
+    gpu: GpuRules {
+        saved: FUSED_GPU_SAVED,
+        sgd_rewrite_in_gradient: false,
+        ..PROFILE.gpu
+    },
+    ..PROFILE
+};
+
+/// What burn's fused GPU kernels save differently from [`SavedTable::burn`] (see [`FUSED`]).
+pub const FUSED_GPU_SAVED: &[(OpKind, &[Saved])] =
+    &[(OpKind::MaxPool2d, &[Saved::Input(0), Saved::IndicesI32])];
+
 /// What burn's CUDA kernels save differently from [`SavedTable::burn`] (see [`PROFILE`]).
 pub const GPU_SAVED: &[(OpKind, &[Saved])] = &[
     // the difference lives in the target's buffer

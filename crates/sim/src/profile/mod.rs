@@ -154,6 +154,11 @@ pub enum ParamUpdate {
     /// every linear layer whose input is tracked), so those are copied too and the old
     /// buffers stay with the kept graph.
     WhenUniquelyOwned,
+    /// Never in place: every step writes every trainable parameter into a new buffer
+    /// (allocated inside the step, `optimizer_state`) and frees the old one, whatever the
+    /// optimizer (burn's fusion, whose fused kernels write new tensors); the weights a kept
+    /// graph references stay with it, as under [`ParamUpdate::WhenUniquelyOwned`].
+    NewBuffer,
 }
 
 /// Bytes a framework keeps beside the tensors it computes with.
@@ -302,6 +307,17 @@ impl FrameworkProfile {
         match framework {
             Framework::Pytorch => &pytorch::PROFILE,
             Framework::Burn => &burn::PROFILE,
+        }
+    }
+
+    /// The profile a run of `plan` follows: its framework's, and burn's fused one on a GPU
+    /// with `device.fusion`.
+    pub fn for_plan(plan: &Plan) -> &'static FrameworkProfile {
+        match plan.framework {
+            Framework::Burn if plan.device.fusion && plan.device.kind != DeviceKind::Cpu => {
+                &burn::FUSED
+            }
+            framework => FrameworkProfile::of(framework),
         }
     }
 

@@ -276,7 +276,7 @@ impl ModelState {
     }
 
     /// Parameters the step writes into new buffers ([`ParamUpdate::WhenUniquelyOwned`]):
-    /// every parameter under AdamW, and, when `kept_graphs` (graphs kept without backward
+    /// every parameter under AdamW (under any optimizer with [`ParamUpdate::NewBuffer`]), and, when `kept_graphs` (graphs kept without backward
     /// exist), the weights they reference. The new buffer is allocated inside the step
     /// (`optimizer_state`); the old one is freed, or returned with its parameter's layer
     /// (it stays with the kept graphs until they are released).
@@ -292,13 +292,15 @@ impl ModelState {
         grads: &[Option<TensorId>],
     ) -> Result<Vec<(u32, TensorId)>, SimOom> {
         let mut pinned = Vec::new();
-        if spec.profile.optimizer.param_update != ParamUpdate::WhenUniquelyOwned {
-            return Ok(pinned);
-        }
-        let adamw = self.opt.kind == OptimizerKind::AdamW;
+        // every trainable parameter is written anew: all of them under AdamW or fusion
+        let every = match spec.profile.optimizer.param_update {
+            ParamUpdate::InPlace => return Ok(pinned),
+            ParamUpdate::WhenUniquelyOwned => self.opt.kind == OptimizerKind::AdamW,
+            ParamUpdate::NewBuffer => true,
+        };
         for i in 0..self.params.len() {
             let pin = kept_graphs && self.saved_by_graph[i];
-            if !((adamw && !spec.program.params[i].frozen) || pin) {
+            if !((every && !spec.program.params[i].frozen) || pin) {
                 continue;
             }
             let old = self.params[i];

@@ -33,7 +33,7 @@ impl<'p> Runner<'p> {
         let spec = RunSpec {
             plan,
             program,
-            profile: FrameworkProfile::of(plan.framework),
+            profile: FrameworkProfile::for_plan(plan),
             stage,
             stages,
             cpu: plan.device.kind == DeviceKind::Cpu,
@@ -59,15 +59,26 @@ impl<'p> Runner<'p> {
     }
 }
 
-/// The simulated device: PyTorch's caching allocator on a GPU, exact counting on a CPU;
-/// recording its trace when asked.
+/// The simulated device: PyTorch's caching allocator on a GPU (its tensors counted at
+/// cubecl's sizes for burn with `device.alignment` or `device.fusion`), exact counting on a
+/// CPU; recording its trace when asked.
 fn device_memory(plan: &Plan, opts: &SimOptions) -> Result<SimMemory, SimError> {
     let mut mem = match plan.device.kind {
-        DeviceKind::Cuda => SimMemory::caching(plan.device.capacity.0, &plan.device.allocator)
-            .map_err(|e| SimError::Config {
-                key: "device.allocator".into(),
-                message: e.to_string(),
-            })?,
+        DeviceKind::Cuda => {
+            let mem = SimMemory::caching(plan.device.capacity.0, &plan.device.allocator).map_err(
+                |e| SimError::Config {
+                    key: "device.allocator".into(),
+                    message: e.to_string(),
+                },
+            )?;
+            // burn's cubecl backends: trainmem-track counts fusion tensors at their dense
+            // size, and an unfused buffer at cubecl's size (the runtime's alignment)
+            match (plan.device.fusion, plan.device.alignment) {
+                (true, _) => mem.with_granularity(1),
+                (false, Some(a)) => mem.with_granularity(a.0),
+                (false, None) => mem,
+            }
+        }
         DeviceKind::Cpu => SimMemory::exact(plan.device.capacity.0),
     };
     if let Some(n) = opts.trace_entries {

@@ -62,7 +62,7 @@ pub(super) fn figures(plan: &Plan) -> Result<Option<StateFigures>, ParamOverflow
         // has: such plans are checked as they are simulated
         return Ok(None);
     }
-    let profile = FrameworkProfile::of(plan.framework);
+    let profile = FrameworkProfile::for_plan(plan);
     let (opt, sharding, grad_dtype) = state_config(plan, profile);
     // frozen parameters (under LoRA) hold their bytes alone: the trainable ones are summed
     // in full, the rest for their parameter bytes
