@@ -654,7 +654,8 @@ impl Plan {
         self.validate_model(&err)
     }
 
-    /// `[device]`: the cubecl-only settings need burn on a GPU; an alignment is a power of two.
+    /// `[device]`: the cubecl-only settings need burn on a GPU; an alignment is a power of two
+    /// up to 512.
     fn validate_device(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let d = &self.device;
         let on_cubecl = self.framework == Framework::Burn && d.kind == DeviceKind::Cuda;
@@ -672,11 +673,15 @@ impl Plan {
             }
         }
         if let Some(a) = d.alignment
-            && !a.0.is_power_of_two()
+            && !(a.0.is_power_of_two() && a.0 <= 512)
         {
             return Err(err(
                 "device.alignment",
-                format!("{} bytes is not a power of two", a.0),
+                format!(
+                    "{} bytes: give a power of two up to 512 (cubecl-cuda's 512, wgpu's 256 at \
+                     most)",
+                    a.0
+                ),
             ));
         }
         Ok(())

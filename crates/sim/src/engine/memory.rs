@@ -55,14 +55,15 @@ impl SimMemory {
         ))
     }
 
-    /// Counts each tensor at its own bytes rounded up to `granularity` instead of at the
-    /// caching allocator's block (which still holds it, and still makes `allocated` and
-    /// `reserved`): a framework whose device runtime rounds each buffer to its own alignment
+    /// Counts each tensor at its own bytes rounded up to `granularity` (a divisor of 512)
+    /// instead of at the caching allocator's block, which still holds it and still makes
+    /// `reserved`: a framework whose device runtime rounds each buffer to its own alignment
     /// (burn's cubecl backends: the runtime's alignment, 1 where trainmem-track counts dense
-    /// sizes). Nothing changes for exact counting.
+    /// sizes). What is allocated is then the tensors' sum (the runner's samples), never above
+    /// the blocks. Nothing changes for exact counting.
     pub fn with_granularity(self, granularity: u64) -> SimMemory {
         match self {
-            SimMemory::Caching(m, _) => SimMemory::Caching(m, Some(granularity.max(1))),
+            SimMemory::Caching(m, _) => SimMemory::Caching(m, Some(granularity.clamp(1, 512))),
             exact @ SimMemory::Exact(_) => exact,
         }
     }
@@ -78,6 +79,12 @@ impl SimMemory {
             SimMemory::Caching(m, _) => m.allocator.memory_allocated(),
             SimMemory::Exact(c) => c.live,
         }
+    }
+
+    /// Whether each tensor counts its own rounded bytes rather than its block
+    /// ([`SimMemory::with_granularity`]): the tensors' sum is then what is allocated.
+    pub fn counts_tensor_sizes(&self) -> bool {
+        matches!(self, SimMemory::Caching(_, Some(_)))
     }
 
     /// `memory_reserved` (= allocated without a cache).

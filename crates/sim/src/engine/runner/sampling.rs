@@ -55,7 +55,11 @@ impl Runner<'_> {
     /// Samples device and host memory at the end of `phase`.
     pub(super) fn sample(&mut self, phase: Phase) {
         let mem = self.store.memory();
-        let allocated = mem.allocated();
+        let allocated = if mem.counts_tensor_sizes() {
+            self.store.live_total()
+        } else {
+            mem.allocated()
+        };
         let reserved = mem.reserved();
         let asked = self.store.live_requested_by_category();
         for (peak, now) in self.recorder.tensor_peaks.0.iter_mut().zip(asked) {
