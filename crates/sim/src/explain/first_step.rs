@@ -7,7 +7,7 @@ use super::{Finding, PatternKind};
 use crate::engine::Summary;
 use crate::profile::{FrameworkProfile, OptimizerRecords, ParamUpdate, StateDtype};
 use trainmem_core::bytes::human;
-use trainmem_core::plan::{DataStorage, Plan};
+use trainmem_core::plan::{DataStorage, DeviceKind, Plan};
 use trainmem_core::timeline::{Domain, Phase, Timeline};
 
 /// Memory taken before the first step: parameters (and master weights), eagerly made
@@ -154,7 +154,10 @@ fn first_step_breakdown_text(
     let tensors = crate::lower::lower_for(&plan.model, plan.framework)
         .map(|p| p.params.len() as u64)
         .unwrap_or(0);
-    let record_bytes = (records.bytes)(kind, tensors).min(b);
+    let all_records = (records.bytes)(kind, tensors);
+    // on a GPU the records are host memory: none of the device's jump
+    let on_host = plan.device.kind != DeviceKind::Cpu;
+    let record_bytes = if on_host { 0 } else { all_records.min(b) };
     // the first velocity may be the gradient itself (tagged `gradient`)
     let first_velocity_aliased = profile.optimizer.momentum_first_velocity_is_gradient
         && kind == OptimizerKind::Momentum
@@ -170,13 +173,16 @@ fn first_step_breakdown_text(
         StateDtype::Gradients => "the parameters' dtype".to_string(),
         StateDtype::Plan => plan.optimizer.state_dtype.to_string(),
     };
+    let records_text = if on_host {
+        format!("{} ({}) in host memory", records.what, human(all_records))
+    } else {
+        format!("{} of {}", human(record_bytes), records.what)
+    };
     let mut text = format!(
-        "+{} under optimizer_state at the first optimizer step (step {step}): {} of {} state ({buffers} buffer(s) per parameter, in {dtype}), {} of {}",
+        "+{} under optimizer_state at the first optimizer step (step {step}): {} of {} state ({buffers} buffer(s) per parameter, in {dtype}), {records_text}",
         human(b),
         human(state),
         kind.name(),
-        human(record_bytes),
-        records.what,
     );
     if rewritten > 0 && profile.optimizer.param_update != ParamUpdate::InPlace {
         let adamw = kind == OptimizerKind::AdamW;

@@ -129,6 +129,28 @@ mod tests {
     }
 
     #[test]
+    fn burn_fused_on_a_gpu_names_the_rewritten_parameters_and_keeps_records_on_the_host() {
+        // 64·128 + 128 + 128·32 + 32 f32 parameters, Adam's two moments of them
+        let params = (64 * 128 + 128 + 128 * 32 + 32) * 4;
+        let plain = LEAK
+            .replace("retain_outputs = true\nretain_graph = true\n", "")
+            .replace("kind = \"sgd\"", "kind = \"adam\"")
+            .replace("kind = \"cpu\"", "kind = \"cuda\"\nfusion = true");
+        let f = jump(&plain);
+        assert_eq!(f.bytes as u64, 3 * params, "moments and parameters, dense");
+        assert!(
+            f.text.contains(&format!(
+                "{} of parameters the step writes into new buffers: burn's fusion",
+                trainmem_core::bytes::human(params)
+            )),
+            "{}",
+            f.text
+        );
+        assert!(f.text.contains("records ("), "{}", f.text);
+        assert!(f.text.contains(") in host memory"), "{}", f.text);
+    }
+
+    #[test]
     fn adamw8bit_jump_is_the_quantized_state_beside_the_maps_made_with_the_optimizer() {
         // two 4096 × 64 weights and their biases: 2 · 262,144 + 8 · 1,024 per weight (one byte
         // per element and moment, an f32 maximum per 256); the 64-element bias keeps f32
