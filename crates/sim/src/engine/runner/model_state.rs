@@ -276,8 +276,9 @@ impl ModelState {
     }
 
     /// Parameters the step writes into new buffers ([`ParamUpdate::WhenUniquelyOwned`]):
-    /// every parameter under AdamW (under any optimizer with [`ParamUpdate::NewBuffer`]), and, when `kept_graphs` (graphs kept without backward
-    /// exist), the weights they reference. The new buffer is allocated inside the step
+    /// every parameter under AdamW (under any optimizer with [`ParamUpdate::NewBuffer`]),
+    /// and, when `kept_graphs` (graphs kept without backward exist), the weights they
+    /// reference. The new buffer is allocated inside the step
     /// (`optimizer_state`); the old one is freed, or returned with its parameter's layer
     /// (it stays with the kept graphs until they are released).
     ///
