@@ -453,9 +453,9 @@ pub struct DevicePlan {
     pub blas_workspace: Option<ByteSize>,
     /// burn on a GPU only (`framework = "burn"`, `kind = "cuda"`): the bytes cubecl rounds
     /// each buffer up to, when the runtime's is not the caching allocator's 512 B (cubecl-cuda's
-    /// pitch). cubecl-wgpu takes the adapter's uniform offset alignment: 32 B on Mesa's
-    /// lavapipe, 256 B on many discrete GPUs. With it, the twin counts each device tensor at
-    /// its bytes rounded up to this, as cubecl does.
+    /// pitch). cubecl-wgpu takes the adapter's uniform offset alignment (32 B on Mesa's
+    /// lavapipe; at most 256 B under WebGPU's limits). With it, the twin counts each device
+    /// tensor at its bytes rounded up to this, as cubecl does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alignment: Option<ByteSize>,
     /// burn on a GPU only: the run uses burn's `fusion` feature (`burn::backend::Cuda` and
