@@ -177,6 +177,10 @@ pub struct Graph<'p> {
     /// logits while the first is still alive, so two logits-sized tensors exist at once).
     /// Otherwise one logits-sized gradient is made.
     pub cross_entropy_two_step: bool,
+    /// Whether the graph's own records ([`Saved::Nodes`]) are host memory beside tensors on
+    /// a GPU ([`TensorStore::alloc_host`]) rather than memory of the store's device (a CPU
+    /// backend's, where the tensors are host memory too).
+    pub records_on_host: bool,
 }
 
 impl<'p> Graph<'p> {
@@ -213,6 +217,7 @@ impl<'p> Graph<'p> {
                 .collect(),
             owns_inputs: false,
             cross_entropy_two_step: false,
+            records_on_host: false,
         };
         g.set_segments(crate::checkpoint::segments(program, &[]));
         g
@@ -541,6 +546,10 @@ impl<'p> Graph<'p> {
                     Saved::Output => {
                         store.retain(out);
                         tape.saved.push(out);
+                    }
+                    Saved::Nodes(_) if self.records_on_host => {
+                        let b = self.saved_bytes(i, s, batch, scale);
+                        tape.saved.push(store.alloc_host(b, Category::Activation));
                     }
                     other => {
                         let b = self.saved_bytes(i, other, batch, scale);

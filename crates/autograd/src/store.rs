@@ -125,6 +125,8 @@ struct Slot<H> {
     requested: u64,
     category: Category,
     refs: u32,
+    /// Host memory beside the tensors ([`TensorStore::alloc_host`]): not in the memory.
+    on_host: bool,
 }
 
 /// Reference-counted tensors over a [`TensorMemory`], with per-category accounting.
@@ -141,6 +143,8 @@ pub struct TensorStore<M: TensorMemory> {
     peak_breakdown: [u64; 8],
     window_peak: u64,
     allocations: u64,
+    /// Live bytes per category of [`TensorStore::alloc_host`]'s records.
+    host_live: [u64; 8],
 }
 
 impl<M: TensorMemory> TensorStore<M> {
@@ -157,6 +161,7 @@ impl<M: TensorMemory> TensorStore<M> {
             peak_breakdown: [0; 8],
             window_peak: 0,
             allocations: 0,
+            host_live: [0; 8],
         }
     }
 
@@ -180,6 +185,7 @@ impl<M: TensorMemory> TensorStore<M> {
             requested: bytes,
             category,
             refs: 1,
+            on_host: false,
         };
         let id = match self.free_slots.pop() {
             Some(i) => {
@@ -204,6 +210,38 @@ impl<M: TensorMemory> TensorStore<M> {
         Ok(TensorId(id))
     }
 
+    /// Records `bytes` of host memory under `category` that live and die like a tensor
+    /// (referenced, released) but are not in the memory: a framework's own records beside
+    /// tensors that live on a GPU (burn-autodiff's graph nodes). Counted apart
+    /// ([`TensorStore::live_host_by_category`]), never in the live, total or peak bytes.
+    pub fn alloc_host(&mut self, bytes: u64, category: Category) -> TensorId {
+        let slot = Slot {
+            handle: None,
+            size: bytes,
+            requested: bytes,
+            category,
+            refs: 1,
+            on_host: true,
+        };
+        self.host_live[category.index()] += bytes;
+        let id = match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        TensorId(id)
+    }
+
+    /// Live bytes per category of [`TensorStore::alloc_host`]'s records.
+    pub fn live_host_by_category(&self) -> [u64; 8] {
+        self.host_live
+    }
+
     /// Adds a reference.
     pub fn retain(&mut self, id: TensorId) {
         let s = &mut self.slots[id.0 as usize];
@@ -216,7 +254,10 @@ impl<M: TensorMemory> TensorStore<M> {
         let s = &mut self.slots[id.0 as usize];
         debug_assert!(s.refs > 0, "release of a freed tensor");
         s.refs -= 1;
-        if s.refs == 0 {
+        if s.refs == 0 && s.on_host {
+            self.host_live[s.category.index()] -= s.size;
+            self.free_slots.push(id.0);
+        } else if s.refs == 0 {
             if let Some(h) = s.handle.take() {
                 self.mem.free(h);
             }
@@ -285,6 +326,33 @@ impl<M: TensorMemory> TensorStore<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_records_live_and_die_like_tensors_outside_the_memory() {
+        let mut s = TensorStore::new(CountingMemory::new());
+        let t = s.alloc(100, Category::Activation).unwrap();
+        let h = s.alloc_host(1000, Category::Activation);
+        s.retain(h);
+        assert_eq!(s.live_total(), 100, "not in the memory's bytes");
+        assert_eq!(s.memory().live, 100);
+        assert_eq!(
+            s.live_host_by_category()[Category::Activation.index()],
+            1000
+        );
+        s.release(h);
+        assert_eq!(
+            s.live_host_by_category()[Category::Activation.index()],
+            1000
+        );
+        s.release(h);
+        assert_eq!(s.live_host_by_category(), [0; 8]);
+        // its slot is reused by a tensor of the memory
+        let u = s.alloc(60, Category::Gradient).unwrap();
+        assert_eq!((s.size(u), s.live_total()), (60, 160));
+        s.release(u);
+        s.release(t);
+        assert_eq!((s.live_tensors(), s.memory().live, s.peak().0), (0, 0, 160));
+    }
 
     #[test]
     fn refcounts_free_on_last_release_and_track_categories() {

@@ -69,6 +69,9 @@ pub struct HostMoment {
     pub scalars: u64,
     /// The framework's records held in host memory (the tensors are on a GPU).
     pub records: crate::engine::runner::HostRecords,
+    /// The autograd graph's records held in host memory beside tensors on a GPU, per
+    /// category (burn-autodiff's nodes, alive from the op until backward frees them).
+    pub graph_records: CategoryBytes,
     /// An epoch is in progress (between its start and its end).
     pub epoch_open: bool,
     /// Batches taken from the loader since the run started (all epochs).
@@ -90,6 +93,7 @@ impl HostMoment {
             checkpoint_copy: 0,
             scalars: 0,
             records: crate::engine::runner::HostRecords::default(),
+            graph_records: CategoryBytes::ZERO,
             epoch_open: false,
             batches_loaded: 0,
             epoch_batches_taken: 0,
@@ -289,6 +293,9 @@ impl HostModel {
         c.add(Category::Temporary, m.checkpoint_copy);
         c.add(Category::Parameter, m.records.param_records);
         c.add(Category::OptimizerState, m.records.optimizer_records);
+        for (cat, b) in m.graph_records.iter() {
+            c.add(cat, b);
+        }
         if let Some(d) = device_tensors {
             for (cat, b) in d.iter() {
                 if cat != Category::Cache {

@@ -377,6 +377,50 @@ fn burn_fused_writes_every_parameter_anew_counted_at_its_dense_size() {
 }
 
 #[test]
+fn burn_graph_nodes_are_host_memory_beside_tensors_on_a_gpu() {
+    use trainmem_core::timeline::Domain;
+    let timeline = |device: &str| {
+        let text = format!(
+            "framework = \"burn\"\n{}",
+            TINY.replace("kind = \"cpu\"\ncapacity = \"1MiB\"", device)
+        );
+        let plan = Plan::from_toml_str(&text).unwrap();
+        simulate(&plan, SimOptions::default()).unwrap().timeline
+    };
+    let forward = |t: &trainmem_core::timeline::Timeline, d: Domain| {
+        let i = t
+            .samples
+            .iter()
+            .position(|s| s.phase == Phase::Forward)
+            .expect("a forward sample");
+        t.categories(i, d).get(Category::Activation)
+    };
+    let cpu = timeline("kind = \"cpu\"\ncapacity = \"1MiB\"");
+    let gpu = timeline("kind = \"cuda\"\ncapacity = \"1GiB\"\nfusion = true");
+    // the same graph: its nodes are the CPU's activations beyond the GPU's tensors (dense)
+    let nodes = forward(&gpu, Domain::Host);
+    assert!(
+        nodes > 0 && nodes.is_multiple_of(trainmem_autograd::BURN_NODE_BYTES),
+        "{nodes}"
+    );
+    assert_eq!(
+        forward(&cpu, Domain::Device),
+        forward(&gpu, Domain::Device) + nodes
+    );
+    // and backward frees them
+    let after = gpu
+        .samples
+        .iter()
+        .position(|s| s.phase == Phase::Backward)
+        .unwrap();
+    assert_eq!(
+        gpu.categories(after, Domain::Host)
+            .get(Category::Activation),
+        0
+    );
+}
+
+#[test]
 fn burn_plain_sgd_keeps_only_the_optimizer_bookkeeping() {
     let (peaks, _) = burn_peaks("sgd", "");
     // 4 parameter tensors: 8 hash-table buckets × 193 + 16 + 4 × 964 (measured on burn 0.21)

@@ -328,9 +328,9 @@ impl FrameworkProfile {
 
     /// The saved-tensor table on a `device` of this kind: the framework's table, with the
     /// ops whose CPU kernels save something else ([`CpuRules::dropout_float_noise`]) changed
-    /// on a CPU device, and those of [`GpuRules::saved`] on a GPU. On a GPU the autograd
-    /// graph's own records (burn-autodiff's nodes, [`trainmem_autograd::Saved::Nodes`]) are
-    /// host memory, not device bytes: they leave the table there.
+    /// on a CPU device, and those of [`GpuRules::saved`] on a GPU (where the graph's own
+    /// records, [`trainmem_autograd::Saved::Nodes`], are host memory: the runner sets
+    /// `Graph::records_on_host`).
     pub fn saved_table_on(&self, device: DeviceKind) -> SavedTable {
         let mut table = self.saved_table();
         if device == DeviceKind::Cpu && self.cpu.dropout_float_noise {
@@ -342,15 +342,6 @@ impl FrameworkProfile {
         if device != DeviceKind::Cpu {
             for &(op, saved) in self.gpu.saved {
                 table.set(op, saved.to_vec());
-            }
-            for op in trainmem_core::OpKind::ALL {
-                let on_device: Vec<_> = table
-                    .get(op)
-                    .iter()
-                    .copied()
-                    .filter(|s| !matches!(s, trainmem_autograd::Saved::Nodes(_)))
-                    .collect();
-                table.set(op, on_device);
             }
         }
         table

@@ -51,6 +51,8 @@ impl<'p> Autograd<'p> {
         let mut graph = Graph::new(program, &table, compute);
         graph.owns_inputs = profile.autograd.forward_owns_batch;
         graph.cross_entropy_two_step = profile.autograd.cross_entropy_two_step;
+        // burn-autodiff's graph nodes are host memory: beside tensors on a GPU, not in it
+        graph.records_on_host = !spec.cpu;
         let policy = policy(plan);
         let mut checkpointing = None;
         if policy != CheckpointPolicy::None {

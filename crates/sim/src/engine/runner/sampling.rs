@@ -73,6 +73,7 @@ impl Runner<'_> {
         let when = self.clock.when(phase);
         self.recorder
             .note_peak(peak, breakdown, peak_reserved, when);
+        self.host.moment.graph_records = CategoryBytes(self.store.live_host_by_category());
         let device_on_host = (self.spec.plan.device.kind == DeviceKind::Cpu).then_some(&cats);
         let host = self.host.model.at(&self.host.moment, device_on_host);
         let time = self.store.allocation_count();
