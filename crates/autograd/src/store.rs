@@ -187,16 +187,7 @@ impl<M: TensorMemory> TensorStore<M> {
             refs: 1,
             on_host: false,
         };
-        let id = match self.free_slots.pop() {
-            Some(i) => {
-                self.slots[i as usize] = slot;
-                i
-            }
-            None => {
-                self.slots.push(slot);
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let id = self.place(slot);
         self.live[category.index()] += a.size;
         self.requested[category.index()] += bytes;
         self.total += a.size;
@@ -207,7 +198,22 @@ impl<M: TensorMemory> TensorStore<M> {
             self.peak = self.total;
             self.peak_breakdown = self.live;
         }
-        Ok(TensorId(id))
+        Ok(id)
+    }
+
+    /// Puts `slot` in a free place (or a new one) and names it.
+    fn place(&mut self, slot: Slot<M::Handle>) -> TensorId {
+        let id = match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        TensorId(id)
     }
 
     /// Records `bytes` of host memory under `category` that live and die like a tensor
@@ -224,17 +230,7 @@ impl<M: TensorMemory> TensorStore<M> {
             on_host: true,
         };
         self.host_live[category.index()] += bytes;
-        let id = match self.free_slots.pop() {
-            Some(i) => {
-                self.slots[i as usize] = slot;
-                i
-            }
-            None => {
-                self.slots.push(slot);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        TensorId(id)
+        self.place(slot)
     }
 
     /// Live bytes per category of [`TensorStore::alloc_host`]'s records.

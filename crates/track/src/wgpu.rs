@@ -37,8 +37,14 @@ pub struct Adapter {
 
 /// The adapter burn's default wgpu device would run on (the graphics API burn picks for this
 /// platform, high-performance preference), or why there is none, in words. burn itself
-/// panics without one; this asks wgpu first.
+/// panics without one; this asks wgpu first, once per process (every later call gets the
+/// same answer).
 pub fn adapter() -> Result<Adapter, String> {
+    static FOUND: std::sync::OnceLock<Result<Adapter, String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_adapter).clone()
+}
+
+fn find_adapter() -> Result<Adapter, String> {
     let api = AutoGraphicsApi::backend();
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends: api.into(),
