@@ -75,17 +75,20 @@ CATEGORIES = ["parameter", "gradient", "optimizer_state", "activation", "input",
 class Ledger(TorchDispatchMode):
     """Every storage an operator creates, with the phase that created it."""
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device="cpu", fake=False):
         super().__init__()
         # the device whose storages are counted (a CUDA run's CPU tensors are not)
         self.device = device
-        self.live = {}  # data_ptr -> (nbytes, phase)
+        # on fake tensors (`--device fake-cuda`): storages have no memory, so no data
+        # pointer; each is known by its storage object instead, and there is no allocator
+        self.fake = fake
+        self.live = {}  # storage key -> (nbytes, phase)
         self.total = 0
         self.peak = 0
         self.phase = "start"
         # for --explain: what made each live storage, and the live set at the highest total
         self.explain = False
-        self.made_by = {}  # data_ptr -> (op, dtype, shape)
+        self.made_by = {}  # storage key -> (op, dtype, shape)
         self.highest = {}  # phase -> highest total while it ran
         self.at_highest = {}  # phase -> the live set then
 
@@ -104,11 +107,17 @@ class Ledger(TorchDispatchMode):
                 self.enter(t, str(func))
         return out
 
+    def key(self, t):
+        """The identity of `t`'s storage: its data pointer (0: no memory), or on fake
+        tensors the storage object's own address."""
+        storage = t.untyped_storage()
+        return storage._cdata if self.fake else storage.data_ptr()
+
     def enter(self, t, op="(given)"):
         if t.device.type != self.device:
             return
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        ptr = self.key(t)
         if ptr == 0 or ptr in self.live:
             return
         n = storage.nbytes()
@@ -137,7 +146,7 @@ class Ledger(TorchDispatchMode):
             if tensor is None:
                 return
             self.enter(tensor)
-            owner.setdefault(tensor.untyped_storage().data_ptr(), category)
+            owner.setdefault(self.key(tensor), category)
 
         for p in model.parameters():
             claim(p, "parameter")
@@ -161,7 +170,7 @@ class Ledger(TorchDispatchMode):
             "peak_since_previous": max(self.peak, self.total),
         }
         self.peak = self.total
-        if self.device == "cuda":
+        if self.device == "cuda" and not self.fake:
             # the caching allocator's own figures: allocated (block sizes, rounded; the
             # cuBLAS workspace included), reserved (segments), and their peaks since the
             # previous sample
@@ -174,6 +183,92 @@ class Ledger(TorchDispatchMode):
             }
             torch.cuda.reset_peak_memory_stats()
         return record
+
+
+FAKE_CUDA = {
+    "name": "fake-cuda",
+    "how": "PyTorch's FakeTensorMode on the CPU: CUDA's dispatch (autocast's CUDA op lists, "
+           "the CUDA kernels' output shapes and dtypes, autograd's saved tensors) without a "
+           "GPU; scaled_dot_product_attention's kernel chosen as on compute capability 9.0",
+}
+
+
+def sdpa_as_on_a_gpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                     scale=None, enable_gqa=False):
+    """`scaled_dot_product_attention` on fake CUDA tensors, with the kernel PyTorch picks on
+    a GPU of compute capability 9.0 (fake tensors have no device to ask, so PyTorch's own
+    choice falls back to the math path): flash attention for half-precision inputs without
+    a mask and heads of at most 256 (a multiple of 8), else the memory-efficient kernel
+    (f32 too, masks, dropout; not grouped key/value heads), else the math path. Under
+    autocast the inputs are cast first, as autocast casts this op's."""
+    if torch.is_autocast_enabled("cuda"):
+        half = torch.get_autocast_dtype("cuda")
+        query, key, value = (x.to(half) if x.is_floating_point() else x
+                             for x in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(half)
+    d = query.shape[-1]
+    halves = (torch.float16, torch.bfloat16)
+    same = query.dtype == key.dtype == value.dtype
+    if same and query.dtype in halves and attn_mask is None and d <= 256 and d % 8 == 0:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, scale=scale)[0]
+    grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+    if same and not grouped and d % (8 if query.dtype in halves else 4) == 0:
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # the kernel takes an additive mask: PyTorch converts a boolean one first
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(
+                attn_mask.logical_not(), float("-inf"))
+        if attn_mask is not None:
+            shape = (*query.shape[:-1], key.shape[-2])
+            attn_mask = attn_mask.expand(shape)
+        grad = torch.is_grad_enabled() and any(
+            x.requires_grad for x in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale)[0]
+    return SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def fake_cuda():
+    """Runs what it wraps on fake CUDA tensors (`--device fake-cuda`): new tensors on the
+    fake GPU by default, real CPU tensors given to an op taken in as fake ones,
+    `scaled_dot_product_attention` choosing its kernel as on a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    torch.nn.functional.scaled_dot_product_attention = sdpa_as_on_a_gpu
+    # code that asks the GPU's compute capability (transformers' grouped experts) is told 9.0
+    capability = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    try:
+        with mode, torch.device("cuda"):
+            yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = SDPA
+        torch.cuda.get_device_capability = capability
+
+
+@contextlib.contextmanager
+def fake_cuda_autocast(dtype):
+    """`torch.autocast("cuda", dtype)` on fake tensors: `torch.autocast` turns itself off
+    without a GPU, so the region is entered as it enters one (enabled, its dtype, one level
+    deeper) and left as it leaves one (the weight cache cleared at the outermost level)."""
+    was_enabled = torch.is_autocast_enabled("cuda")
+    was_dtype = torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled("cuda", was_enabled)
+        torch.set_autocast_dtype("cuda", was_dtype)
 
 
 def optimizer_tensors(optimizer):
@@ -314,7 +409,11 @@ def hf_model(kind, config, batch, seq, attention=None):
     torch.manual_seed(0)
     if attention is not None:
         config = dict(config, attn_implementation=attention)
-    if kind == "gpt2":
+    if kind not in ("gpt2", "bert", "llama", "mixtral", "qwen2_moe"):
+        # any other family: its configuration class and causal-LM head by model type
+        cfg = transformers.AutoConfig.for_model(kind, **config)
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    elif kind == "gpt2":
         cfg = transformers.GPT2Config(**config)
         model = transformers.GPT2LMHeadModel(cfg)
     elif kind == "bert":
@@ -329,8 +428,6 @@ def hf_model(kind, config, batch, seq, attention=None):
     elif kind == "qwen2_moe":
         cfg = transformers.Qwen2MoeConfig(**config)
         model = transformers.Qwen2MoeForCausalLM(cfg)
-    else:
-        raise ValueError(kind)
     vocab = cfg.vocab_size
     def make_batch(n):
         ids = torch.randint(0, vocab, (n, seq))
@@ -492,6 +589,8 @@ def optimizer_for(name, model):
 
 def on_device(make_batch, device):
     """`make_batch` with its tensors moved to `device` (made on the CPU, as a loader does)."""
+    # `cuda:0`: a fake GPU has no current device to ask
+    device = "cuda:0" if device == "cuda" else device
     def made(n):
         return tuple(t.to(device) for t in make_batch(n))
     return made
@@ -499,6 +598,46 @@ def on_device(make_batch, device):
 
 def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
            autocast=None, dtype=None, explain=False, device="cpu", snapshot=None):
+    """[`record_on`] on `device`: `cpu`, `cuda`, or `fake-cuda` (the GPU's dispatch on fake
+    tensors, see [`fake_cuda`]: the ledger's storages of the first forward pass, without the
+    allocator's figures)."""
+    args = (name, build, optimizer_name, batch, seq, steps, micro, checkpointing, autocast,
+            dtype, explain)
+    if device != "fake-cuda":
+        return record_on(*args, device=device, snapshot=snapshot)
+    # the model is built (and cast) as the run builds it but on the meta device (no memory:
+    # a published model's full size builds in seconds), then made fake: PyTorch cannot move
+    # or cast a fake module in place
+    with torch.device("meta"):
+        model, make_batch, loss_of, described = build()
+        if dtype is not None:
+            model.to(getattr(torch, dtype))
+    with fake_cuda():
+        on_fake_cuda(model)
+        args = (name, lambda: (model, make_batch, loss_of, described), *args[2:])
+        return record_on(*args, device="cuda", fake=True)
+
+
+def on_fake_cuda(model):
+    """Replaces every parameter and buffer of `model` by a fake CUDA tensor of its shape and
+    dtype (inside [`fake_cuda`]), a parameter shared by two modules (tied weights) by one."""
+    made = {}
+    for module in model.modules():
+        for table, wrap in ((module._parameters, True), (module._buffers, False)):
+            for key, t in table.items():
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                               device="cuda:0")
+                    made[id(t)] = (torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+                                   if wrap else fake)
+                table[key] = made[id(t)]
+
+
+def record_on(name, build, optimizer_name, batch, seq, steps, micro=None, checkpointing=False,
+              autocast=None, dtype=None, explain=False, device="cpu", snapshot=None,
+              fake=False):
     """Trains `steps` optimizer steps of `batch` samples, as `batch / micro` accumulated
     micro-batches when `micro` is given, computing the loss under `torch.autocast` to
     `autocast` (a dtype name) when given, with the model cast to `dtype` (a dtype name:
@@ -509,14 +648,15 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     adds the caching allocator's figures. `snapshot`: a path to dump the allocator's memory
     snapshot (`torch.cuda.memory._dump_snapshot`) of the whole run to."""
     model, make_batch, loss_of, described = build()
-    if device != "cpu":
+    if device != "cpu" and not fake:
         model.to(device)
         make_batch = on_device(make_batch, device)
     if dtype is not None:
         # cast before the ledger starts, as a run loads or casts its model before training:
         # parameters, and so torch.optim's state, are in `dtype`; floating inputs are cast
         # as they are made
-        model.to(getattr(torch, dtype))
+        if not fake:  # a fake run's model was cast before it was made fake
+            model.to(getattr(torch, dtype))
         make_batch = cast_floats(make_batch, getattr(torch, dtype))
     model.train()
     if optimizer_name == "adafactor":
@@ -545,14 +685,16 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     if checkpointing:
         model.activation_checkpointing_enable()
     micro_batches = 1 if micro is None else batch // micro
-    ledger = Ledger(device)
+    ledger = Ledger(device, fake)
     ledger.explain = explain
     samples = []
     def region():
         if autocast is None:
             return contextlib.nullcontext()
+        if fake:
+            return fake_cuda_autocast(getattr(torch, autocast))
         return torch.autocast(device, dtype=getattr(torch, autocast))
-    if device == "cuda":
+    if device == "cuda" and not fake:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -576,10 +718,16 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
                 if micro_batches > 1:
                     loss = loss / micro_batches
                 samples.append(ledger.sample("forward", step, model, optimizer, b))
+                if fake:
+                    # PyTorch's autograd engine asks the GPU for its streams in backward,
+                    # which fake tensors cannot answer: a fake run records one forward pass
+                    break
                 ledger.phase = "backward"
                 loss.backward()
                 del loss
                 samples.append(ledger.sample("backward", step, model, optimizer, b))
+            if fake:
+                break
             ledger.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -591,7 +739,10 @@ def record(name, build, optimizer_name, batch, seq, steps, micro=None, checkpoin
     if explain:
         explain_peak(name, ledger, model, optimizer)
     described = dict(described)
-    if device == "cuda":
+    if fake:
+        described["device"] = {"type": "cuda", "name": FAKE_CUDA["name"], "total_memory": 0,
+                               "capability": [9, 0], "fake_tensors": FAKE_CUDA["how"]}
+    elif device == "cuda":
         props = torch.cuda.get_device_properties(0)
         described["device"] = {"type": "cuda", "name": props.name,
                                "total_memory": props.total_memory,
@@ -621,11 +772,11 @@ def explain_peak(name, ledger, model, optimizer):
     optimizer step), largest first."""
     model_state = set()
     for p in model.parameters():
-        model_state.add(p.untyped_storage().data_ptr())
+        model_state.add(ledger.key(p))
         if p.grad is not None:
-            model_state.add(p.grad.untyped_storage().data_ptr())
+            model_state.add(ledger.key(p.grad))
     for v in optimizer_tensors(optimizer):
-        model_state.add(v.untyped_storage().data_ptr())
+        model_state.add(ledger.key(v))
     for during, live in ledger.at_highest.items():
         rows = sorted(live.items(), key=lambda kv: -kv[1][0][0])
         print(f"{name}: {ledger.highest[during]} B live at the highest total during {during}",
@@ -815,6 +966,37 @@ def cuda_runs():
             (lambda: litgpt_model(4, seq, lora=True, **lit)), "adamw", 4, seq, {}
 
 
+def family_runs():
+    """The model families at their published sizes (`--suite families`, for `--device
+    fake-cuda`: fake tensors need no memory, so a 7B model's forward is recorded on any
+    machine): each configuration in `fixtures/hf/` as `transformers` builds it, batch 1,
+    sequence 2048 (or the model's positions, if fewer), under autocast to bf16 with the
+    attention `transformers` picks (SDPA where the family has it: flash attention on a GPU),
+    and LLaMA-2-7B with LoRA on `q_proj` and `v_proj` too."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "hf")
+    bf16 = {"autocast": "bfloat16"}
+    for file in sorted(os.listdir(root)):
+        if not file.endswith(".json"):
+            continue
+        with open(os.path.join(root, file)) as f:
+            config = json.load(f)
+        kind = config.pop("model_type")
+        if kind in ("bert", "gemma3"):
+            continue  # an encoder classifier; the multimodal Gemma 3 wrapper
+        for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype",
+                    "dtype", "auto_map"):
+            config.pop(key, None)
+        positions = config.get("max_position_embeddings") or config.get("n_positions") or 2048
+        seq = min(2048, positions)
+        name = file[:-len(".json")]
+        build = (lambda kind=kind, config=config, seq=seq: hf_model(kind, config, 1, seq))
+        yield f"autocast-{name}-seq{seq}", build, "adamw-fused", 1, seq, bf16
+        if name == "llama-2-7b":
+            lora = with_lora(build, {"rank": 8, "alpha": 16, "dropout": 0.0,
+                                     "targets": ["q_proj", "v_proj"]})
+            yield f"lora-autocast-{name}-seq{seq}", lora, "adamw", 1, seq, bf16
+
+
 def probe_blas_workspaces():
     """The device memory cuBLAS takes through the caching allocator, measured in a process
     that has not used CUDA yet: `memory_allocated` before and after each step minus the
@@ -901,9 +1083,12 @@ def main():
     parser.add_argument("--out", required=True,
                         help="the folder to write to (with --device cuda: a folder named "
                              "after the GPU inside it)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--suite", default="cpu", choices=["cpu", "cuda"],
-                        help="the CPU suite (small models) or the GPU suite (sequence 1024)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "fake-cuda"],
+                        help="fake-cuda: the GPU's dispatch on PyTorch's fake tensors, on any "
+                             "machine (the ledger's storages; no allocator figures)")
+    parser.add_argument("--suite", default="cpu", choices=["cpu", "cuda", "families"],
+                        help="the CPU suite (small models), the GPU suite (sequence 1024), or "
+                             "the model families at their published sizes (for fake-cuda)")
     parser.add_argument("--snapshots", action="store_true",
                         help="with --device cuda: dump each run's allocator snapshot beside "
                              "its ledger (NAME.pickle)")
@@ -940,7 +1125,7 @@ def main():
         print(f"cuBLAS workspaces -> {path}", file=sys.stderr)
         return
     torch.set_num_threads(args.threads)
-    suite = runs() if args.suite == "cpu" else cuda_runs()
+    suite = {"cpu": runs, "cuda": cuda_runs, "families": family_runs}[args.suite]()
     if args.fresh_process:
         record_each_in_its_own_process(args, [entry[0] for entry in suite])
         return

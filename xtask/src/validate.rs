@@ -1,7 +1,9 @@
 //! `cargo xtask validate pytorch`: the twin against recorded PyTorch runs.
 //!
-//! Reads every ledger under `fixtures/pytorch/` and `fixtures/pytorch-cuda/<device>/` (written
-//! by `validation/pytorch/record.py`, the GPU ones by `validation/pytorch/record_cuda.sh`),
+//! Reads every ledger under `fixtures/pytorch/`, `fixtures/pytorch-cuda/<device>/` and
+//! `fixtures/pytorch-fake-cuda/<suite>/` (written by `validation/pytorch/record.py`, the GPU
+//! ones by `validation/pytorch/record_cuda.sh`, the fake-CUDA ones by `record.py --device
+//! fake-cuda`: one forward pass each),
 //! simulates the same run and prints each category's peak beside the recorded one with its
 //! accuracy target (`trainmem_sim::validation`). No Python is needed; recording is a separate
 //! step (`--record`, which runs the script in a virtual environment of its own).
@@ -94,12 +96,14 @@ fn pytorch(args: PytorchArgs) -> anyhow::Result<ExitCode> {
     if args.record {
         record()?;
     }
-    // the CPU ledgers, then the GPU ones (fixtures/pytorch-cuda/<device>/) where recorded
+    // the CPU ledgers, then the GPU ones (fixtures/pytorch-cuda/<device>/) where recorded, then
+    // the fake-CUDA ones
     let dirs = match &args.dir {
         Some(dir) => vec![dir.clone()],
         None => vec![
             root().join("fixtures/pytorch"),
             root().join("fixtures/pytorch-cuda"),
+            root().join("fixtures/pytorch-fake-cuda"),
         ],
     };
     let mut paths = Vec::new();

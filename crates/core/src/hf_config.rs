@@ -306,6 +306,11 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
     }
     t.seq_len = seq;
     t.attention = attention_impls(&model_type)[0];
+    // the decoders keep a key/value cache in training unless their configuration says
+    // `use_cache: false`
+    if map.get("use_cache").and_then(Value::as_bool) == Some(false) {
+        t.kv_cache = Some(false);
+    }
     Ok(t)
 }
 

@@ -55,6 +55,12 @@ pub enum ModelSpec {
 }
 
 impl ModelSpec {
+    /// Whether the model's code takes its logits to f32 before the loss
+    /// ([`TransformerSpec::upcasts_logits`]; an MLP, a CNN or a list of layers does not).
+    pub fn upcasts_logits(&self) -> bool {
+        matches!(self, ModelSpec::Transformer(t) if t.upcasts_logits())
+    }
+
     /// The kind's TOML name (`mlp`, `cnn`, `transformer`, `layers`).
     pub fn kind_name(&self) -> &'static str {
         match self {
@@ -487,6 +493,14 @@ pub struct TransformerSpec {
     /// head), none otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_chunk: Option<u64>,
+    /// The model keeps a key/value cache while it trains (`transformers`' `use_cache`, on
+    /// in its decoders' configurations unless set off): each block copies its keys and
+    /// values into the cache, and a fused attention kernel keeps those copies. Where the
+    /// queries are views of a packed projection (no rotary positions to make new ones),
+    /// the kernel keeps the packed projection beside them. Default: `transformers`'
+    /// decoders do, other models do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<bool>,
 }
 
 /// Positions per chunk of the LM head in litgpt's LoRA fine-tuning (`finetune/lora.py` calls
@@ -766,6 +780,7 @@ impl TransformerSpec {
             implementation: Implementation::Transformers,
             mask_buffer: None,
             head_chunk: None,
+            kv_cache: None,
         }
     }
 
@@ -824,6 +839,33 @@ impl TransformerSpec {
             None => 0,
         };
         (chunk > 0 && chunk < self.seq_len).then_some(chunk)
+    }
+
+    /// Whether the model's code takes its logits to f32 before the loss: `transformers`'
+    /// causal-LM loss does (`logits.float()`); its classification heads, litgpt's and
+    /// hand-written models hand their logits to `cross_entropy` as they are.
+    pub fn upcasts_logits(&self) -> bool {
+        self.implementation == Implementation::Transformers && self.kind == TransformerKind::Decoder
+    }
+
+    /// Whether the model keeps a key/value cache while it trains ([`kv_cache`]).
+    ///
+    /// [`kv_cache`]: TransformerSpec::kv_cache
+    pub fn keeps_kv_cache(&self) -> bool {
+        self.kv_cache.unwrap_or(
+            self.implementation == Implementation::Transformers
+                && self.kind == TransformerKind::Decoder,
+        )
+    }
+
+    /// Whether a fused attention kernel keeps copies of the keys and values beside the
+    /// packed projection their views would keep alive: a key/value cache ([`kv_cache`]) on a
+    /// packed projection whose queries stay views of it (learned positions, no norms over
+    /// the heads).
+    ///
+    /// [`kv_cache`]: TransformerSpec::kv_cache
+    pub fn attention_keeps_cache_copies(&self) -> bool {
+        self.keeps_kv_cache() && !self.separate_qkv && self.learned_positions && !self.qk_norm
     }
 
     /// Bytes of the causal-mask buffers the model keeps on its device ([`mask_buffer`]):

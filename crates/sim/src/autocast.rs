@@ -269,6 +269,19 @@ fn op_policy(op: &Op, device: DeviceKind) -> Policy {
     }
 }
 
+/// Whether `op` is a cross-entropy that CUDA's autocast runs on half-precision logits:
+/// `cross_entropy` is not on CUDA's f32 list, so its `log_softmax` runs in the logits' half
+/// dtype (its output kept for backward), and `nll_loss`, which is, reads an f32 copy of the
+/// log-probabilities (kept too). On the CPU `cross_entropy` itself is on the f32 list (the
+/// logits are cast first); a model that takes its logits to f32 itself (`upcasts_logits`)
+/// hands the loss f32 logits either way.
+fn half_precision_loss(op: &Op, device: DeviceKind, upcasts_logits: bool, dtype: &[Dtype]) -> bool {
+    op.kind == OpKind::CrossEntropy
+        && device == DeviceKind::Cuda
+        && !upcasts_logits
+        && dtype[op.inputs[0] as usize] != Dtype::F32
+}
+
 /// The dtype an op autocast leaves alone produces.
 fn widest(
     op: &Op,
@@ -300,7 +313,16 @@ fn widest(
 /// `program` (lowered in f32) as it runs under `torch.autocast` to `half` on `device`.
 /// `separate_qkv`: the fused query/key/value projection stands for three linear layers that
 /// each cast its input (see [`trainmem_core::model::TransformerSpec::separate_qkv`]).
-pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: bool) -> Program {
+/// `upcasts_logits`: the model's code takes its logits to f32 before the cross-entropy
+/// (`transformers`' causal-LM loss does); otherwise, on CUDA, the cross-entropy reads them
+/// in half precision ([`half_precision_loss`]).
+pub fn apply(
+    program: &Program,
+    device: DeviceKind,
+    half: Dtype,
+    separate_qkv: bool,
+    upcasts_logits: bool,
+) -> Program {
     let out = Program {
         values: program.values.clone(),
         params: program.params.clone(),
@@ -315,7 +337,9 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
     let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
     Rewrite::new(program, out, Dtype::F32, half).each_op(|r, src_at, src_op| {
         let mut op = *src_op;
+        let half_loss = half_precision_loss(&op, device, upcasts_logits, &r.dtype);
         let produced = match op_policy(&op, device) {
+            Policy::F32 if half_loss => Some(Dtype::F32),
             Policy::Half => {
                 r.cast_inputs(&mut op, half);
                 Some(half)
@@ -341,6 +365,11 @@ pub fn apply(program: &Program, device: DeviceKind, half: Dtype, separate_qkv: b
         };
         let at = r.out.ops.len() as u32;
         r.carry_extra_saved(src_at, at);
+        if half_loss {
+            // the half-precision log-probabilities, beside the f32 copy of them the table's
+            // entry stands for
+            r.out.extra_saved.push((at, Saved::InputCopy(0)));
+        }
         if policy(op.kind, device) == Policy::Half {
             r.weight_copies(&op, at);
             r.qkv_input_copies(&op, at, separate_qkv);
@@ -417,7 +446,7 @@ mod tests {
 
     #[test]
     fn linear_layers_run_in_half_precision_and_the_loss_in_f32() {
-        let p = apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false);
+        let p = apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false, false);
         p.validate().unwrap();
         let dtype = |v: ValueId| p.values[v as usize].dtype;
         for op in &p.ops {
@@ -446,6 +475,40 @@ mod tests {
     }
 
     #[test]
+    fn cuda_runs_the_cross_entropy_of_half_logits_in_half_and_keeps_an_f32_copy() {
+        let loss = |p: &Program| {
+            let at = p
+                .ops
+                .iter()
+                .position(|o| o.kind == OpKind::CrossEntropy)
+                .unwrap();
+            let extra: Vec<Saved> = p
+                .extra_saved
+                .iter()
+                .filter(|(i, _)| *i as usize == at)
+                .map(|(_, s)| *s)
+                .collect();
+            (p.values[p.ops[at].inputs[0] as usize].dtype, extra)
+        };
+        let bf16 = ValueDtype::Fixed(Dtype::Bf16);
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        // CUDA, logits handed over as they are: `log_softmax` in bf16 (kept), `nll_loss`'s
+        // f32 copy of its output (the table's entry)
+        let p = apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, false, false);
+        p.validate().unwrap();
+        assert_eq!(loss(&p), (bf16, vec![Saved::InputCopy(0)]));
+        assert_eq!(p.ops.iter().filter(|o| o.kind == OpKind::Copy).count(), 1);
+        // the model takes its logits to f32 itself, or the CPU's list casts them: one f32
+        // log-softmax
+        for p in [
+            apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, false, true),
+            apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false, false),
+        ] {
+            assert_eq!(loss(&p), (f32, vec![]));
+        }
+    }
+
+    #[test]
     fn cpu_attention_math_upcasts_once_and_returns_half_precision() {
         let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
         t.dropout = 0.1;
@@ -454,6 +517,7 @@ mod tests {
             DeviceKind::Cpu,
             Dtype::Bf16,
             false,
+            true,
         );
         p.validate().unwrap();
         let matmuls: Vec<&Op> = p.ops.iter().filter(|o| o.kind == OpKind::Matmul).collect();
@@ -483,6 +547,7 @@ mod tests {
             DeviceKind::Cuda,
             Dtype::F16,
             false,
+            true,
         );
         let m = p.ops.iter().find(|o| o.kind == OpKind::Matmul).unwrap();
         assert_eq!(
@@ -497,8 +562,8 @@ mod tests {
     fn separate_projections_keep_three_input_copies() {
         let t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
-        let fused = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false);
-        let separate = apply(&program, DeviceKind::Cpu, Dtype::Bf16, true);
+        let fused = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false, true);
+        let separate = apply(&program, DeviceKind::Cpu, Dtype::Bf16, true, true);
         let copies = |p: &Program| {
             p.extra_saved
                 .iter()
@@ -524,6 +589,7 @@ mod tests {
             &lower(&ModelSpec::Transformer(t)).unwrap(),
             DeviceKind::Cuda,
             Dtype::Bf16,
+            true,
             true,
         );
         assert_eq!(copies(&lora), 0);

@@ -166,6 +166,7 @@ pub fn lower_plan(plan: &trainmem_core::plan::Plan) -> Result<Program, LowerErro
         plan.device.kind,
         half,
         separate_qkv,
+        plan.model.upcasts_logits(),
     ))
 }
 
@@ -451,6 +452,46 @@ mod tests {
 
     /// LLaMA-7B, as Meta's checkpoint counts it: 6,738,415,616 parameters.
     const LLAMA_7B_PARAMS: u64 = 6_738_415_616;
+
+    #[test]
+    fn a_fused_kernel_keeps_the_key_value_cache_copies_beside_a_packed_projection() {
+        // GPT-2's layout: packed projection, learned positions, no dropout (SDPA fused)
+        let mut t = gpt(2, 64, 4, 32, 100);
+        t.dropout = 0.0;
+        t.attention = AttentionImpl::Sdpa;
+        // what each block keeps beyond the table: copies of its keys and values (two of the
+        // packed projection's three parts) per token
+        let cache_copies = |t: &TransformerSpec| -> Vec<u64> {
+            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+            p.extra_saved
+                .iter()
+                .filter(|(at, s)| {
+                    *s == trainmem_autograd::Saved::Output
+                        && p.ops[*at as usize].kind == OpKind::Copy
+                })
+                .map(|(at, _)| p.values[p.ops[*at as usize].output as usize].per_sample)
+                .collect()
+        };
+        assert_eq!(cache_copies(&t), vec![32 * 2 * 64; 2]);
+        // no cache (`use_cache = false`), or a hand-written model: none
+        t.kv_cache = Some(false);
+        assert!(cache_copies(&t).is_empty());
+        t.kv_cache = None;
+        t.implementation = Implementation::Handwritten;
+        assert!(cache_copies(&t).is_empty());
+        t.implementation = Implementation::Transformers;
+        // rotary positions (the rotated queries are new tensors) or three projections (the
+        // copies replace the projections' own outputs): nothing more is kept
+        t.learned_positions = false;
+        assert!(cache_copies(&t).is_empty());
+        t.learned_positions = true;
+        t.separate_qkv = true;
+        assert!(cache_copies(&t).is_empty());
+        t.separate_qkv = false;
+        // eager attention's matmuls copy their operands anyway: the table has them
+        t.attention = AttentionImpl::Eager;
+        assert!(cache_copies(&t).is_empty());
+    }
 
     #[test]
     fn litgpts_lora_head_is_lowered_in_chunks_with_its_last_chunk_copied() {

@@ -412,6 +412,7 @@ mod tests {
                 implementation: Default::default(),
                 mask_buffer: None,
                 head_chunk: None,
+                kv_cache: None,
             }
         }
     }

@@ -15,6 +15,12 @@
 //! own bytes ([`crate::Summary::tensor_peaks`], what the ledger's `nbytes` counts), and the
 //! allocator's peak allocated and reserved bytes beside the twin's, which count its blocks,
 //! the BLAS library's workspaces and the model's buffers as PyTorch's allocator does.
+//!
+//! Fake-CUDA recordings (`fixtures/pytorch-fake-cuda/`, `record.py --device fake-cuda`) run
+//! CUDA's dispatch on PyTorch's fake tensors on any machine: autocast's CUDA op lists, the
+//! CUDA kernels' outputs and what autograd saves, for one forward pass (backward needs a
+//! GPU), at any model size. They are compared on what a forward pass holds: parameters,
+//! activations and the batch.
 
 use std::path::Path;
 
@@ -94,6 +100,10 @@ pub struct RecordedDevice {
     /// plan's default, the H100's 9.0, which is the card they were made on).
     #[serde(default)]
     pub capability: Option<[u32; 2]>,
+    /// How a fake-tensor recording stood in for the GPU (`record.py --device fake-cuda`:
+    /// CUDA's dispatch on PyTorch's fake tensors, one forward pass); `None`: a real GPU.
+    #[serde(default)]
+    pub fake_tensors: Option<String>,
 }
 
 /// The caching allocator's figures at a phase boundary of a GPU run.
@@ -244,9 +254,23 @@ pub fn target(what: &str) -> f64 {
 }
 
 impl Recording {
-    /// Whether the run was recorded on a GPU.
+    /// Whether the run was recorded on a GPU (or on fake tensors standing for one).
     pub fn on_cuda(&self) -> bool {
         self.device.as_ref().is_some_and(|d| d.kind == "cuda")
+    }
+
+    /// Whether the run was recorded on fake CUDA tensors (`record.py --device fake-cuda`).
+    pub fn on_fake_cuda(&self) -> bool {
+        self.device
+            .as_ref()
+            .is_some_and(|d| d.fake_tensors.is_some())
+    }
+
+    /// Whether the recording stops after the forward pass (a fake-tensor recording: PyTorch's
+    /// autograd engine cannot run backward without a GPU). Only what a forward pass holds
+    /// is compared then: parameters, activations and the batch.
+    pub fn forward_only(&self) -> bool {
+        !self.samples.iter().any(|s| s.phase == "backward")
     }
 }
 
@@ -439,7 +463,13 @@ fn set_device(rec: &Recording, plan: &mut Plan) -> Result<(), String> {
     match &rec.device {
         Some(d) if rec.on_cuda() => {
             plan.device.kind = DeviceKind::Cuda;
-            plan.device.capacity = trainmem_core::ByteSize(d.total_memory);
+            // fake tensors stand for a GPU of any size (a published model's full size)
+            let memory = if rec.on_fake_cuda() {
+                1 << 44
+            } else {
+                d.total_memory
+            };
+            plan.device.capacity = trainmem_core::ByteSize(memory);
             plan.device.compute_capability = d.capability.map(|[a, b]| format!("{a}.{b}"));
         }
         Some(d) => return Err(format!("a device of type `{}`", d.kind)),
@@ -508,9 +538,13 @@ pub fn compare(rec: &Recording) -> Result<Comparison, ValidationError> {
 fn category_rows(rec: &Recording, summary: &Summary) -> Vec<Row> {
     let mut rows = Vec::new();
     // the tensor categories: a CPU ledger has no allocator cache, and no `other`
-    let tensors = Category::ALL
-        .into_iter()
-        .filter(|c| !matches!(c, Category::Cache | Category::Other));
+    let tensors = Category::ALL.into_iter().filter(|c| match c {
+        Category::Cache | Category::Other => false,
+        // a forward pass holds no gradients or optimizer state, and its temporaries are
+        // backward's
+        Category::Gradient | Category::OptimizerState | Category::Temporary => !rec.forward_only(),
+        _ => true,
+    });
     for category in tensors {
         let name = category.name();
         let measured = rec
@@ -535,6 +569,10 @@ fn category_rows(rec: &Recording, summary: &Summary) -> Vec<Row> {
 /// The peak rows: the allocator's peaks on a GPU, the total peak on the CPU.
 fn peak_rows(rec: &Recording, summary: &Summary) -> Vec<Row> {
     let mut rows = Vec::new();
+    if rec.forward_only() {
+        // no allocator figures (fake tensors), and the run's peak is in backward
+        return rows;
+    }
     if rec.on_cuda() {
         // the allocator's own peaks: block sizes as it rounds them, the cuBLAS workspace,
         // and the segments it reserves

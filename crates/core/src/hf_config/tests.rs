@@ -37,6 +37,13 @@ fn gpt2_reads_as_a_tied_decoder_with_its_position_table() {
     assert_eq!(plan.framework, Framework::Pytorch);
     assert_eq!(plan.optimizer.kind, OptimizerKind::AdamW);
     assert_eq!(plan.training.batch_size, 4);
+    // the decoder keeps its key/value cache in training, unless the config turns it off
+    assert!(t.keeps_kv_cache() && t.attention_keeps_cache_copies());
+    let off = fixture("gpt2.json").replacen('{', r#"{"use_cache": false, "#, 1);
+    let off = plan_from_hf(&off, &HfOptions::new(4, 512)).expect("plan");
+    assert_eq!(transformer(&off).kv_cache, Some(false));
+    assert!(!transformer(&off).keeps_kv_cache());
+    assert!(!transformer(&llama).attention_keeps_cache_copies());
 }
 
 #[test]

@@ -269,7 +269,15 @@ impl TransformerDims {
                     b.op(OpKind::Copy, &[y], s * q, &[])
                 }
             }
-            _ => b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s),
+            _ => {
+                if t.attention_keeps_cache_copies() {
+                    // the keys and values copied into the key/value cache (`torch.cat`),
+                    // which the kernel keeps beside the packed projection its queries view
+                    b.op(OpKind::Copy, &[qkv], s * 2 * self.kv, &[]);
+                    b.save_extra(Saved::Output);
+                }
+                b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s)
+            }
         }
     }
 
