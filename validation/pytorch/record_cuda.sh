@@ -39,8 +39,8 @@ fi
 "$python" validation/pytorch/record.py --suite cuda --device "$device" $snapshots \
     --steps "${STEPS:-3}" --fresh-process --out "$out"
 # the storages live at the highest total of each phase (the op that made each, its dtype
-# and shape) of the runs whose activations the twin does not predict yet: autocast's GPT
-# runs and LoRA under autocast (not read by `cargo xtask validate`)
+# and shape) of the autocast runs, whose activations the twin came to predict from such
+# lists, to read beside the allocator's snapshots (not read by `cargo xtask validate`)
 for run in autocast-gpt2-small-sdpa-adamw-fused autocast-handwritten-gpt-small-sdpa-adamw-fused \
     lora-autocast-llama-small-sdpa-adamw; do
     "$python" validation/pytorch/record.py --suite cuda --device "$device" --steps 1 \
