@@ -282,6 +282,19 @@ fn half_precision_loss(op: &Op, device: DeviceKind, upcasts_logits: bool, dtype:
         && dtype[op.inputs[0] as usize] != Dtype::F32
 }
 
+/// Whether `op` is a mixture's experts' projection on a GPU: `transformers` runs the stacked
+/// experts as `torch._grouped_mm` on compute capability 8.0 and above, which is on none of
+/// autocast's lists, so they run in their input's dtype (f32 in an autocast region, with no
+/// half-precision copies of the experts' weights).
+fn grouped_experts(src: &Program, op: &Op, device: DeviceKind) -> bool {
+    device == DeviceKind::Cuda
+        && op.kind == OpKind::Linear
+        && src
+            .params_of(op)
+            .first()
+            .is_some_and(|&w| src.params[w as usize].name.contains(".experts."))
+}
+
 /// The dtype an op autocast leaves alone produces.
 fn widest(
     op: &Op,
@@ -338,7 +351,12 @@ pub fn apply(
     Rewrite::new(program, out, Dtype::F32, half).each_op(|r, src_at, src_op| {
         let mut op = *src_op;
         let half_loss = half_precision_loss(&op, device, upcasts_logits, &r.dtype);
-        let produced = match op_policy(&op, device) {
+        let policy = if grouped_experts(r.src, &op, device) {
+            Policy::Widest
+        } else {
+            op_policy(&op, device)
+        };
+        let produced = match policy {
             Policy::F32 if half_loss => Some(Dtype::F32),
             Policy::Half => {
                 r.cast_inputs(&mut op, half);
@@ -370,7 +388,7 @@ pub fn apply(
             // entry stands for
             r.out.extra_saved.push((at, Saved::InputCopy(0)));
         }
-        if policy(op.kind, device) == Policy::Half {
+        if policy == Policy::Half {
             r.weight_copies(&op, at);
             r.qkv_input_copies(&op, at, separate_qkv);
         }
@@ -506,6 +524,47 @@ mod tests {
         ] {
             assert_eq!(loss(&p), (f32, vec![]));
         }
+    }
+
+    #[test]
+    fn a_gpus_grouped_experts_run_in_f32_without_weight_copies() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.gated_ffn = true;
+        t.moe = Some(trainmem_core::model::MoeSpec {
+            experts: 4,
+            top_k: 2,
+            expert_ffn: None,
+            shared_expert_ffn: None,
+            shared_expert_gate: false,
+            normalize_top_k: false,
+            capacity_factor: None,
+        });
+        let program = lower(&ModelSpec::Transformer(t)).unwrap();
+        let experts = |p: &Program| -> Vec<(ValueDtype, usize)> {
+            p.ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| grouped_experts(&program, o, DeviceKind::Cuda))
+                .map(|(at, o)| {
+                    let copies = p.extra_saved.iter().filter(|(i, _)| *i as usize == at);
+                    (p.values[o.output as usize].dtype, copies.count())
+                })
+                .collect()
+        };
+        // on a GPU: the input and output projections in f32, nothing copied for them
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        let gpu = apply(&program, DeviceKind::Cuda, Dtype::Bf16, false, true);
+        assert_eq!(experts(&gpu), vec![(f32, 0); 2]);
+        // the attention's projections still run in bf16
+        let bf16 = ValueDtype::Fixed(Dtype::Bf16);
+        assert!(
+            gpu.ops
+                .iter()
+                .any(|o| o.kind == OpKind::Linear && gpu.values[o.output as usize].dtype == bf16)
+        );
+        // on the CPU the twin keeps them on autocast's list
+        let cpu = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false, true);
+        assert!(experts(&cpu).iter().all(|&(d, _)| d == bf16));
     }
 
     #[test]
