@@ -970,9 +970,10 @@ def family_runs():
     """The model families at their published sizes (`--suite families`, for `--device
     fake-cuda`: fake tensors need no memory, so a 7B model's forward is recorded on any
     machine): each configuration in `fixtures/hf/` as `transformers` builds it, batch 1,
-    sequence 2048 (or the model's positions, if fewer), under autocast to bf16 with the
+    sequence 2048 (or the model's positions, if fewer): under autocast to bf16 with the
     attention `transformers` picks (SDPA where the family has it: flash attention on a GPU),
-    and LLaMA-2-7B with LoRA on `q_proj` and `v_proj` too."""
+    cast to bf16 with the same attention, and in f32 with eager attention; LLaMA-2-7B with
+    LoRA on `q_proj` and `v_proj` too."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "hf")
     bf16 = {"autocast": "bfloat16"}
     for file in sorted(os.listdir(root)):
@@ -991,6 +992,11 @@ def family_runs():
         name = file[:-len(".json")]
         build = (lambda kind=kind, config=config, seq=seq: hf_model(kind, config, 1, seq))
         yield f"autocast-{name}-seq{seq}", build, "adamw-fused", 1, seq, bf16
+        # the model cast to bf16 (no autocast), and f32 with eager attention
+        yield f"bf16-{name}-seq{seq}", build, "adamw", 1, seq, {"dtype": "bfloat16"}
+        eager = (lambda kind=kind, config=config, seq=seq:
+                 hf_model(kind, config, 1, seq, "eager"))
+        yield f"{name}-eager-seq{seq}", eager, "adamw", 1, seq, {}
         if name == "llama-2-7b":
             lora = with_lora(build, {"rank": 8, "alpha": 16, "dropout": 0.0,
                                      "targets": ["q_proj", "v_proj"]})

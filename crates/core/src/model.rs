@@ -384,9 +384,32 @@ pub struct TransformerSpec {
     /// Normalisation.
     #[serde(default)]
     pub norm: NormKind,
-    /// Dropout probability (0 = no dropout ops).
+    /// Dropout probability on the embeddings and on each sub-layer's output (0 = no dropout
+    /// ops), and on the attention's probabilities unless [`attention_dropout`] says otherwise.
+    ///
+    /// [`attention_dropout`]: TransformerSpec::attention_dropout
     #[serde(default)]
     pub dropout: f64,
+    /// Dropout probability on the attention's probabilities (`attention_dropout`,
+    /// `attn_pdrop`), when it differs from [`dropout`]: OPT and Phi drop their residuals but
+    /// not their attention. Default: `dropout`.
+    ///
+    /// [`dropout`]: TransformerSpec::dropout
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_dropout: Option<f64>,
+    /// Eager attention computes its softmax in f32 and casts the probabilities back to the
+    /// model's dtype (`softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)`, as
+    /// `transformers`' LLaMA-style families and BLOOM write it): in a half-precision model
+    /// both the f32 probabilities and their half copy are kept for backward. Default:
+    /// `transformers`' models do; GPT-2, GPT-J, Falcon and BERT (softmax in the scores'
+    /// dtype) and other implementations do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softmax_f32: Option<bool>,
+    /// The RMS norms multiply their weight in f32 before casting back to the model's dtype
+    /// (Gemma's `(1 + weight.float())`): in a half-precision model the normalized input the
+    /// weight's gradient reads is kept in f32.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub norm_weight_f32: bool,
     /// Attention implementation.
     #[serde(default)]
     pub attention: AttentionImpl,
@@ -781,7 +804,25 @@ impl TransformerSpec {
             mask_buffer: None,
             head_chunk: None,
             kv_cache: None,
+            attention_dropout: None,
+            softmax_f32: None,
+            norm_weight_f32: false,
         }
+    }
+
+    /// Whether eager attention computes its softmax in f32 ([`softmax_f32`]).
+    ///
+    /// [`softmax_f32`]: TransformerSpec::softmax_f32
+    pub fn eager_softmax_in_f32(&self) -> bool {
+        self.softmax_f32
+            .unwrap_or(self.implementation == Implementation::Transformers)
+    }
+
+    /// The dropout probability on the attention's probabilities ([`attention_dropout`]).
+    ///
+    /// [`attention_dropout`]: TransformerSpec::attention_dropout
+    pub fn attention_dropout_p(&self) -> f64 {
+        self.attention_dropout.unwrap_or(self.dropout)
     }
 
     /// The feed-forward inner size.

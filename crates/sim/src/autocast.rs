@@ -80,6 +80,9 @@ struct Rewrite<'a> {
     half: Dtype,
     /// The attention math path's f32 copies, one per value.
     upcast: HashMap<ValueId, ValueId>,
+    /// Values later ops read in place of a source value (its cast back to the model's
+    /// dtype).
+    replaced: HashMap<ValueId, ValueId>,
 }
 
 impl<'a> Rewrite<'a> {
@@ -98,6 +101,7 @@ impl<'a> Rewrite<'a> {
                 .collect(),
             half,
             upcast: HashMap::new(),
+            replaced: HashMap::new(),
         }
     }
 
@@ -149,6 +153,15 @@ impl<'a> Rewrite<'a> {
                     Some(j) => op.inputs[j],
                     None => self.cast(v, to, op.layer),
                 };
+            }
+        }
+    }
+
+    /// Makes `op` read the values that replaced its inputs.
+    fn read_replacements(&self, op: &mut Op) {
+        for k in 0..op.arity as usize {
+            if let Some(&v) = self.replaced.get(&op.inputs[k]) {
+                op.inputs[k] = v;
             }
         }
     }
@@ -410,7 +423,15 @@ pub fn apply(
 ///
 /// Hand-written models that call `F.layer_norm` and `F.cross_entropy` on half-precision
 /// tensors make no such copies (`hf_upcasts = false`).
-pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts: bool) -> Program {
+///
+/// `code` says what else the model's own code takes to f32 ([`ModelCode`]).
+pub fn cast_model(
+    program: &Program,
+    device: DeviceKind,
+    half: Dtype,
+    hf_upcasts: bool,
+    code: ModelCode,
+) -> Program {
     // a program lowered without autocast caches nothing; what its ops keep beyond their
     // table entries is carried over below
     debug_assert!(program.forward_cache.is_empty());
@@ -422,7 +443,14 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
     let mut math_outputs: HashMap<ValueId, ()> = HashMap::new();
     Rewrite::new(program, out, half, half).each_op(|r, src_at, src_op| {
         let mut op = *src_op;
+        r.read_replacements(&mut op);
         let mut produced = None;
+        let f32_norm = code.f32_norm_weight && op.kind == OpKind::RmsNorm;
+        if f32_norm {
+            // the whole norm in f32, its weight too: the normalized input its weight's
+            // gradient reads is f32; the output is cast back below
+            produced = Some(Dtype::F32);
+        }
         match op.kind {
             OpKind::Matmul if device == DeviceKind::Cpu => {
                 for k in 0..op.arity as usize {
@@ -444,8 +472,32 @@ pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, hf_upcasts
         r.fix_output_dtype(&op, produced);
         let at = r.out.ops.len() as u32;
         r.carry_extra_saved(src_at, at);
+        let in_model_dtype = r.src.values[op.output as usize].dtype == ValueDtype::Compute;
+        if code.f32_softmax && op.kind == OpKind::Softmax && in_model_dtype {
+            // the f32 probabilities (kept by the softmax), beside the half copy the next
+            // matmul keeps (the op's output here)
+            r.out.extra_saved.push((at, Saved::InputSized(0)));
+        }
         r.push(op, src_op);
+        if f32_norm {
+            let back = r.cast(op.output, half, op.layer);
+            r.replaced.insert(op.output, back);
+        }
     })
+}
+
+/// What a model's own code takes to f32 when the model itself is cast to half precision,
+/// beyond what [`cast_model`]'s `hf_upcasts` covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelCode {
+    /// Eager attention computes its softmax in f32 and casts the probabilities back
+    /// ([`trainmem_core::model::TransformerSpec::softmax_f32`]): each softmax in the model's
+    /// dtype keeps an f32 tensor of its size beside its half output.
+    pub f32_softmax: bool,
+    /// The RMS norms multiply their weight in f32 and cast the result back
+    /// ([`trainmem_core::model::TransformerSpec::norm_weight_f32`], Gemma's): the normalized
+    /// input the weight's gradient reads is kept in f32.
+    pub f32_norm_weight: bool,
 }
 
 #[cfg(test)]
@@ -618,6 +670,68 @@ mod tests {
     }
 
     #[test]
+    fn a_half_model_s_own_code_keeps_f32_probabilities_and_gemma_s_f32_norms() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.norm = trainmem_core::model::NormKind::RmsNorm;
+        t.attention = trainmem_core::model::AttentionImpl::Eager;
+        let program = lower(&ModelSpec::Transformer(t)).unwrap();
+        let cast = |code| cast_model(&program, DeviceKind::Cuda, Dtype::Bf16, true, code);
+        let plain = cast(ModelCode::default());
+        plain.validate().unwrap();
+        let f32 = ValueDtype::Fixed(Dtype::F32);
+        // the model's own dtype, bf16 here
+        let bf16 = ValueDtype::Compute;
+        // the softmax: one f32 tensor of its size kept beside its bf16 output
+        let softmax = cast(ModelCode {
+            f32_softmax: true,
+            ..ModelCode::default()
+        });
+        let at = softmax
+            .ops
+            .iter()
+            .position(|o| o.kind == OpKind::Softmax)
+            .unwrap();
+        assert!(
+            softmax
+                .extra_saved
+                .contains(&(at as u32, Saved::InputSized(0)))
+        );
+        assert_eq!(softmax.values[softmax.ops[at].output as usize].dtype, bf16);
+        assert_eq!(softmax.extra_saved.len(), plain.extra_saved.len() + 1);
+        // Gemma's norms: f32 outputs (the normalized input their weight's gradient keeps is
+        // f32), each cast back to bf16, which is what the next ops read
+        let gemma = cast(ModelCode {
+            f32_norm_weight: true,
+            ..ModelCode::default()
+        });
+        gemma.validate().unwrap();
+        let norms: Vec<&Op> = gemma
+            .ops
+            .iter()
+            .filter(|o| o.kind == OpKind::RmsNorm)
+            .collect();
+        assert_eq!(norms.len(), 3);
+        for norm in norms {
+            assert_eq!(gemma.values[norm.output as usize].dtype, f32);
+            let readers: Vec<&Op> = gemma
+                .ops
+                .iter()
+                .filter(|o| o.input_ids().contains(&norm.output))
+                .collect();
+            assert_eq!(readers.len(), 1);
+            assert_eq!(readers[0].kind, OpKind::Copy);
+            assert_eq!(
+                gemma.values[readers[0].output as usize].dtype,
+                ValueDtype::Fixed(Dtype::Bf16)
+            );
+        }
+        assert_eq!(
+            gemma.ops.iter().filter(|o| o.kind == OpKind::Copy).count(),
+            plain.ops.iter().filter(|o| o.kind == OpKind::Copy).count() + 3
+        );
+    }
+
+    #[test]
     fn separate_projections_keep_three_input_copies() {
         let t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
@@ -660,7 +774,13 @@ mod tests {
         t.norm = trainmem_core::model::NormKind::RmsNorm;
         t.dropout = 0.1;
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
-        let p = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, true);
+        let p = cast_model(
+            &program,
+            DeviceKind::Cpu,
+            Dtype::Bf16,
+            true,
+            ModelCode::default(),
+        );
         p.validate().unwrap();
         let f32 = ValueDtype::Fixed(Dtype::F32);
         let dtype = |v: ValueId| p.values[v as usize].dtype;
@@ -684,9 +804,21 @@ mod tests {
         let copies = |p: &Program| p.ops.iter().filter(|o| o.kind == OpKind::Copy).count();
         assert_eq!(copies(&p), copies(&program) + 5);
         // a hand-written model's norms and loss make no copies; on CUDA the kernels none
-        let plain = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, false);
+        let plain = cast_model(
+            &program,
+            DeviceKind::Cpu,
+            Dtype::Bf16,
+            false,
+            ModelCode::default(),
+        );
         assert_eq!(copies(&plain), copies(&program) + 1);
-        let cuda = cast_model(&program, DeviceKind::Cuda, Dtype::Bf16, false);
+        let cuda = cast_model(
+            &program,
+            DeviceKind::Cuda,
+            Dtype::Bf16,
+            false,
+            ModelCode::default(),
+        );
         assert_eq!(copies(&cuda), copies(&program));
     }
 }

@@ -150,11 +150,18 @@ pub fn lower_plan(plan: &trainmem_core::plan::Plan) -> Result<Program, LowerErro
             && compute != Dtype::F32
             && let ModelSpec::Transformer(t) = &plan.model
         {
+            // the model's own eager attention (not SDPA's math path, which a fused kernel
+            // falls back to)
+            let code = crate::autocast::ModelCode {
+                f32_softmax: t.attention == AttentionImpl::Eager && t.eager_softmax_in_f32(),
+                f32_norm_weight: t.norm_weight_f32,
+            };
             return Ok(crate::autocast::cast_model(
                 &program,
                 plan.device.kind,
                 compute,
                 t.implementation.hf_upcasts(),
+                code,
             ));
         }
         return Ok(program);

@@ -413,6 +413,9 @@ mod tests {
                 mask_buffer: None,
                 head_chunk: None,
                 kv_cache: None,
+                attention_dropout: None,
+                softmax_f32: None,
+                norm_weight_f32: false,
             }
         }
     }

@@ -685,15 +685,27 @@ fn fake_cuda_recordings_reproduce_the_gpus_forward_pass() {
 /// logits, `transformers`' key/value cache in training, and the experts of a mixture run as
 /// `torch._grouped_mm` (on none of autocast's lists: f32, no half-precision copies of the
 /// experts' weights), which Mixtral-8x7B's and Qwen1.5-MoE's published sizes showed (the
-/// twin had said +161% and +115%).
-const FAKE_CUDA_MISSES: &[&str] = &[];
+/// twin had said +161% and +115%); the attention's own dropout probability (OPT and Phi-2
+/// drop their residuals only: eager +80% and +61%); eager attention's softmax in f32 in a
+/// bf16 model (BLOOM −49%, Gemma 2 −23%); Gemma's RMS norms multiplying their weight in f32
+/// (Gemma −3.5% to −5.3% in bf16).
+const FAKE_CUDA_MISSES: &[&str] = &[
+    "bf16-falcon-7b-seq2048 activation",
+    "bf16-phi-2-seq2048 activation",
+    "bf16-pythia-1b-seq2048 activation",
+    "bf16-stablelm-2-1_6b-seq2048 activation",
+    "bloom-560m-eager-seq2048 activation",
+    "falcon-7b-eager-seq2048 activation",
+    "gemma-2b-eager-seq2048 activation",
+];
 
 /// The twin on the fake-CUDA recordings (`fixtures/pytorch-fake-cuda/`): the H100 suite's
 /// forward and every model family of `fixtures/hf/` at its published size (LLaMA-2-7B,
 /// Mistral-7B, Falcon-7B, GPT-J-6B, Mixtral-8x7B, Phi-2, Phi-3, Gemma 1, 2 and 3, ...;
-/// batch 1, sequence 2048, autocast to bf16 with the attention `transformers` picks, and
-/// LLaMA-2-7B under LoRA), each model's parameters counted exactly and its parameters,
-/// activations and batch within target (0.1%, 3%, 3%) but those [`FAKE_CUDA_MISSES`] lists.
+/// batch 1, sequence 2048: under autocast to bf16 and cast to bf16, each with the attention
+/// `transformers` picks, and in f32 with eager attention; LLaMA-2-7B under LoRA too), each
+/// model's parameters counted exactly and its parameters, activations and batch within
+/// target (0.1%, 3%, 3%) but those [`FAKE_CUDA_MISSES`] lists.
 #[test]
 fn every_fake_cuda_recording_is_within_its_target_or_listed() {
     use std::collections::BTreeSet;
@@ -715,7 +727,7 @@ fn every_fake_cuda_recording_is_within_its_target_or_listed() {
             misses.insert(format!("{} {}", c.name, r.what));
         }
     }
-    assert_eq!((paths.len(), families), (32, 19));
+    assert_eq!((paths.len(), families), (68, 55));
     let listed: BTreeSet<String> = FAKE_CUDA_MISSES.iter().map(|s| s.to_string()).collect();
     assert_eq!(
         misses, listed,

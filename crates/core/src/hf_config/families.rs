@@ -143,9 +143,12 @@ pub(super) fn gpt2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.bias = Some(true);
     t.final_norm = Some(true);
     t.dropout = f.dropout("resid_pdrop")?;
+    t.attention_dropout = Some(f.dropout("attn_pdrop")?);
     // `GPT2Attention` registers its causal mask (`bias`, n_positions² booleans) as a
     // buffer, whatever the attention implementation
     t.mask_buffer = Some(true);
+    // eager attention's softmax in the scores' dtype
+    t.softmax_f32 = Some(false);
     Ok(t)
 }
 
@@ -163,11 +166,14 @@ pub(super) fn bert(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(false);
     t.bias = Some(true);
     t.dropout = f.dropout("hidden_dropout_prob")?;
+    t.attention_dropout = Some(f.dropout("attention_probs_dropout_prob")?);
     let labels = match f.map.get("id2label") {
         Some(Value::Object(m)) if !m.is_empty() => Some(m.len() as u64),
         _ => None,
     };
     t.classes = Some(f.opt_count("num_labels")?.or(labels).unwrap_or(2));
+    // eager attention's softmax in the scores' dtype
+    t.softmax_f32 = Some(false);
     Ok(t)
 }
 
@@ -198,6 +204,7 @@ pub(super) fn opt(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.bias = Some(f.flag("enable_bias", true)?);
     t.final_norm = Some(!f.flag("_remove_final_layer_norm", false)?);
     t.dropout = f.dropout("dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -247,8 +254,11 @@ pub(super) fn llama_like(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
         t.logit_softcap = f.opt_positive("final_logit_softcapping")?;
     }
     t.qk_norm = ty == "gemma3_text";
+    t.norm_weight_f32 = gemma;
     llama_like_moe(f, &mut t)?;
-    t.dropout = f.dropout("attention_dropout")?;
+    // no dropout on the residuals: only on the attention's probabilities
+    t.dropout = 0.0;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -331,6 +341,7 @@ pub(super) fn phi(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("resid_pdrop")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -351,6 +362,7 @@ pub(super) fn phi3(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("resid_pdrop")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -369,6 +381,7 @@ pub(super) fn gpt_neox(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError>
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("hidden_dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -396,6 +409,7 @@ pub(super) fn stablelm(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError>
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("hidden_dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -435,6 +449,9 @@ pub(super) fn falcon(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", true)?;
     t.dropout = f.dropout("hidden_dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
+    // eager attention's softmax in the scores' dtype
+    t.softmax_f32 = Some(false);
     Ok(t)
 }
 
@@ -450,6 +467,7 @@ pub(super) fn starcoder2(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigErro
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", true)?;
     t.dropout = f.dropout("residual_dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     Ok(t)
 }
 
@@ -475,6 +493,9 @@ pub(super) fn gptj(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("resid_pdrop")?;
+    t.attention_dropout = Some(f.dropout("attn_pdrop")?);
+    // eager attention's softmax in the scores' dtype
+    t.softmax_f32 = Some(false);
     Ok(t)
 }
 
@@ -496,6 +517,7 @@ pub(super) fn bloom(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.final_norm = Some(true);
     t.tied_embeddings = f.flag("tie_word_embeddings", true)?;
     t.dropout = f.dropout("hidden_dropout")?;
+    t.attention_dropout = Some(f.dropout("attention_dropout")?);
     t.attention = AttentionImpl::Eager;
     Ok(t)
 }

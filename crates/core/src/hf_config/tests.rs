@@ -286,3 +286,33 @@ fn peft_targets_on_a_packed_projection_adapt_it_whole() {
     let lora = transformer(&plan).lora.as_ref().expect("lora");
     assert_eq!(lora.targets, vec![LoraTarget::Qkv]);
 }
+
+#[test]
+fn each_family_says_where_it_drops_and_what_its_code_takes_to_f32() {
+    let model = |name: &str| model_from_hf(&fixture(name), 512).expect("reads");
+    // OPT and Phi-2 drop their residuals, not their attention's probabilities
+    for name in ["opt-125m.json", "phi-2.json"] {
+        let t = model(name);
+        assert!(t.dropout > 0.0, "{name}");
+        assert_eq!(t.attention_dropout_p(), 0.0, "{name}");
+    }
+    // GPT-2 drops both; LLaMA's residuals are never dropped
+    let gpt2 = model("gpt2.json");
+    assert_eq!((gpt2.dropout, gpt2.attention_dropout_p()), (0.1, 0.1));
+    assert_eq!(model("llama-2-7b.json").dropout, 0.0);
+    // eager attention's softmax in f32: LLaMA's and BLOOM's code, not GPT-2's or Falcon's
+    for (name, f32) in [
+        ("llama-2-7b.json", true),
+        ("bloom-560m.json", true),
+        ("gpt2.json", false),
+        ("falcon-7b.json", false),
+        ("gpt-j-6b.json", false),
+    ] {
+        assert_eq!(model(name).eager_softmax_in_f32(), f32, "{name}");
+    }
+    // Gemma's norms multiply their weight in f32
+    for name in ["gemma-2b.json", "gemma-2-2b.json", "gemma-3-1b.json"] {
+        assert!(model(name).norm_weight_f32, "{name}");
+    }
+    assert!(!model("llama-2-7b.json").norm_weight_f32);
+}

@@ -91,7 +91,7 @@ impl TransformerDims {
             },
             kernel: t.attention.kernel(
                 gpu,
-                t.dropout > 0.0,
+                t.attention_dropout_p() > 0.0,
                 // transformers hands grouped keys and values to SDPA (`enable_gqa`); litgpt
                 // repeats them to every query head first, which the fused kernels take
                 f32_attention
@@ -238,7 +238,7 @@ impl TransformerDims {
                     scaled = Self::softcap(b, scaled, scores_n);
                 }
                 let mut probs = b.op_rows(self.softmax_op, &[scaled], scores_n, &[], t.heads * s);
-                if t.dropout > 0.0 {
+                if t.attention_dropout_p() > 0.0 {
                     probs = b.op(OpKind::Dropout, &[probs], scores_n, &[]);
                 }
                 let ctx = b.op(OpKind::Matmul, &[probs, qkv], s * q, &[]);
