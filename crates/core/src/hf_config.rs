@@ -306,6 +306,16 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
     }
     t.seq_len = seq;
     t.attention = attention_impls(&model_type)[0];
+    // a sliding window (unless `use_sliding_window` turns it off), on every layer or all
+    // but every n-th (Gemma 2 alternates; Gemma 3's `sliding_window_pattern`)
+    if map.get("use_sliding_window").and_then(Value::as_bool) != Some(false) {
+        t.sliding_window = f.opt_count("sliding_window")?;
+        t.global_every = match model_type.as_str() {
+            "gemma2" => Some(2),
+            "gemma3_text" => Some(f.opt_count("sliding_window_pattern")?.unwrap_or(6)),
+            _ => None,
+        };
+    }
     // the decoders keep a key/value cache in training unless their configuration says
     // `use_cache: false`
     if map.get("use_cache").and_then(Value::as_bool) == Some(false) {

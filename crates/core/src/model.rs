@@ -410,6 +410,29 @@ pub struct TransformerSpec {
     /// weight's gradient reads is kept in f32.
     #[serde(default, skip_serializing_if = "is_false")]
     pub norm_weight_f32: bool,
+    /// Rotary positions over part of each head, the rotated part concatenated with the
+    /// unrotated one into new queries and keys laid out head by head (GPT-NeoX's
+    /// `rotary_pct`, Phi's and StableLM's `partial_rotary_factor` below 1): a fused attention
+    /// kernel lays its output out as its queries are, so returning it to the tokens' layout
+    /// copies it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub partial_rotary: bool,
+    /// The attention's window: each position attends to at most this many before it
+    /// (Mistral's, Phi-3's `sliding_window`). A layer whose window is shorter than the
+    /// sequence hands the attention a materialized mask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    /// Every n-th layer attends to the whole sequence, the others within
+    /// [`sliding_window`] (Gemma 2's 2, Gemma 3's `sliding_window_pattern`, 6). Default:
+    /// every layer uses the window.
+    ///
+    /// [`sliding_window`]: TransformerSpec::sliding_window
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_every: Option<u64>,
+    /// Every layer hands the attention a materialized causal mask (Falcon's code does,
+    /// `allow_is_causal_skip=False`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub materialized_mask: bool,
     /// Attention implementation.
     #[serde(default)]
     pub attention: AttentionImpl,
@@ -807,7 +830,27 @@ impl TransformerSpec {
             attention_dropout: None,
             softmax_f32: None,
             norm_weight_f32: false,
+            partial_rotary: false,
+            sliding_window: None,
+            global_every: None,
+            materialized_mask: false,
         }
+    }
+
+    /// Whether layer `i` hands its attention a materialized mask: the model always does
+    /// ([`materialized_mask`]), or the layer's window is shorter than the sequence
+    /// ([`sliding_window`]). A fused kernel then cannot be flash attention: the
+    /// memory-efficient kernel takes the mask as an additive bias in the queries' dtype,
+    /// one value per query and key position, and keeps it for backward.
+    ///
+    /// [`materialized_mask`]: TransformerSpec::materialized_mask
+    /// [`sliding_window`]: TransformerSpec::sliding_window
+    pub fn masked_attention(&self, i: u64) -> bool {
+        let sliding = match self.global_every {
+            Some(n) if n > 0 => !(i + 1).is_multiple_of(n),
+            _ => true,
+        };
+        self.materialized_mask || (sliding && self.sliding_window.is_some_and(|w| w < self.seq_len))
     }
 
     /// Whether eager attention computes its softmax in f32 ([`softmax_f32`]).

@@ -501,6 +501,73 @@ mod tests {
     }
 
     #[test]
+    fn a_fused_kernel_keeps_a_mask_bias_and_copies_a_head_major_output_back() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 6, 64, 4, 32, 100);
+        t.attention = AttentionImpl::Sdpa;
+        t.separate_qkv = true;
+        // copies kept for backward (`Saved::Output` on a copy), by size per sample
+        let kept = |t: &TransformerSpec| -> Vec<u64> {
+            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+            p.extra_saved
+                .iter()
+                .filter(|(at, s)| {
+                    *s == trainmem_autograd::Saved::Output
+                        && p.ops[*at as usize].kind == OpKind::Copy
+                })
+                .map(|(at, _)| p.values[p.ops[*at as usize].output as usize].per_sample)
+                .collect()
+        };
+        let copies = |t: &TransformerSpec| {
+            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+            p.ops.iter().filter(|o| o.kind == OpKind::Copy).count()
+        };
+        assert!(kept(&t).is_empty());
+        // a window as long as the sequence masks nothing; a shorter one every layer but
+        // every third (a 32 × 32 bias per masked layer)
+        t.sliding_window = Some(32);
+        assert!(kept(&t).is_empty());
+        t.sliding_window = Some(8);
+        t.global_every = Some(3);
+        assert_eq!(kept(&t), vec![32 * 32; 4]);
+        assert!(!t.masked_attention(2) && !t.masked_attention(5) && t.masked_attention(4));
+        // Falcon's code materializes the mask for every layer
+        t.sliding_window = None;
+        t.materialized_mask = true;
+        assert_eq!(kept(&t), vec![32 * 32; 6]);
+        t.materialized_mask = false;
+        // partial rotary: one copy of each layer's attention output back to the tokens'
+        // layout (not kept: the output projection reads it)
+        let before = copies(&t);
+        t.partial_rotary = true;
+        assert_eq!(copies(&t), before + 6);
+        assert!(kept(&t).is_empty());
+    }
+
+    #[test]
+    fn query_and_key_norms_read_their_own_parts_of_the_projection() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.norm = NormKind::RmsNorm;
+        t.kv_heads = Some(1);
+        t.qk_norm = true;
+        let p = lower(&ModelSpec::Transformer(t)).expect("lowers");
+        // the query norm over 4 heads of 16, the key norm over one head, each on a view
+        let norms: Vec<(OpKind, u64)> = p
+            .ops
+            .iter()
+            .filter(|o| o.kind == OpKind::RmsNorm)
+            .filter_map(|o| {
+                let input = p.ops.iter().find(|i| i.output == o.inputs[0])?;
+                Some((input.kind, p.values[o.inputs[0] as usize].per_sample))
+            })
+            .filter(|(kind, _)| *kind == OpKind::View)
+            .collect();
+        assert_eq!(
+            norms,
+            vec![(OpKind::View, 16 * 64), (OpKind::View, 16 * 16)]
+        );
+    }
+
+    #[test]
     fn litgpts_lora_head_is_lowered_in_chunks_with_its_last_chunk_copied() {
         use trainmem_autograd::LossChunks;
         let mut t = gpt(2, 64, 4, 1024, 100);

@@ -416,6 +416,10 @@ mod tests {
                 attention_dropout: None,
                 softmax_f32: None,
                 norm_weight_f32: false,
+                partial_rotary: false,
+                sliding_window: None,
+                global_every: None,
+                materialized_mask: false,
             }
         }
     }

@@ -30,7 +30,7 @@ impl Fields<'_> {
     }
 
     /// A positive integer, or `None` when absent or null.
-    fn opt_count(&self, field: &str) -> Result<Option<u64>, HfConfigError> {
+    pub(super) fn opt_count(&self, field: &str) -> Result<Option<u64>, HfConfigError> {
         match self.map.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64() {
@@ -342,6 +342,8 @@ pub(super) fn phi(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("resid_pdrop")?;
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
+    // rotary positions over part of each head (0.5 unless the config says)
+    t.partial_rotary = f.opt_positive("partial_rotary_factor")?.unwrap_or(0.5) < 1.0;
     Ok(t)
 }
 
@@ -382,6 +384,8 @@ pub(super) fn gpt_neox(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError>
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("hidden_dropout")?;
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
+    // rotary positions over part of each head (0.25 unless the config says)
+    t.partial_rotary = f.opt_positive("rotary_pct")?.unwrap_or(0.25) < 1.0;
     Ok(t)
 }
 
@@ -410,6 +414,8 @@ pub(super) fn stablelm(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError>
     t.tied_embeddings = f.flag("tie_word_embeddings", false)?;
     t.dropout = f.dropout("hidden_dropout")?;
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
+    // rotary positions over part of each head (0.25 unless the config says)
+    t.partial_rotary = f.opt_positive("partial_rotary_factor")?.unwrap_or(0.25) < 1.0;
     Ok(t)
 }
 
@@ -452,6 +458,8 @@ pub(super) fn falcon(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
     // eager attention's softmax in the scores' dtype
     t.softmax_f32 = Some(false);
+    // the model hands the attention a materialized causal mask, always
+    t.materialized_mask = true;
     Ok(t)
 }
 

@@ -315,4 +315,14 @@ fn each_family_says_where_it_drops_and_what_its_code_takes_to_f32() {
         assert!(model(name).norm_weight_f32, "{name}");
     }
     assert!(!model("llama-2-7b.json").norm_weight_f32);
+    // rotary positions over part of each head
+    for (name, partial) in [
+        ("pythia-1b.json", true),
+        ("phi-2.json", true),
+        ("stablelm-2-1_6b.json", true),
+        ("llama-2-7b.json", false),
+        ("gpt-j-6b.json", false),
+    ] {
+        assert_eq!(model(name).partial_rotary, partial, "{name}");
+    }
 }

@@ -219,7 +219,13 @@ impl TransformerDims {
 
     /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
     /// fused.
-    fn attention(&self, b: &mut ProgramBuilder, t: &TransformerSpec, qkv: ValueId) -> ValueId {
+    fn attention(
+        &self,
+        b: &mut ProgramBuilder,
+        t: &TransformerSpec,
+        qkv: ValueId,
+        i: u64,
+    ) -> ValueId {
         let (s, q) = (self.s, self.q);
         let scores_n = t.heads * s * s;
         match self.kernel {
@@ -276,7 +282,20 @@ impl TransformerDims {
                     b.op(OpKind::Copy, &[qkv], s * 2 * self.kv, &[]);
                     b.save_extra(Saved::Output);
                 }
-                b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s)
+                if t.masked_attention(i) {
+                    // the materialized mask as the kernel's additive bias, in the queries'
+                    // dtype, kept for backward
+                    b.op(OpKind::Copy, &[qkv], s * s, &[]);
+                    b.save_extra(Saved::Output);
+                }
+                let y = b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s);
+                if t.partial_rotary {
+                    // laid out head by head, as the concatenated queries are: back to the
+                    // tokens' layout is a copy
+                    b.op(OpKind::Copy, &[y], s * q, &[])
+                } else {
+                    y
+                }
             }
         }
     }
@@ -307,17 +326,26 @@ impl TransformerDims {
         };
         if t.qk_norm {
             let d = t.head_size();
-            let qn = self.norm_over(b, qkv, (d, s * t.heads), format!("block{i}.attn.q_norm"));
+            // each norm reads its part of the projection (a view): a copy its code makes
+            // (an f32 upcast) is of that part alone
+            let queries = b.op(OpKind::View, &[qkv], s * q, &[]);
+            let keys = b.op(OpKind::View, &[qkv], s * kv, &[]);
+            let qn = self.norm_over(
+                b,
+                queries,
+                (d, s * t.heads),
+                format!("block{i}.attn.q_norm"),
+            );
             let kn = self.norm_over(
                 b,
-                qkv,
+                keys,
                 (d, s * t.kv_head_count()),
                 format!("block{i}.attn.k_norm"),
             );
             // the normed (and rotated) queries and keys beside the values
             qkv = b.op(OpKind::Add, &[qn, kn], s * (q + 2 * kv), &[]);
         }
-        let ctx = self.attention(b, t, qkv);
+        let ctx = self.attention(b, t, qkv, i);
         self.projection(
             b,
             t,
