@@ -433,6 +433,17 @@ pub struct TransformerSpec {
     /// `allow_is_causal_skip=False`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub materialized_mask: bool,
+    /// Eager attention repeats grouped keys and values to every query head first
+    /// (`transformers`' `repeat_kv`: two new tensors of the queries' width, kept by the
+    /// matmuls). Default: `transformers`' models do; Falcon's code lets the matmul broadcast
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_kv: Option<bool>,
+    /// Positions as ALiBi's per-head biases on the attention scores (BLOOM): no position
+    /// embeddings and no rotation, so the queries and keys stay views of their projection;
+    /// BLOOM's eager attention (`baddbmm`, `bmm`) reads them as they are.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub alibi: bool,
     /// Attention implementation.
     #[serde(default)]
     pub attention: AttentionImpl,
@@ -834,6 +845,8 @@ impl TransformerSpec {
             sliding_window: None,
             global_every: None,
             materialized_mask: false,
+            repeat_kv: None,
+            alibi: false,
         }
     }
 
@@ -944,12 +957,17 @@ impl TransformerSpec {
 
     /// Whether a fused attention kernel keeps copies of the keys and values beside the
     /// packed projection their views would keep alive: a key/value cache ([`kv_cache`]) on a
-    /// packed projection whose queries stay views of it (learned positions, no norms over
-    /// the heads).
+    /// packed projection whose queries stay views of it (learned or ALiBi positions: no
+    /// rotation; no norms over the heads). BLOOM's eager attention keeps them too
+    /// ([`alibi`]).
     ///
     /// [`kv_cache`]: TransformerSpec::kv_cache
+    /// [`alibi`]: TransformerSpec::alibi
     pub fn attention_keeps_cache_copies(&self) -> bool {
-        self.keeps_kv_cache() && !self.separate_qkv && self.learned_positions && !self.qk_norm
+        self.keeps_kv_cache()
+            && !self.separate_qkv
+            && (self.learned_positions || self.alibi)
+            && !self.qk_norm
     }
 
     /// Bytes of the causal-mask buffers the model keeps on its device ([`mask_buffer`]):

@@ -544,6 +544,50 @@ mod tests {
     }
 
     #[test]
+    fn eager_attention_copies_grouped_keys_and_values_but_not_a_single_head() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
+        t.separate_qkv = true;
+        let repeat_copies = |t: &TransformerSpec| {
+            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+            p.ops
+                .iter()
+                .filter(|o| {
+                    o.kind == OpKind::Copy && p.values[o.output as usize].per_sample == 16 * 3 * 64
+                })
+                .count()
+        };
+        t.kv_heads = Some(2);
+        assert_eq!(repeat_copies(&t), 1);
+        // one key/value head: `repeat_kv` reshapes a broadcast view, which is a view
+        t.kv_heads = Some(1);
+        assert_eq!(repeat_copies(&t), 0);
+        // Falcon's code never repeats
+        t.kv_heads = Some(2);
+        t.repeat_kv = Some(false);
+        assert_eq!(repeat_copies(&t), 0);
+    }
+
+    #[test]
+    fn bloom_s_eager_attention_keeps_the_cache_s_copies() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
+        let kept = |t: &TransformerSpec| {
+            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+            p.extra_saved
+                .iter()
+                .filter(|(at, s)| {
+                    *s == trainmem_autograd::Saved::Output
+                        && p.ops[*at as usize].kind == OpKind::Copy
+                })
+                .count()
+        };
+        assert_eq!(kept(&t), 0);
+        t.alibi = true;
+        assert_eq!(kept(&t), 2);
+        t.kv_cache = Some(false);
+        assert_eq!(kept(&t), 0);
+    }
+
+    #[test]
     fn query_and_key_norms_read_their_own_parts_of_the_projection() {
         let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 64, 4, 16, 100);
         t.norm = NormKind::RmsNorm;

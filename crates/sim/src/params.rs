@@ -420,6 +420,8 @@ mod tests {
                 sliding_window: None,
                 global_every: None,
                 materialized_mask: false,
+                repeat_kv: None,
+                alibi: false,
             }
         }
     }

@@ -458,8 +458,10 @@ pub(super) fn falcon(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
     // eager attention's softmax in the scores' dtype
     t.softmax_f32 = Some(false);
-    // the model hands the attention a materialized causal mask, always
+    // the model hands the attention a materialized causal mask, always; its eager
+    // attention lets the matmuls broadcast the shared keys and values
     t.materialized_mask = true;
+    t.repeat_kv = Some(false);
     Ok(t)
 }
 
@@ -527,5 +529,7 @@ pub(super) fn bloom(f: &Fields<'_>) -> Result<TransformerSpec, HfConfigError> {
     t.dropout = f.dropout("hidden_dropout")?;
     t.attention_dropout = Some(f.dropout("attention_dropout")?);
     t.attention = AttentionImpl::Eager;
+    // ALiBi positions: no embeddings, no rotation
+    t.alibi = true;
     Ok(t)
 }

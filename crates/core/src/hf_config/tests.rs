@@ -325,4 +325,23 @@ fn each_family_says_where_it_drops_and_what_its_code_takes_to_f32() {
     ] {
         assert_eq!(model(name).partial_rotary, partial, "{name}");
     }
+    // BLOOM's ALiBi; Falcon's materialized mask and broadcast keys; sliding windows
+    assert!(model("bloom-560m.json").alibi);
+    let falcon = model("falcon-7b.json");
+    assert!(falcon.materialized_mask && falcon.repeat_kv == Some(false));
+    let phi3 = model("phi-3-mini-4k.json");
+    assert_eq!((phi3.sliding_window, phi3.global_every), (Some(2047), None));
+    // a window masks only a sequence longer than itself
+    assert!(!phi3.masked_attention(0));
+    let long = model_from_hf(&fixture("phi-3-mini-4k.json"), 4096).expect("reads");
+    assert!(long.masked_attention(0));
+    let gemma3 = model_from_hf(&fixture("gemma-3-1b.json"), 2048).expect("reads");
+    assert_eq!(
+        (gemma3.sliding_window, gemma3.global_every),
+        (Some(512), Some(6))
+    );
+    assert!(gemma3.masked_attention(0) && !gemma3.masked_attention(5));
+    // Mistral's 4096 is longer than the 512 positions trained here; Qwen2 turns it off
+    assert!(!model("mistral-7b.json").masked_attention(0));
+    assert_eq!(model("qwen2-0.5b.json").sliding_window, None);
 }

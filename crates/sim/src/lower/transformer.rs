@@ -233,7 +233,18 @@ impl TransformerDims {
                 // with fewer key/value heads than query heads, `transformers` repeats the
                 // keys and values to every query head (`repeat_kv`: two new tensors of the
                 // queries' width the matmuls keep; the projection's own are freed)
-                let qkv = if self.implementation == Implementation::Transformers && self.kv < q {
+                let repeats = t
+                    .repeat_kv
+                    .unwrap_or(self.implementation == Implementation::Transformers);
+                if t.alibi && t.attention_keeps_cache_copies() {
+                    // BLOOM's matmuls read the queries as views of the packed projection and
+                    // the cache's copies of the keys and values
+                    b.op(OpKind::Copy, &[qkv], s * 2 * self.kv, &[]);
+                    b.save_extra(Saved::Output);
+                }
+                // (with one key/value head the repeat reshapes a broadcast view into a view:
+                // nothing is copied, the matmuls keep the projection's own)
+                let qkv = if repeats && self.kv < q && t.kv_head_count() > 1 {
                     b.op(OpKind::Copy, &[qkv], s * 3 * q, &[])
                 } else {
                     qkv
