@@ -55,12 +55,6 @@ pub enum ModelSpec {
 }
 
 impl ModelSpec {
-    /// Whether the model's code takes its logits to f32 before the loss
-    /// ([`TransformerSpec::upcasts_logits`]; an MLP, a CNN or a list of layers does not).
-    pub fn upcasts_logits(&self) -> bool {
-        matches!(self, ModelSpec::Transformer(t) if t.upcasts_logits())
-    }
-
     /// The kind's TOML name (`mlp`, `cnn`, `transformer`, `layers`).
     pub fn kind_name(&self) -> &'static str {
         match self {

@@ -337,18 +337,10 @@ fn widest(
 }
 
 /// `program` (lowered in f32) as it runs under `torch.autocast` to `half` on `device`.
-/// `separate_qkv`: the fused query/key/value projection stands for three linear layers that
-/// each cast its input (see [`trainmem_core::model::TransformerSpec::separate_qkv`]).
-/// `upcasts_logits`: the model's code takes its logits to f32 before the cross-entropy
-/// (`transformers`' causal-LM loss does); otherwise, on CUDA, the cross-entropy reads them
-/// in half precision ([`half_precision_loss`]).
-pub fn apply(
-    program: &Program,
-    device: DeviceKind,
-    half: Dtype,
-    separate_qkv: bool,
-    upcasts_logits: bool,
-) -> Program {
+/// `code` says how the model's code is written where that changes what autocast does: its
+/// separate query/key/value projections ([`ModelCode::separate_qkv`]) and whether it takes
+/// its logits to f32 itself ([`ModelCode::upcasts_logits`]).
+pub fn apply(program: &Program, device: DeviceKind, half: Dtype, code: ModelCode) -> Program {
     let out = Program {
         values: program.values.clone(),
         params: program.params.clone(),
@@ -363,7 +355,7 @@ pub fn apply(
     let mut returns_to: HashMap<ValueId, Dtype> = HashMap::new();
     Rewrite::new(program, out, Dtype::F32, half).each_op(|r, src_at, src_op| {
         let mut op = *src_op;
-        let half_loss = half_precision_loss(&op, device, upcasts_logits, &r.dtype);
+        let half_loss = half_precision_loss(&op, device, code.upcasts_logits, &r.dtype);
         let policy = if grouped_experts(r.src, &op, device) {
             Policy::Widest
         } else {
@@ -403,7 +395,7 @@ pub fn apply(
         }
         if policy == Policy::Half {
             r.weight_copies(&op, at);
-            r.qkv_input_copies(&op, at, separate_qkv);
+            r.qkv_input_copies(&op, at, code.separate_qkv);
         }
         r.fix_output_dtype(&op, produced);
         r.push(op, src_op);
@@ -417,21 +409,16 @@ pub fn apply(
 /// * on the CPU, eager attention is `scaled_dot_product_attention`'s math path, which upcasts
 ///   half-precision queries, keys and values to f32 once and casts its output back (as under
 ///   autocast: [`Policy::AttentionMath`]);
-/// * `transformers`' modules (`hf_upcasts`): an RMS norm upcasts its input (`x.to(float32)`,
+/// * `transformers`' modules ([`ModelCode::hf_upcasts`]): an RMS norm upcasts its input
+///   (`x.to(float32)`,
 ///   the f32 copy its backward reads) and returns its normalized input in the model's dtype;
 ///   a decoder's loss upcasts the logits (`logits.float()`) before the cross-entropy.
 ///
 /// Hand-written models that call `F.layer_norm` and `F.cross_entropy` on half-precision
-/// tensors make no such copies (`hf_upcasts = false`).
+/// tensors make no such copies.
 ///
 /// `code` says what else the model's own code takes to f32 ([`ModelCode`]).
-pub fn cast_model(
-    program: &Program,
-    device: DeviceKind,
-    half: Dtype,
-    hf_upcasts: bool,
-    code: ModelCode,
-) -> Program {
+pub fn cast_model(program: &Program, device: DeviceKind, half: Dtype, code: ModelCode) -> Program {
     // a program lowered without autocast caches nothing; what its ops keep beyond their
     // table entries is carried over below
     debug_assert!(program.forward_cache.is_empty());
@@ -459,8 +446,8 @@ pub fn cast_model(
                 math_outputs.insert(op.output, ());
                 produced = Some(Dtype::F32);
             }
-            OpKind::RmsNorm if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
-            OpKind::CrossEntropy if hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+            OpKind::RmsNorm if code.hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
+            OpKind::CrossEntropy if code.hf_upcasts => r.cast_inputs(&mut op, Dtype::F32),
             // inside the math path: the widest dtype of the inputs (f32)
             OpKind::Copy if math_outputs.contains_key(&op.inputs[0]) => {}
             _ if op.input_ids().iter().any(|v| math_outputs.contains_key(v)) => {
@@ -486,10 +473,21 @@ pub fn cast_model(
     })
 }
 
-/// What a model's own code takes to f32 when the model itself is cast to half precision,
-/// beyond what [`cast_model`]'s `hf_upcasts` covers.
+/// How a model's own code is written, where that changes what autocast or a model cast to
+/// half precision does ([`apply`], [`cast_model`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ModelCode {
+    /// The fused query/key/value projection stands for three linear layers, each casting
+    /// its input ([`trainmem_core::model::TransformerSpec::separate_qkv`]).
+    pub separate_qkv: bool,
+    /// `transformers`' modules: an RMS norm upcasts its input, a decoder's loss its logits,
+    /// in a model cast to half precision
+    /// ([`trainmem_core::model::Implementation::hf_upcasts`]).
+    pub hf_upcasts: bool,
+    /// The model takes its logits to f32 before the cross-entropy (`transformers`'
+    /// causal-LM loss); otherwise, on CUDA under autocast, the cross-entropy reads them in
+    /// half precision ([`half_precision_loss`]).
+    pub upcasts_logits: bool,
     /// Eager attention computes its softmax in f32 and casts the probabilities back
     /// ([`trainmem_core::model::TransformerSpec::softmax_f32`]): each softmax in the model's
     /// dtype keeps an f32 tensor of its size beside its half output.
@@ -500,9 +498,40 @@ pub struct ModelCode {
     pub f32_norm_weight: bool,
 }
 
+impl ModelCode {
+    /// How `model`'s code is written, as its plan says. `f32_softmax` holds for the model's
+    /// own eager attention only, not for SDPA's math path, which a fused kernel falls back
+    /// to.
+    pub fn of(model: &trainmem_core::ModelSpec) -> ModelCode {
+        match model {
+            trainmem_core::ModelSpec::Transformer(t) => ModelCode {
+                separate_qkv: t.separate_qkv,
+                hf_upcasts: t.implementation.hf_upcasts(),
+                upcasts_logits: t.upcasts_logits(),
+                f32_softmax: t.attention == trainmem_core::model::AttentionImpl::Eager
+                    && t.eager_softmax_in_f32(),
+                f32_norm_weight: t.norm_weight_f32,
+            },
+            _ => ModelCode::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model whose code takes its logits to f32 before the loss (`transformers`').
+    const LOGITS_UPCAST: ModelCode = ModelCode {
+        separate_qkv: false,
+        hf_upcasts: true,
+        upcasts_logits: true,
+        f32_softmax: false,
+        f32_norm_weight: false,
+    };
+
+    /// `transformers`' modules in a model cast to half precision.
+    const HF: ModelCode = LOGITS_UPCAST;
     use crate::lower::lower;
     use trainmem_core::model::{MlpSpec, ModelSpec, TransformerKind, TransformerSpec};
 
@@ -516,7 +545,7 @@ mod tests {
 
     #[test]
     fn linear_layers_run_in_half_precision_and_the_loss_in_f32() {
-        let p = apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false, false);
+        let p = apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, ModelCode::default());
         p.validate().unwrap();
         let dtype = |v: ValueId| p.values[v as usize].dtype;
         for op in &p.ops {
@@ -564,15 +593,15 @@ mod tests {
         let f32 = ValueDtype::Fixed(Dtype::F32);
         // CUDA, logits handed over as they are: `log_softmax` in bf16 (kept), `nll_loss`'s
         // f32 copy of its output (the table's entry)
-        let p = apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, false, false);
+        let p = apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, ModelCode::default());
         p.validate().unwrap();
         assert_eq!(loss(&p), (bf16, vec![Saved::InputCopy(0)]));
         assert_eq!(p.ops.iter().filter(|o| o.kind == OpKind::Copy).count(), 1);
         // the model takes its logits to f32 itself, or the CPU's list casts them: one f32
         // log-softmax
         for p in [
-            apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, false, true),
-            apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, false, false),
+            apply(&mlp(), DeviceKind::Cuda, Dtype::Bf16, LOGITS_UPCAST),
+            apply(&mlp(), DeviceKind::Cpu, Dtype::Bf16, ModelCode::default()),
         ] {
             assert_eq!(loss(&p), (f32, vec![]));
         }
@@ -605,7 +634,7 @@ mod tests {
         };
         // on a GPU: the input and output projections in f32, nothing copied for them
         let f32 = ValueDtype::Fixed(Dtype::F32);
-        let gpu = apply(&program, DeviceKind::Cuda, Dtype::Bf16, false, true);
+        let gpu = apply(&program, DeviceKind::Cuda, Dtype::Bf16, LOGITS_UPCAST);
         assert_eq!(experts(&gpu), vec![(f32, 0); 2]);
         // the attention's projections still run in bf16
         let bf16 = ValueDtype::Fixed(Dtype::Bf16);
@@ -615,7 +644,7 @@ mod tests {
                 .any(|o| o.kind == OpKind::Linear && gpu.values[o.output as usize].dtype == bf16)
         );
         // on the CPU the twin keeps them on autocast's list
-        let cpu = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false, true);
+        let cpu = apply(&program, DeviceKind::Cpu, Dtype::Bf16, LOGITS_UPCAST);
         assert!(experts(&cpu).iter().all(|&(d, _)| d == bf16));
     }
 
@@ -627,8 +656,7 @@ mod tests {
             &lower(&ModelSpec::Transformer(t)).unwrap(),
             DeviceKind::Cpu,
             Dtype::Bf16,
-            false,
-            true,
+            LOGITS_UPCAST,
         );
         p.validate().unwrap();
         let matmuls: Vec<&Op> = p.ops.iter().filter(|o| o.kind == OpKind::Matmul).collect();
@@ -657,8 +685,7 @@ mod tests {
             &lower(&ModelSpec::Transformer(t)).unwrap(),
             DeviceKind::Cuda,
             Dtype::F16,
-            false,
-            true,
+            LOGITS_UPCAST,
         );
         let m = p.ops.iter().find(|o| o.kind == OpKind::Matmul).unwrap();
         assert_eq!(
@@ -675,7 +702,7 @@ mod tests {
         t.norm = trainmem_core::model::NormKind::RmsNorm;
         t.attention = trainmem_core::model::AttentionImpl::Eager;
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
-        let cast = |code| cast_model(&program, DeviceKind::Cuda, Dtype::Bf16, true, code);
+        let cast = |code| cast_model(&program, DeviceKind::Cuda, Dtype::Bf16, code);
         let plain = cast(ModelCode::default());
         plain.validate().unwrap();
         let f32 = ValueDtype::Fixed(Dtype::F32);
@@ -735,8 +762,16 @@ mod tests {
     fn separate_projections_keep_three_input_copies() {
         let t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
-        let fused = apply(&program, DeviceKind::Cpu, Dtype::Bf16, false, true);
-        let separate = apply(&program, DeviceKind::Cpu, Dtype::Bf16, true, true);
+        let fused = apply(&program, DeviceKind::Cpu, Dtype::Bf16, LOGITS_UPCAST);
+        let separate = apply(
+            &program,
+            DeviceKind::Cpu,
+            Dtype::Bf16,
+            ModelCode {
+                separate_qkv: true,
+                ..LOGITS_UPCAST
+            },
+        );
         let copies = |p: &Program| {
             p.extra_saved
                 .iter()
@@ -762,8 +797,10 @@ mod tests {
             &lower(&ModelSpec::Transformer(t)).unwrap(),
             DeviceKind::Cuda,
             Dtype::Bf16,
-            true,
-            true,
+            ModelCode {
+                separate_qkv: true,
+                ..LOGITS_UPCAST
+            },
         );
         assert_eq!(copies(&lora), 0);
     }
@@ -774,13 +811,7 @@ mod tests {
         t.norm = trainmem_core::model::NormKind::RmsNorm;
         t.dropout = 0.1;
         let program = lower(&ModelSpec::Transformer(t)).unwrap();
-        let p = cast_model(
-            &program,
-            DeviceKind::Cpu,
-            Dtype::Bf16,
-            true,
-            ModelCode::default(),
-        );
+        let p = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, HF);
         p.validate().unwrap();
         let f32 = ValueDtype::Fixed(Dtype::F32);
         let dtype = |v: ValueId| p.values[v as usize].dtype;
@@ -804,19 +835,12 @@ mod tests {
         let copies = |p: &Program| p.ops.iter().filter(|o| o.kind == OpKind::Copy).count();
         assert_eq!(copies(&p), copies(&program) + 5);
         // a hand-written model's norms and loss make no copies; on CUDA the kernels none
-        let plain = cast_model(
-            &program,
-            DeviceKind::Cpu,
-            Dtype::Bf16,
-            false,
-            ModelCode::default(),
-        );
+        let plain = cast_model(&program, DeviceKind::Cpu, Dtype::Bf16, ModelCode::default());
         assert_eq!(copies(&plain), copies(&program) + 1);
         let cuda = cast_model(
             &program,
             DeviceKind::Cuda,
             Dtype::Bf16,
-            false,
             ModelCode::default(),
         );
         assert_eq!(copies(&cuda), copies(&program));

@@ -148,32 +148,23 @@ pub fn lower_plan(plan: &trainmem_core::plan::Plan) -> Result<Program, LowerErro
         let compute = plan.precision.compute;
         if plan.framework == Framework::Pytorch
             && compute != Dtype::F32
-            && let ModelSpec::Transformer(t) = &plan.model
+            && matches!(plan.model, ModelSpec::Transformer(_))
         {
-            // the model's own eager attention (not SDPA's math path, which a fused kernel
-            // falls back to)
-            let code = crate::autocast::ModelCode {
-                f32_softmax: t.attention == AttentionImpl::Eager && t.eager_softmax_in_f32(),
-                f32_norm_weight: t.norm_weight_f32,
-            };
             return Ok(crate::autocast::cast_model(
                 &program,
                 plan.device.kind,
                 compute,
-                t.implementation.hf_upcasts(),
-                code,
+                crate::autocast::ModelCode::of(&plan.model),
             ));
         }
         return Ok(program);
     };
     let program = lower_on(&plan.model, plan.framework, gpu)?;
-    let separate_qkv = matches!(&plan.model, ModelSpec::Transformer(t) if t.separate_qkv);
     Ok(crate::autocast::apply(
         &program,
         plan.device.kind,
         half,
-        separate_qkv,
-        plan.model.upcasts_logits(),
+        crate::autocast::ModelCode::of(&plan.model),
     ))
 }
 

@@ -217,6 +217,14 @@ impl TransformerDims {
         b.op(OpKind::Scale, &[t], n, &[])
     }
 
+    /// A tensor of `n` elements per sample in the dtype of the projection `qkv`, which the
+    /// attention keeps until backward beside what its table keeps (the key/value cache's
+    /// copies, a mask's bias): a copy of the projection whose output is saved.
+    fn kept_beside(b: &mut ProgramBuilder, qkv: ValueId, n: u64) {
+        b.op(OpKind::Copy, &[qkv], n, &[]);
+        b.save_extra(Saved::Output);
+    }
+
     /// Attention over the packed `qkv` projection: eager (scores, softmax, context) or
     /// fused.
     fn attention(
@@ -239,8 +247,7 @@ impl TransformerDims {
                 if t.alibi && t.attention_keeps_cache_copies() {
                     // BLOOM's matmuls read the queries as views of the packed projection and
                     // the cache's copies of the keys and values
-                    b.op(OpKind::Copy, &[qkv], s * 2 * self.kv, &[]);
-                    b.save_extra(Saved::Output);
+                    Self::kept_beside(b, qkv, s * 2 * self.kv);
                 }
                 // (with one key/value head the repeat reshapes a broadcast view into a view:
                 // nothing is copied, the matmuls keep the projection's own)
@@ -290,14 +297,12 @@ impl TransformerDims {
                 if t.attention_keeps_cache_copies() {
                     // the keys and values copied into the key/value cache (`torch.cat`),
                     // which the kernel keeps beside the packed projection its queries view
-                    b.op(OpKind::Copy, &[qkv], s * 2 * self.kv, &[]);
-                    b.save_extra(Saved::Output);
+                    Self::kept_beside(b, qkv, s * 2 * self.kv);
                 }
                 if t.masked_attention(i) {
                     // the materialized mask as the kernel's additive bias, in the queries'
                     // dtype, kept for backward
-                    b.op(OpKind::Copy, &[qkv], s * s, &[]);
-                    b.save_extra(Saved::Output);
+                    Self::kept_beside(b, qkv, s * s);
                 }
                 let y = b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s);
                 if t.partial_rotary {
