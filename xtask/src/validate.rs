@@ -28,6 +28,11 @@ pub struct PytorchArgs {
     /// validation/pytorch/requirements.txt and run record.py into fixtures/pytorch/.
     #[arg(long)]
     pub record: bool,
+    /// Record the fake-CUDA runs first, in the same environment: the GPU suite and the
+    /// families at their published sizes, one forward pass each on fake CUDA tensors, into
+    /// fixtures/pytorch-fake-cuda/ (about a minute; no GPU needed).
+    #[arg(long)]
+    pub record_fake_cuda: bool,
     /// Only runs whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
@@ -51,17 +56,12 @@ pub fn run(cmd: ValidateCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn record() -> anyhow::Result<()> {
+/// The recording environment, `target/validation-venv`: made when missing, its packages
+/// installed from validation/pytorch/'s requirement files. Returns its interpreter.
+fn environment() -> anyhow::Result<PathBuf> {
     let root = root();
     let venv = crate::target_dir().join("validation-venv");
     let python = venv.join("bin/python");
-    let status = |cmd: &mut std::process::Command| -> anyhow::Result<()> {
-        let s = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-        if !s.success() {
-            bail!("{cmd:?} exited with {s}");
-        }
-        Ok(())
-    };
     if !python.is_file() {
         eprintln!("creating {}", venv.display());
         status(
@@ -84,6 +84,39 @@ fn record() -> anyhow::Result<()> {
             .args(["-m", "pip", "install", "-q", "--no-deps", "-r"])
             .arg(reqs.join("requirements-nodeps.txt")),
     )?;
+    Ok(python)
+}
+
+/// Runs `cmd`, failing when it does.
+fn status(cmd: &mut std::process::Command) -> anyhow::Result<()> {
+    let s = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !s.success() {
+        bail!("{cmd:?} exited with {s}");
+    }
+    Ok(())
+}
+
+/// Records the GPU suite and the families on fake CUDA tensors into
+/// fixtures/pytorch-fake-cuda/`<suite>`/.
+fn record_fake_cuda() -> anyhow::Result<()> {
+    let python = environment()?;
+    let root = root();
+    for (suite, folder) in [("cuda", "gpu-suite"), ("families", "families")] {
+        eprintln!("recording the {suite} suite on fake CUDA tensors");
+        status(
+            std::process::Command::new(&python)
+                .arg(root.join("validation/pytorch/record.py"))
+                .args(["--suite", suite, "--device", "fake-cuda", "--out"])
+                .arg(root.join("fixtures/pytorch-fake-cuda").join(folder)),
+        )?;
+    }
+    Ok(())
+}
+
+/// Records the CPU suite into fixtures/pytorch/.
+fn record() -> anyhow::Result<()> {
+    let python = environment()?;
+    let root = root();
     status(
         std::process::Command::new(&python)
             .arg(root.join("validation/pytorch/record.py"))
@@ -95,6 +128,9 @@ fn record() -> anyhow::Result<()> {
 fn pytorch(args: PytorchArgs) -> anyhow::Result<ExitCode> {
     if args.record {
         record()?;
+    }
+    if args.record_fake_cuda {
+        record_fake_cuda()?;
     }
     // the CPU ledgers, then the GPU ones (fixtures/pytorch-cuda/<device>/) where recorded, then
     // the fake-CUDA ones
