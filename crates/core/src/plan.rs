@@ -1051,6 +1051,17 @@ impl Plan {
             ));
         }
         check_prob(t.dropout, &format!("{k}.dropout"), err)?;
+        if let Some(p) = t.attention_dropout {
+            check_prob(p, &format!("{k}.attention_dropout"), err)?;
+        }
+        for (name, value) in [
+            ("sliding_window", t.sliding_window),
+            ("global_every", t.global_every),
+        ] {
+            if value == Some(0) {
+                return Err(err(&format!("{k}.{name}"), "must be at least 1".into()));
+            }
+        }
         if let Some(lora) = &t.lora {
             lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
         }
@@ -1213,6 +1224,17 @@ fn check_burn_transformer(
                 AttentionImpl::Sdpa | AttentionImpl::FlashAttention2
             ),
         ),
+        // what a PyTorch model's own code does
+        ("attention_dropout", t.attention_dropout.is_some()),
+        ("softmax_f32", t.softmax_f32.is_some()),
+        ("norm_weight_f32", t.norm_weight_f32),
+        ("partial_rotary", t.partial_rotary),
+        ("sliding_window", t.sliding_window.is_some()),
+        ("global_every", t.global_every.is_some()),
+        ("materialized_mask", t.materialized_mask),
+        ("repeat_kv", t.repeat_kv.is_some()),
+        ("alibi", t.alibi),
+        ("kv_cache", t.kv_cache.is_some()),
     ];
     if let Some((name, _)) = beyond.iter().find(|(_, on)| *on) {
         return Err(err(
@@ -1305,6 +1327,42 @@ steps_per_epoch = 3
         assert!(e.contains("device.compute_capability"), "{e}");
         assert_eq!(parse_capability("10.0"), Some((10, 0)));
         assert_eq!(parse_capability("9"), None);
+    }
+
+    #[test]
+    fn what_a_pytorch_model_s_code_does_is_checked_and_refused_on_burn() {
+        let plan = |head: &str, keys: &str| {
+            Plan::from_toml_str(&format!(
+                "{head}\nname = \"t\"\n[model.transformer]\nlayers = 2\nhidden = 64\n\
+                 heads = 4\nseq_len = 32\nvocab = 100\n{keys}\n[training]\nbatch_size = 2\n"
+            ))
+        };
+        let keys = "attention_dropout = 0.0\nsliding_window = 16\nglobal_every = 2\n\
+                    materialized_mask = true\nalibi = true\nkv_cache = false\n";
+        let p = plan("", keys).expect("a PyTorch plan takes them");
+        let ModelSpec::Transformer(t) = &p.model else {
+            panic!("a transformer");
+        };
+        assert!(t.masked_attention(0) && t.alibi && !t.keeps_kv_cache());
+        // written back as given
+        let text = p.to_toml().unwrap();
+        assert!(text.contains("sliding_window = 16"), "{text}");
+        for (keys, says) in [
+            ("attention_dropout = 1.5\n", "attention_dropout"),
+            ("sliding_window = 0\n", "sliding_window"),
+            ("global_every = 0\n", "global_every"),
+        ] {
+            let e = plan("", keys).unwrap_err().to_string();
+            assert!(e.contains(says), "{keys}: {e}");
+        }
+        for key in [
+            "partial_rotary = true",
+            "repeat_kv = false",
+            "softmax_f32 = true",
+        ] {
+            let e = plan("framework = \"burn\"", key).unwrap_err().to_string();
+            assert!(e.contains("pytorch"), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -486,7 +486,8 @@ pub struct ModelCode {
     pub hf_upcasts: bool,
     /// The model takes its logits to f32 before the cross-entropy (`transformers`'
     /// causal-LM loss); otherwise, on CUDA under autocast, the cross-entropy reads them in
-    /// half precision ([`half_precision_loss`]).
+    /// half precision: `log_softmax` in the half dtype and an f32 copy of its output for
+    /// `nll_loss`, both kept.
     pub upcasts_logits: bool,
     /// Eager attention computes its softmax in f32 and casts the probabilities back
     /// ([`trainmem_core::model::TransformerSpec::softmax_f32`]): each softmax in the model's
