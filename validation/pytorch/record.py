@@ -973,7 +973,9 @@ def family_runs():
     sequence 2048 (or the model's positions, if fewer): under autocast to bf16 with the
     attention `transformers` picks (SDPA where the family has it: flash attention on a GPU),
     cast to bf16 with the same attention, and in f32 with eager attention; LLaMA-2-7B with
-    LoRA on `q_proj` and `v_proj` too, and five families under activation checkpointing."""
+    LoRA on `q_proj` and `v_proj` too, five families under activation checkpointing, and
+    three at long context (Mistral and Phi-3 at their full positions, where their sliding
+    windows mask; LLaMA-2-7B at batch 4)."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "hf")
     bf16 = {"autocast": "bfloat16"}
     for file in sorted(os.listdir(root)):
@@ -1001,6 +1003,13 @@ def family_runs():
             lora = with_lora(build, {"rank": 8, "alpha": 16, "dropout": 0.0,
                                      "targets": ["q_proj", "v_proj"]})
             yield f"lora-autocast-{name}-seq{seq}", lora, "adamw", 1, seq, bf16
+        if name in ("mistral-7b", "phi-3-mini-4k", "llama-2-7b"):
+            # long context: Mistral's and Phi-3's windows then mask; LLaMA at batch 4
+            long = min(8192, positions)
+            n = 4 if name == "llama-2-7b" else 1
+            build_long = (lambda kind=kind, config=config, long=long, n=n:
+                          hf_model(kind, config, n, long))
+            yield f"autocast-{name}-batch{n}-seq{long}", build_long, "adamw-fused", n, long, bf16
         if name in ("llama-2-7b", "gpt2", "phi-2", "gemma-2b", "falcon-7b"):
             # activation checkpointing: forward keeps each block's input
             yield f"autocast-{name}-seq{seq}-checkpointing", build, "adamw", 1, seq, \

@@ -525,6 +525,14 @@ mod tests {
         t.sliding_window = None;
         t.materialized_mask = true;
         assert_eq!(kept(&t), vec![32 * 32; 6]);
+        // with a mask, grouped keys and values are repeated to every head first: the kernel
+        // keeps two tensors of the queries' width in place of the groups (64 - 32 wider each)
+        t.kv_heads = Some(2);
+        assert_eq!(kept(&t), [32 * 32, 32 * 2 * (64 - 32)].repeat(6));
+        // a single key/value head is repeated as a view
+        t.kv_heads = Some(1);
+        assert_eq!(kept(&t), vec![32 * 32; 6]);
+        t.kv_heads = None;
         t.materialized_mask = false;
         // partial rotary: one copy of each layer's attention output back to the tokens'
         // layout (not kept: the output projection reads it)

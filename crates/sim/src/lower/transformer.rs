@@ -303,6 +303,16 @@ impl TransformerDims {
                     // the materialized mask as the kernel's additive bias, in the queries'
                     // dtype, kept for backward
                     Self::kept_beside(b, qkv, s * s);
+                    // `transformers` hands SDPA grouped keys and values only without a mask
+                    // (`use_gqa_in_sdpa`); with one it repeats them to every query head first
+                    // (`repeat_kv`, a copy unless there is a single key/value head), and the
+                    // kernel keeps the repeated ones in place of the grouped
+                    if self.implementation == Implementation::Transformers
+                        && self.kv < q
+                        && t.kv_head_count() > 1
+                    {
+                        Self::kept_beside(b, qkv, s * 2 * (q - self.kv));
+                    }
                 }
                 let y = b.op_rows(OpKind::FusedAttention, &[qkv], s * q, &[], t.heads * s);
                 if t.partial_rotary {
