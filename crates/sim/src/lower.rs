@@ -445,6 +445,20 @@ mod tests {
             .model
     }
 
+    /// The copies `t`'s lowering keeps for backward beyond the saved-tensor table (a copy
+    /// whose output is saved: the key/value cache's copies, a mask's bias), by elements per
+    /// sample, in program order.
+    fn kept_copies(t: &TransformerSpec) -> Vec<u64> {
+        let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+        p.extra_saved
+            .iter()
+            .filter(|(at, s)| {
+                *s == trainmem_autograd::Saved::Output && p.ops[*at as usize].kind == OpKind::Copy
+            })
+            .map(|(at, _)| p.values[p.ops[*at as usize].output as usize].per_sample)
+            .collect()
+    }
+
     /// GPT-2 small, as Hugging Face counts it: 124,439,808 parameters.
     const GPT2_SMALL_PARAMS: u64 = 124_439_808;
 
@@ -459,17 +473,7 @@ mod tests {
         t.attention = AttentionImpl::Sdpa;
         // what each block keeps beyond the table: copies of its keys and values (two of the
         // packed projection's three parts) per token
-        let cache_copies = |t: &TransformerSpec| -> Vec<u64> {
-            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
-            p.extra_saved
-                .iter()
-                .filter(|(at, s)| {
-                    *s == trainmem_autograd::Saved::Output
-                        && p.ops[*at as usize].kind == OpKind::Copy
-                })
-                .map(|(at, _)| p.values[p.ops[*at as usize].output as usize].per_sample)
-                .collect()
-        };
+        let cache_copies = kept_copies;
         assert_eq!(cache_copies(&t), vec![32 * 2 * 64; 2]);
         // no cache (`use_cache = false`), or a hand-written model: none
         t.kv_cache = Some(false);
@@ -497,17 +501,7 @@ mod tests {
         t.attention = AttentionImpl::Sdpa;
         t.separate_qkv = true;
         // copies kept for backward (`Saved::Output` on a copy), by size per sample
-        let kept = |t: &TransformerSpec| -> Vec<u64> {
-            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
-            p.extra_saved
-                .iter()
-                .filter(|(at, s)| {
-                    *s == trainmem_autograd::Saved::Output
-                        && p.ops[*at as usize].kind == OpKind::Copy
-                })
-                .map(|(at, _)| p.values[p.ops[*at as usize].output as usize].per_sample)
-                .collect()
-        };
+        let kept = kept_copies;
         let copies = |t: &TransformerSpec| {
             let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
             p.ops.iter().filter(|o| o.kind == OpKind::Copy).count()
@@ -569,16 +563,7 @@ mod tests {
     #[test]
     fn bloom_s_eager_attention_keeps_the_cache_s_copies() {
         let mut t = TransformerSpec::new(TransformerKind::Decoder, 2, 64, 4, 16, 100);
-        let kept = |t: &TransformerSpec| {
-            let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
-            p.extra_saved
-                .iter()
-                .filter(|(at, s)| {
-                    *s == trainmem_autograd::Saved::Output
-                        && p.ops[*at as usize].kind == OpKind::Copy
-                })
-                .count()
-        };
+        let kept = |t: &TransformerSpec| kept_copies(t).len();
         assert_eq!(kept(&t), 0);
         t.alibi = true;
         assert_eq!(kept(&t), 2);

@@ -409,19 +409,8 @@ mod tests {
                 attn_softcap: attn_softcap.then_some(50.0),
                 moe,
                 lora,
-                implementation: Default::default(),
-                mask_buffer: None,
-                head_chunk: None,
-                kv_cache: None,
-                attention_dropout: None,
-                softmax_f32: None,
-                norm_weight_f32: false,
-                partial_rotary: false,
-                sliding_window: None,
-                global_every: None,
-                materialized_mask: false,
-                repeat_kv: None,
-                alibi: false,
+                // the rest (the implementation and what its code does) as a plan leaves it
+                ..TransformerSpec::new(TransformerKind::Decoder, layers, head_dim * heads, heads, s, vocab)
             }
         }
     }
