@@ -5,7 +5,8 @@
 # run, the caching allocator's figures per phase and its memory snapshot per run, into
 # OUT/<gpu name>/ (default fixtures/pytorch-cuda/). `cargo xtask validate pytorch` reads them.
 # Before it, cuBLAS's workspaces measured in a fresh process (OUT/<gpu name>/probes/); after
-# it, the live storages at each phase's peak of the runs the twin misses (OUT/explain-*.txt).
+# it, the live storages at each phase's peak of the runs the twin misses (OUT/explain-*.txt),
+# and explain's ground truth (profile_truth.py into PROFILED, default fixtures/pytorch-profiled).
 #
 # Usage, from the repository root of a machine with a GPU and PyTorch:
 #     sh validation/pytorch/record_cuda.sh [OUT]
@@ -47,4 +48,9 @@ for run in autocast-gpt2-small-sdpa-adamw-fused autocast-handwritten-gpt-small-s
         --only "$run" --explain "$run" --out /tmp/trainmem-explain 2> "$out/explain-$run.txt" \
         || echo "explain $run failed (see $out/explain-$run.txt)"
 done
+# `trainmem explain`'s ground truth: runs of the suite profiled by torch.profiler's memory
+# profiler, each category beside the allocator's snapshot of the same run
+# (`cargo xtask validate profiler` reads them from fixtures/pytorch-profiled/<gpu name>/)
+"$python" validation/pytorch/profile_truth.py --device "$device" \
+    --out "${PROFILED:-fixtures/pytorch-profiled}" || echo "profile_truth.py failed"
 echo "recorded in $(( $(date +%s) - start )) s"

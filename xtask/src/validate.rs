@@ -1,4 +1,5 @@
-//! `cargo xtask validate pytorch`: the twin against recorded PyTorch runs.
+//! `cargo xtask validate pytorch`: the twin against recorded PyTorch runs;
+//! `cargo xtask validate profiler`: `trainmem explain`'s categories against torch.profiler's.
 //!
 //! Reads every ledger under `fixtures/pytorch/`, `fixtures/pytorch-cuda/<device>/` and
 //! `fixtures/pytorch-fake-cuda/<suite>/` (written by `validation/pytorch/record.py`, the GPU
@@ -19,7 +20,29 @@ use trainmem_sim::validation::{compare, ledger_paths, load, render};
 pub enum ValidateCommand {
     /// Compare the twin with the recorded PyTorch runs (fixtures/pytorch/).
     Pytorch(PytorchArgs),
+    /// Compare `trainmem explain`'s categories of a snapshot with torch.profiler's memory
+    /// categories of the same run (fixtures/pytorch-profiled/).
+    Profiler(ProfilerArgs),
 }
+
+/// Arguments of `validate profiler`.
+#[derive(Debug, clap::Args)]
+pub struct ProfilerArgs {
+    /// Profile the runs first: run validation/pytorch/profile_truth.py on the CPU in
+    /// `target/validation-venv` into fixtures/pytorch-profiled/cpu/ (about a minute).
+    #[arg(long)]
+    pub record: bool,
+    /// Compare the runs under this folder instead of fixtures/pytorch-profiled/.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Also list, per run, the bytes of each (profiler category, trainmem category) pair.
+    #[arg(long)]
+    pub confusion: bool,
+}
+
+/// The share of compared bytes `validate profiler` asks of every run, with frames: over all
+/// allocations, at the peak and over those the profiler's data flow names.
+pub const PROFILER_AGREEMENT: f64 = 0.999;
 
 /// Arguments of `validate pytorch`.
 #[derive(Debug, clap::Args)]
@@ -53,6 +76,7 @@ fn root() -> PathBuf {
 pub fn run(cmd: ValidateCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ValidateCommand::Pytorch(args) => pytorch(args),
+        ValidateCommand::Profiler(args) => profiler(args),
     }
 }
 
@@ -170,4 +194,67 @@ fn pytorch(args: PytorchArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `validate profiler`: every profiled run's categories beside torch.profiler's.
+fn profiler(args: ProfilerArgs) -> anyhow::Result<ExitCode> {
+    use trainmem_sim::snapshot_explain::profiler_truth::{
+        compare, compare_without_frames, profiled_runs, render_table,
+    };
+    if args.record {
+        let python = environment()?;
+        status(
+            std::process::Command::new(&python)
+                .arg(root().join("validation/pytorch/profile_truth.py"))
+                .arg("--out")
+                .arg(root().join("fixtures/pytorch-profiled")),
+        )?;
+    }
+    let dir = args
+        .dir
+        .unwrap_or_else(|| root().join("fixtures/pytorch-profiled"));
+    let runs = profiled_runs(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    if runs.is_empty() {
+        bail!(
+            "no profiled runs (NAME.truth.json beside NAME.pickle) under {}",
+            dir.display()
+        );
+    }
+    let mut rows = Vec::new();
+    for run in &runs {
+        let c = compare(&run.snapshot, &run.truth)
+            .with_context(|| format!("comparing {}", run.truth.name))?;
+        let bare = compare_without_frames(&run.snapshot, &run.truth)
+            .with_context(|| format!("comparing {} without frames", run.truth.name))?;
+        rows.push((c, bare));
+    }
+    print!("{}", render_table(&rows));
+    if args.confusion {
+        for (c, _) in &rows {
+            println!("{}: profiler category -> trainmem category, bytes", c.name);
+            for (p, t, b) in &c.confusion {
+                println!("  {:<16} -> {:<16} {b:>12}", p.name(), t.name());
+            }
+        }
+    }
+    let below: Vec<&str> = rows
+        .iter()
+        .filter(|(c, _)| {
+            [c.all.share(), c.at_peak.share(), c.by_data_flow.share()]
+                .iter()
+                .any(|&s| s < PROFILER_AGREEMENT)
+        })
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    println!(
+        "{} of {} runs agree with torch.profiler on at least {:.1}% of bytes (all, at the peak, by data flow)",
+        rows.len() - below.len(),
+        rows.len(),
+        100.0 * PROFILER_AGREEMENT
+    );
+    if !below.is_empty() {
+        println!("below: {}", below.join(", "));
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }

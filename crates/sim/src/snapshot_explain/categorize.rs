@@ -134,6 +134,7 @@ fn phase_of_window(windows: &[Window], w: usize) -> Option<StackPhase> {
 /// Gives each allocation its category from its phase and lifetime.
 fn categorize_by_phase(lt: &mut Lifetimes, windows: &[Window]) -> Made {
     let mut made = Made::default();
+    let next_forward = next_forward_windows(windows);
     for a in lt.allocations.iter_mut() {
         if a.workspace {
             // a library's scratch buffer, named by its own stack
@@ -157,9 +158,54 @@ fn categorize_by_phase(lt: &mut Lifetimes, windows: &[Window]) -> Made {
         let phase = own.or(phase_of_window(windows, wa));
         a.phase = phase;
         let freed = a.free_at.map(|f| lt.window_of[f] as usize);
+        if own.is_none() && made_for_one_forward(windows, &next_forward, wa, freed) {
+            // the user's own code made it between steps (no stack of a module, autograd, an
+            // optimizer or a loader) for the next forward pass, which it outlived, and it was
+            // gone before the forward after: the batch, made in place (`torch.randint`, a
+            // collate function of the user's) rather than moved to the device
+            a.phase = Some(StackPhase::Data);
+            a.category = Category::Input;
+            continue;
+        }
         a.category = made.category(phase, windows, wa, freed, a.size);
     }
     made
+}
+
+/// For every window, the first forward window at or after it (None: no forward follows).
+fn next_forward_windows(windows: &[Window]) -> Vec<Option<usize>> {
+    let mut out = vec![None; windows.len() + 1];
+    for w in (0..windows.len()).rev() {
+        out[w] = if windows[w].phase == Some(StackPhase::Forward) {
+            Some(w)
+        } else {
+            out[w + 1]
+        };
+    }
+    out
+}
+
+/// Made in window `wa`, outside forward and backward, and freed in window `freed`, after the
+/// next forward window began and before the forward after it: it served one forward pass.
+fn made_for_one_forward(
+    windows: &[Window],
+    next_forward: &[Option<usize>],
+    wa: usize,
+    freed: Option<usize>,
+) -> bool {
+    let between_steps = !matches!(
+        windows[wa].phase,
+        Some(StackPhase::Forward | StackPhase::Backward)
+    );
+    let (Some(fwd), Some(freed)) = (next_forward[wa], freed) else {
+        return false;
+    };
+    // a forward that ends only at the window after it is the same forward's continuation
+    // (a window of the loss between module calls): the next *other* forward
+    let after = (fwd + 1..windows.len()).find(|&w| {
+        windows[w].phase == Some(StackPhase::Forward) && windows[w].cycle != windows[fwd].cycle
+    });
+    between_steps && freed > fwd && after.is_none_or(|next| freed < next)
 }
 
 /// The category of a block live before recording began, by the phase that freed it.

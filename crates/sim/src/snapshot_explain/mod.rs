@@ -15,6 +15,7 @@ mod annotate;
 pub mod categorize;
 pub mod frames;
 pub mod lifetimes;
+pub mod profiler_truth;
 pub mod remedies;
 pub mod render;
 mod steps;
