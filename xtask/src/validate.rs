@@ -230,10 +230,17 @@ fn profiler(args: ProfilerArgs) -> anyhow::Result<ExitCode> {
     }
     print!("{}", render_table(&rows));
     if args.confusion {
-        for (c, _) in &rows {
+        for (c, bare) in &rows {
             println!("{}: profiler category -> trainmem category, bytes", c.name);
             for (p, t, b) in &c.confusion {
                 println!("  {:<16} -> {:<16} {b:>12}", p.name(), t.name());
+            }
+            println!("  at the peak: category, profiler, trainmem, trainmem without frames");
+            for (cat, p, t) in &c.peak_by_category {
+                println!("  {:<16} {p:>12} {t:>12}", cat.name());
+            }
+            for (cat, p, t) in &bare.peak_by_category {
+                println!("  {:<16} {p:>12} {:>12} {t:>12}", cat.name(), "");
             }
         }
     }

@@ -91,12 +91,27 @@ fn a_wrong_category_is_caught() {
     }
 }
 
-/// Without frames, lifetimes alone decide: what they get right of the peak's bytes on real
-/// runs, held so it does not fall (see RESULTS.md, "explain against torch.profiler").
+/// Without frames, lifetimes alone decide, in the phases inferred from the trace's shape
+/// (`snapshot_explain::shape`): what they get right of the peak's bytes on real runs, held
+/// so it does not fall. Measured: 60.7% (gradient accumulation: two forward passes a step,
+/// split at one) to 100%, 87% or more in 9 of the 11 runs.
 #[test]
 fn without_frames_lifetimes_alone_decide() {
+    let mut shares = Vec::new();
     for run in runs().iter().filter(|r| r.truth.device == "cpu") {
         let c = compare_without_frames(&run.snapshot, &run.truth).expect("compares");
-        assert!(c.at_peak.compared > 0, "{}", c.name);
+        assert!(
+            c.at_peak.share() >= 0.55,
+            "{}: {:.2}%",
+            c.name,
+            100.0 * c.at_peak.share()
+        );
+        shares.push(c.at_peak.share());
     }
+    let good = shares.iter().filter(|&&s| s >= 0.85).count();
+    assert!(
+        good >= 8,
+        "{good} of {} runs at 85% or more: {shares:?}",
+        shares.len()
+    );
 }

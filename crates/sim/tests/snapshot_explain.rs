@@ -268,6 +268,30 @@ fn llama_inference_has_no_gradient_and_no_optimizer_state() {
     assert!(ex.steps.is_empty(), "no backward, no optimizer step");
 }
 
+/// Recorded without frames (every stack left out), the steps are inferred from the trace's
+/// shape where it trains, and only there: the counterfactual search's ten Adam iterations
+/// are found, the LLaMA inference that moves layers on and off the device (weights of a
+/// parameter's size made and freed every pass, as gradients are) gets no training steps.
+#[test]
+fn without_frames_training_steps_are_found_and_inference_gets_none() {
+    let bare = |file: &str| {
+        let dir = dir()?;
+        let bytes = std::fs::read(dir.join(file)).expect("read the snapshot");
+        let f = FramedSnapshot::read(&bytes)
+            .expect("a snapshot")
+            .without_stacks();
+        Some(explain_snapshot(&f, &ExplainOptions::default()).expect("explains"))
+    };
+    let Some(search) = bare("JasperSolt+EoR_NN/6686e9f_snapshot.pickle") else {
+        return;
+    };
+    assert_eq!(search.coverage.entries_with_frames, 0);
+    assert_eq!(search.steps.len(), 10);
+    let inference = bare("Maphsge4+select_n/04d383c_snapshot.pickle").expect("beside it");
+    assert!(inference.steps.is_empty());
+    assert!(!inference.notes.iter().any(|n| n.contains("inferred")));
+}
+
 /// OPT-125m's parameters: embeddings 50,272 × 768 and 2,050 × 768, twelve layers of four
 /// 768 × 768 projections and two 768 × 3,072 feed-forward matrices with their biases and two
 /// layer norms, and a final layer norm.

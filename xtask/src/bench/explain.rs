@@ -11,6 +11,9 @@
 //! threads: the replayed remedies run side by side) says how much of it the machine's other
 //! work took.
 //!
+//! `--without-frames` writes the same loops without stacks, so that the steps are inferred
+//! from the trace's shape (`snapshot_explain::shape`), under the same targets.
+//!
 //! Exits 1 when the smaller snapshot, scaled to a million entries, takes more than 2 s, or
 //! when the ratio is more than [`LINEAR_SLACK`] times `--times` (a cost that grows faster
 //! than the entries).
@@ -43,6 +46,10 @@ pub struct ExplainBenchArgs {
     /// Timed repetitions per snapshot (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: u32,
+    /// Write the snapshots without stacks: the steps are then inferred from the trace's
+    /// shape (`snapshot_explain::shape`).
+    #[arg(long)]
+    without_frames: bool,
 }
 
 /// One snapshot's timings.
@@ -83,8 +90,12 @@ fn process_cpu() -> Duration {
     )
 }
 
-fn measure(layers: usize, events: usize, reps: u32) -> anyhow::Result<Timing> {
-    let snap = SyntheticLoop::with_events(layers, events).build();
+fn measure(layers: usize, events: usize, reps: u32, frames: bool) -> anyhow::Result<Timing> {
+    let snap = SyntheticLoop {
+        with_frames: frames,
+        ..SyntheticLoop::with_events(layers, events)
+    }
+    .build();
     let opts = ExplainOptions::default();
     let (mut reads, mut explains, mut cpus) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps.max(1) {
@@ -118,12 +129,24 @@ fn measure(layers: usize, events: usize, reps: u32) -> anyhow::Result<Timing> {
 
 /// Runs the benchmark.
 pub fn run(args: ExplainBenchArgs) -> anyhow::Result<ExitCode> {
-    let small = measure(args.layers, args.events, args.reps)?;
-    let large = measure(args.layers, args.events * args.times.max(1), args.reps)?;
+    let frames = !args.without_frames;
+    let small = measure(args.layers, args.events, args.reps, frames)?;
+    let large = measure(
+        args.layers,
+        args.events * args.times.max(1),
+        args.reps,
+        frames,
+    )?;
     println!(
-        "synthetic training loop, {} layers, median of {} runs (read: the pickle with its \
+        "synthetic training loop, {} layers, {}, median of {} runs (read: the pickle with its \
          stacks; explain: categories, moments, steps, allocator replay, replayed remedies):",
-        args.layers, args.reps
+        args.layers,
+        if frames {
+            "with stacks"
+        } else {
+            "without stacks (steps inferred from the trace's shape)"
+        },
+        args.reps
     );
     for t in [&small, &large] {
         println!(

@@ -291,6 +291,22 @@ fn list_of(v: Option<PyValue>, at: &str) -> Result<Vec<PyValue>, PickleError> {
 }
 
 impl FramedSnapshot {
+    /// The same snapshot with every stack left out, as a snapshot recorded without frames
+    /// reads.
+    pub fn without_stacks(&self) -> FramedSnapshot {
+        let bare = |per: &Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+            per.iter().map(|s| vec![NO_STACK; s.len()]).collect()
+        };
+        FramedSnapshot {
+            snapshot: self.snapshot.clone(),
+            frames: Vec::new(),
+            stacks: vec![Vec::new()],
+            event_stacks: bare(&self.event_stacks),
+            block_stacks: bare(&self.block_stacks),
+            unreadable_frames: 0,
+        }
+    }
+
     /// Reads a snapshot pickle with its stacks.
     pub fn read(bytes: &[u8]) -> Result<Self, FramedError> {
         let (mut arena, root) = read_arena(bytes, true)?;

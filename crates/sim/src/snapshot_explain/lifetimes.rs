@@ -76,6 +76,22 @@ pub struct Lifetimes {
     pub entries_with_frames: usize,
     /// Allocs at an address already live (its free was not recorded): closed there.
     pub unmatched_allocs: u64,
+    /// The windows' phases were inferred from the trace's shape (no stack named any).
+    pub phases_inferred: bool,
+}
+
+impl Lifetimes {
+    /// Replaces the windows (in order, covering every entry) and each entry's window.
+    pub fn set_windows(&mut self, windows: Vec<Window>) {
+        let len = self.window_of.len();
+        self.window_of = vec![0; len];
+        for (i, w) in windows.iter().enumerate() {
+            for k in w.start..w.end.min(len) {
+                self.window_of[k] = i as u32;
+            }
+        }
+        self.windows = windows;
+    }
 }
 
 fn trains(p: Option<StackPhase>) -> bool {

@@ -18,6 +18,7 @@ pub mod lifetimes;
 pub mod profiler_truth;
 pub mod remedies;
 pub mod render;
+pub mod shape;
 mod steps;
 pub mod synthetic;
 pub mod timeline;
@@ -342,9 +343,15 @@ pub fn explain_snapshot(
     let (device, devices) = pick_device(traces, opts.device)?;
     let trace = &traces[device];
     let mut lt = lifetimes::lifetimes(f, device);
+    let curve = live_curve(&lt.allocations, trace.len());
+    if lt.windows.iter().all(|w| w.phase.is_none())
+        && let Some(windows) = shape::infer_windows(trace, &lt.allocations, &curve)
+    {
+        lt.set_windows(windows);
+        lt.phases_inferred = true;
+    }
     let model_state = categorize::categorize(&mut lt);
     let mut notes = reading_notes(f, &lt, devices, device);
-    let curve = live_curve(&lt.allocations, trace.len());
     let peak_at = peak_entry(&curve);
     let mut names = HashMap::new();
     let peak = moment(f, &lt, peak_at, opts.top_sites, &mut names);
@@ -441,6 +448,14 @@ fn reading_notes(f: &FramedSnapshot, lt: &Lifetimes, devices: usize, device: usi
              (record with torch.cuda.memory._record_memory_history(stacks=\"all\") for frames)"
                 .into(),
         );
+    }
+    if lt.phases_inferred {
+        notes.push(format!(
+            "no stack named a phase: {} training step(s) were inferred from the trace's \
+             repeating shape and split into forward pass, backward and optimizer step by their \
+             gradients; categories decided this way are less sure than by frames",
+            lt.windows.iter().map(|w| w.cycle + 1).max().unwrap_or(0)
+        ));
     }
     if f.unreadable_frames > 0 {
         notes.push(format!(

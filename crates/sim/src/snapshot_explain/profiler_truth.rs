@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
+use trainmem_alloc::pytorch::framed::FramedSnapshot;
 use trainmem_core::Category;
 
 use super::{ExplainError, ExplainOptions, SnapshotExplanation, explain_snapshot};
@@ -381,23 +381,7 @@ pub fn compare_without_frames(
     snapshot: &FramedSnapshot,
     truth: &ProfilerTruth,
 ) -> Result<ProfilerComparison, TruthError> {
-    let bare = FramedSnapshot {
-        snapshot: snapshot.snapshot.clone(),
-        frames: Vec::new(),
-        stacks: vec![Vec::new()],
-        event_stacks: snapshot
-            .event_stacks
-            .iter()
-            .map(|s| vec![NO_STACK; s.len()])
-            .collect(),
-        block_stacks: snapshot
-            .block_stacks
-            .iter()
-            .map(|s| vec![NO_STACK; s.len()])
-            .collect(),
-        unreadable_frames: 0,
-    };
-    compare(&bare, truth)
+    compare(&snapshot.without_stacks(), truth)
 }
 
 fn compare_explained(

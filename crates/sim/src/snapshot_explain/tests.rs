@@ -136,7 +136,25 @@ fn without_frames_the_report_says_lifetime_decided() {
         "{:?}",
         ex.notes
     );
+    // the three steps repeat: they are found from the trace's shape, and said to be
+    assert_eq!(ex.steps.len(), 3);
+    assert!(
+        ex.notes.iter().any(|n| n.contains("inferred")),
+        "{:?}",
+        ex.notes
+    );
+    assert!(recovered(&b, &ex) > 0.9, "{}", recovered(&b, &ex));
+}
+
+#[test]
+fn without_frames_two_steps_are_too_few_to_find() {
+    let l = Loop {
+        steps: 2,
+        ..a_loop()
+    };
+    let ex = explain(&build(&l, false).bytes);
     assert!(ex.steps.is_empty());
+    assert!(!ex.notes.iter().any(|n| n.contains("inferred")));
 }
 
 proptest! {
@@ -166,6 +184,7 @@ proptest! {
         let ex = explain(&b.bytes);
         prop_assert!(recovered(&b, &ex) >= 0.99, "{}", recovered(&b, &ex));
     }
+
 }
 
 #[test]
@@ -405,4 +424,55 @@ fn the_timeline_samples_each_phase_with_the_bytes_per_category() {
             .unwrap()
             .contains("optimizer_step")
     );
+}
+
+/// Loops recorded without frames, as the property tests make them (300 from a fixed seed):
+/// where the trace is long enough to look for a repetition (64 allocations and frees), the
+/// steps are found in most (measured: 251 of 279), never more steps than there are, and where
+/// they are found at least 55% of bytes get their category back (measured: 59.9% at worst).
+#[test]
+fn loops_without_frames_are_found_by_their_shape() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let loops = (
+        prop::collection::vec(1u64..(4 << 20), 1..6),
+        prop::collection::vec(512u64..(8 << 20), 1..6),
+        8u64..(1 << 20),
+        3usize..6,
+    );
+    let (mut long, mut found) = (0, 0);
+    for _ in 0..300 {
+        let (params, activations, batch, steps) =
+            loops.new_tree(&mut runner).expect("a loop").current();
+        let b = SyntheticLoop {
+            params,
+            activations,
+            batch,
+            steps,
+            with_frames: false,
+            native_frames: 0,
+            free_frames: false,
+            leak: None,
+        }
+        .build();
+        let ex = explain(&b.bytes);
+        let f = FramedSnapshot::read(&b.bytes).unwrap();
+        let trace = &f.snapshot.device_traces[0];
+        let free = trainmem_alloc::pytorch::replay::free_action(trace);
+        let blocks = trace
+            .iter()
+            .filter(|e| e.action == trainmem_alloc::TraceAction::Alloc || e.action == free)
+            .count();
+        assert!(ex.steps.len() <= steps);
+        if blocks < 64 {
+            assert!(ex.steps.is_empty());
+            continue;
+        }
+        long += 1;
+        if ex.steps.len() == steps {
+            found += 1;
+            assert!(recovered(&b, &ex) >= 0.55, "{}", recovered(&b, &ex));
+        }
+    }
+    assert!(found * 100 >= long * 85, "{found} of {long}");
 }

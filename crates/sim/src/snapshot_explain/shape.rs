@@ -1,0 +1,329 @@
+//! Phases from the trace's shape alone, for a trace that recorded no stacks.
+//!
+//! A training loop repeats itself: every step allocates and frees the same sizes in the same
+//! order. [`infer_windows`] finds that period in the trace's entries, puts a step boundary
+//! where the live bytes are lowest between two peaks (the last free of one step, before the
+//! next batch), and splits every step into forward pass, backward and optimizer step by its
+//! gradients: blocks of a parameter's size (the sizes of the blocks made before the first
+//! step and kept) that the step makes and frees after its last allocation, as `zero_grad`
+//! frees them: backward begins with the first (a step that frees no gradient, keeping them
+//! between steps, is split at its peak of live bytes instead). What the forward pass made
+//! and backward frees was saved for backward; backward ends when 99% of its bytes are gone,
+//! and the optimizer step follows. Entries before the first step are setup. The categories then follow from those
+//! windows by the same lifetime rules as with frames (`categorize`); the report says the
+//! phases were inferred.
+//!
+//! Where it can be wrong: what backward makes before the first parameter's gradient (the
+//! logits' gradient) counts as forward's, and at the peak split more of backward does; a step
+//! with several forward passes (gradient accumulation, activation checkpointing's recompute)
+//! is split at its highest one only; a batch made at the start of a step is named with the
+//! forward pass that reads it. A trace that does not repeat (fewer than two steps, or steps
+//! that differ), or that shows no training (no step frees a gradient, and the first keeps
+//! nothing of a parameter's size: inference repeats itself too), gets no phases, as before.
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+
+use trainmem_alloc::pytorch::replay::free_action;
+use trainmem_alloc::{TraceAction, TraceEntry};
+
+use super::frames::StackPhase;
+use super::lifetimes::{Allocation, Window};
+
+/// Tokens compared at a time to find a repetition.
+const W: usize = 16;
+/// Share of a period's entries that must repeat for it to be the loop's.
+const REPEATS: f64 = 0.97;
+/// Periods checked at most.
+const CANDIDATES: usize = 32;
+/// Share of the bytes the forward pass made that backward has freed when backward ends.
+const BACKWARD_FREES: f64 = 0.99;
+
+/// The entries a loop repeats, the allocations and frees of blocks (the allocator's own
+/// `segment_*` entries come only while its pool grows), as (trace index, token: what the
+/// entry does and to how many bytes).
+fn tokens(trace: &[TraceEntry]) -> (Vec<usize>, Vec<u64>) {
+    let free = free_action(trace);
+    trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == TraceAction::Alloc || e.action == free)
+        .map(|(k, e)| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (e.action == TraceAction::Alloc).hash(&mut h);
+            e.size.hash(&mut h);
+            (k, h.finish())
+        })
+        .unzip()
+}
+
+/// Positions where the `W` tokens at `at` occur again (`at` included), in order.
+fn occurrences(tok: &[u64], at: usize) -> Vec<usize> {
+    let key = &tok[at..at + W];
+    (0..=tok.len() - W)
+        .filter(|&q| tok[q] == key[0] && &tok[q..q + W] == key)
+        .collect()
+}
+
+/// The share of entries in `[from, from + period)` that the next period repeats (as far as
+/// the trace goes: at least half a period).
+fn repeated(tok: &[u64], from: usize, period: usize) -> f64 {
+    let end = (from + period).min(tok.len().saturating_sub(period));
+    if end < from + period / 2 {
+        return 0.0;
+    }
+    let same = (from..end).filter(|&i| tok[i] == tok[i + period]).count();
+    same as f64 / (end - from) as f64
+}
+
+/// The training steps' windows, inferred from the trace's shape (see the module's doc), or
+/// None when the trace does not repeat. `live`: the bytes live after each entry.
+pub fn infer_windows(
+    trace: &[TraceEntry],
+    allocations: &[Allocation],
+    live: &[u64],
+) -> Option<Vec<Window>> {
+    let n = trace.len();
+    if live.len() != n {
+        return None;
+    }
+    let (index, tok) = tokens(trace);
+    let m = tok.len();
+    if m < 4 * W {
+        return None;
+    }
+    let live_at = |i: usize| live[index[i]];
+    // the loop's period: the shortest distance at which the entries around the highest peak
+    // occur again, and repeat for a whole period
+    let highest = (0..m)
+        .max_by_key(|&i| (live_at(i), std::cmp::Reverse(i)))
+        .unwrap_or(0);
+    let peak = highest.clamp(W / 2, m - W) - W / 2;
+    let mut periods: Vec<(usize, usize)> = occurrences(&tok, peak)
+        .into_iter()
+        .filter(|&q| q != peak)
+        .map(|q| (q.abs_diff(peak), q.min(peak)))
+        .collect();
+    periods.sort_unstable();
+    // the nearest few (checking each costs a period's entries)
+    let (period, first) = periods
+        .into_iter()
+        .filter(|&(p, _)| p >= W)
+        .take(CANDIDATES)
+        .find(|&(p, from)| repeated(&tok, from, p) >= REPEATS)?;
+    // a step boundary: the lowest live bytes between that peak and the next one
+    let low = (first..first + period).min_by_key(|&i| (live_at(i), i))?;
+    let boundary = (low + 1).min(m - W);
+    let mut starts: Vec<usize> = Vec::new();
+    for q in occurrences(&tok, boundary) {
+        if starts.last().is_none_or(|&s| q >= s + period / 2) {
+            starts.push(q);
+        }
+    }
+    if starts.len() < 2 {
+        return None;
+    }
+    // back to the trace's entries
+    let starts: Vec<usize> = starts.into_iter().map(|i| index[i]).collect();
+    let mut windows = Vec::new();
+    let mut push = |phase: Option<StackPhase>, start: usize, end: usize, cycle: usize| {
+        if end > start {
+            windows.push(Window {
+                phase,
+                start,
+                end,
+                cycle,
+            });
+        }
+    };
+    let params = parameter_sizes(allocations, starts[0]);
+    let ends = |cycle: usize| starts.get(cycle + 1).copied().unwrap_or(n);
+    // each step's own allocations, so that each step reads only those
+    let mut made: Vec<Vec<&Allocation>> = vec![Vec::new(); starts.len()];
+    for a in allocations {
+        if let Some(at) = a.alloc_at
+            && at >= starts[0]
+        {
+            made[starts.partition_point(|&s| s <= at) - 1].push(a);
+        }
+    }
+    let steps: Vec<Step> = (0..starts.len())
+        .map(|c| Step::new(trace, starts[c], ends(c), &made[c]))
+        .collect();
+    let splits: Vec<(usize, bool)> = steps.iter().map(|st| st.forward_end(&params)).collect();
+    // a loop that trains: its steps free gradients, or its first step makes and keeps blocks
+    // of the parameters' sizes (gradients kept between steps, optimizer state); else it may
+    // be inference, with no backward to find
+    let keeps_model_state = made[0]
+        .iter()
+        .any(|a| a.free_at.is_none() && params.contains(&a.size));
+    if splits.iter().all(|s| !s.1) && !keeps_model_state {
+        return None;
+    }
+    push(Some(StackPhase::Setup), 0, starts[0], 0);
+    for (cycle, step) in steps.iter().enumerate() {
+        let (s, e) = (step.s, step.e);
+        let forward_end = splits[cycle].0;
+        let backward_end = step.backward_end(forward_end);
+        push(Some(StackPhase::Forward), s, forward_end + 1, cycle);
+        push(
+            Some(StackPhase::Backward),
+            forward_end + 1,
+            backward_end + 1,
+            cycle,
+        );
+        push(Some(StackPhase::Optimizer), backward_end + 1, e, cycle);
+    }
+    Some(windows)
+}
+
+/// The sizes of the blocks made before the first step (or live before recording began) and
+/// never freed: the model's parameters and buffers.
+fn parameter_sizes(allocations: &[Allocation], first_step: usize) -> HashSet<u64> {
+    allocations
+        .iter()
+        .filter(|a| a.free_at.is_none() && a.alloc_at.is_none_or(|at| at < first_step))
+        .map(|a| a.size)
+        .collect()
+}
+
+/// A step `[s, e)` of the trace with the allocations it makes.
+struct Step<'a> {
+    s: usize,
+    e: usize,
+    /// Its last allocation.
+    last_alloc: usize,
+    /// The allocations it makes, in order.
+    made: &'a [&'a Allocation],
+}
+
+impl<'a> Step<'a> {
+    fn new(trace: &[TraceEntry], s: usize, e: usize, made: &'a [&'a Allocation]) -> Step<'a> {
+        let last_alloc = (s..e)
+            .rev()
+            .find(|&k| matches!(trace[k].action, TraceAction::Alloc))
+            .unwrap_or(s);
+        Step {
+            s,
+            e,
+            last_alloc,
+            made,
+        }
+    }
+
+    /// A gradient candidate: a block of a parameter's size that the step makes and frees
+    /// after its last allocation, as `zero_grad` frees gradients.
+    fn gradient(&self, a: &Allocation, params: &HashSet<u64>) -> bool {
+        params.contains(&a.size)
+            && a.alloc_at.is_some_and(|at| at > self.s)
+            && a.free_at.is_some_and(|f| f > self.last_alloc && f < self.e)
+    }
+
+    /// After each of its entries, the bytes live that it made and frees itself, its
+    /// gradients left out.
+    fn own_bytes(&self, params: &HashSet<u64>) -> Vec<i128> {
+        let mut delta = vec![0i128; self.e - self.s + 1];
+        for a in self.made {
+            let (Some(at), Some(f)) = (a.alloc_at, a.free_at) else {
+                continue;
+            };
+            if f < self.e && !self.gradient(a, params) {
+                delta[at - self.s] += i128::from(a.size);
+                delta[f - self.s] -= i128::from(a.size);
+            }
+        }
+        let mut cur = 0i128;
+        delta[..self.e - self.s]
+            .iter()
+            .map(|d| {
+                cur += d;
+                cur
+            })
+            .collect()
+    }
+
+    /// (the forward pass's last entry, whether the step's gradients decided it): the entry
+    /// before its first gradient, where backward begins, when the step's own bytes there are
+    /// at least half their highest until that backward would end (a block of a parameter's
+    /// size made early in the step is a weight loaded for its forward pass, not a gradient);
+    /// else the entry after which its own bytes are highest.
+    fn forward_end(&self, params: &HashSet<u64>) -> (usize, bool) {
+        let own = self.own_bytes(params);
+        let highest_until = |end: usize| {
+            own[..end]
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, i128::MIN),
+                    |best, (i, &b)| if b > best.1 { (i, b) } else { best },
+                )
+        };
+        let first = self
+            .made
+            .iter()
+            .filter(|a| self.gradient(a, params))
+            .filter_map(|a| a.alloc_at)
+            .min();
+        if let Some(g) = first {
+            // backward, if it begins there, ends when the forward pass's bytes are freed
+            let end = self.backward_end(g - 1);
+            let (_, highest) = highest_until(end + 1 - self.s);
+            if 2 * own[g - 1 - self.s] >= highest {
+                return (g - 1, true);
+            }
+        }
+        (self.s + highest_until(own.len()).0, false)
+    }
+
+    /// The entry by which 99% of the bytes made until `pk` and freed after it, within the
+    /// step, are freed: the end of backward when the forward pass ends at `pk`.
+    fn backward_end(&self, pk: usize) -> usize {
+        let mut frees: Vec<(usize, u64)> = self
+            .made
+            .iter()
+            .filter(|a| a.alloc_at.is_some_and(|at| at <= pk))
+            .filter_map(|a| {
+                a.free_at
+                    .filter(|&f| f > pk && f < self.e)
+                    .map(|f| (f, a.size))
+            })
+            .collect();
+        frees.sort_unstable();
+        let total: u64 = frees.iter().map(|f| f.1).sum();
+        let mut freed = 0u64;
+        for (f, size) in frees {
+            freed += size;
+            if freed as f64 >= BACKWARD_FREES * total as f64 {
+                return f;
+            }
+        }
+        pk
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trainmem_alloc::StreamId;
+
+    fn entry(action: TraceAction, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: StreamId::DEFAULT,
+            time_us: None,
+            frames: Vec::new(),
+            category: None,
+        }
+    }
+
+    #[test]
+    fn a_trace_that_does_not_repeat_gets_no_phases() {
+        let trace: Vec<TraceEntry> = (0..200)
+            .map(|i| entry(TraceAction::Alloc, i * 4096, 512 * (i + 1)))
+            .collect();
+        let live: Vec<u64> = (0..200u64).map(|i| i * 10).collect();
+        assert!(infer_windows(&trace, &[], &live).is_none());
+    }
+}
