@@ -21,7 +21,7 @@ For each run it writes two files into OUT (a folder named after the device insid
 
 The truth also carries, as (first, last) trace entries, the calls the profiler's Python tracer
 saw: `forward` (the outermost module calls), `backward` (`Tensor.backward`) and
-`optimizer_step` (an optimizer's `step`); on a GPU an entry's time is its matched
+`optimizer_step` (an optimizer's `step`, any `torch.optim.Optimizer`); on a GPU an entry's time is its matched
 allocation's, else the last matched one's before it.
 
 `cargo xtask validate profiler` and the test `explain_agrees_with_torch_profiler_on_every_
@@ -61,6 +61,14 @@ CPU_RUNS = [
     "bf16-llama-tiny-adamw",
     "lora-llama-tiny-adamw",
     "handwritten-gpt-tiny-adamw",
+    "gpt2-tiny-adamw-foreach",
+    "autocast-gpt2-tiny-adamw",
+    "bert-tiny-sgd-checkpointing",
+    "lora-gpt2-tiny-adamw",
+    "resnet18-adamw",
+    "mixtral-tiny-adamw",
+    "litgpt-llama-tiny-adamw",
+    "llama-tiny-adafactor",
 ]
 CUDA_RUNS = [
     "llama-small-sdpa-adamw-fused",
@@ -187,7 +195,7 @@ def allocation_events(prof, device):
 def calls(prof):
     """(start, end) in ns of the calls the Python tracer saw, by kind: `forward`, the
     outermost module calls; `backward`, `Tensor.backward`; `optimizer_step`, an optimizer's
-    `step` in `torch/optim`."""
+    `step` (a call the tracer records an optimizer with)."""
     found = {"forward": [], "backward": [], "optimizer_step": []}
     stack = [(e, False) for e in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
@@ -205,7 +213,13 @@ def calls(prof):
         path, name = m.group(1), m.group(3)
         if name == "backward" and path.endswith("torch/_tensor.py"):
             found["backward"].append(span)
-        if name == "step" and "torch/optim/" in path:
+        # every torch.optim.Optimizer's `step` (transformers' Adafactor too) runs inside the
+        # wrapper torch/optim/optimizer.py puts around it, which calls
+        # `_optimizer_step_code`: the call the tracer records the optimizer's state with
+        if name == "wrapper" and path.endswith("torch/optim/optimizer.py") and any(
+                c.typed[0] == _EventType.PyCall
+                and getattr(c.typed[1], "optimizer", None) is not None
+                for c in e.children):
             found["optimizer_step"].append(span)
     # an optimizer's `step` wraps the `step` of its class: the outermost of each
     steps = sorted(found["optimizer_step"])

@@ -65,15 +65,35 @@ fn occurrences(tok: &[u64], at: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The share of entries in `[from, from + period)` that the next period repeats (as far as
-/// the trace goes: at least half a period).
+/// The share of the entries from `from` that the entries a period later repeat, over a
+/// period or an eighth of the trace, whichever is longer (a layer's or a parameter group's
+/// repetition inside one step is not the loop's), as far as the trace goes: at least half
+/// of that.
 fn repeated(tok: &[u64], from: usize, period: usize) -> f64 {
-    let end = (from + period).min(tok.len().saturating_sub(period));
-    if end < from + period / 2 {
+    let span = period.max(tok.len() / 8);
+    let end = (from + span).min(tok.len().saturating_sub(period));
+    if end < from + span / 2 {
         return 0.0;
     }
     let same = (from..end).filter(|&i| tok[i] == tok[i + period]).count();
     same as f64 / (end - from) as f64
+}
+
+/// The shortest period at which the `W` entries at `at` occur again and the entries repeat
+/// for a whole period: (period, where the earlier of the two occurrences is).
+fn period_at(tok: &[u64], at: usize) -> Option<(usize, usize)> {
+    let mut periods: Vec<(usize, usize)> = occurrences(tok, at)
+        .into_iter()
+        .filter(|&q| q != at)
+        .map(|q| (q.abs_diff(at), q.min(at)))
+        .collect();
+    periods.sort_unstable();
+    // the nearest few (checking each costs a period's entries)
+    periods
+        .into_iter()
+        .filter(|&(p, _)| p >= W)
+        .take(CANDIDATES)
+        .find(|&(p, from)| repeated(tok, from, p) >= REPEATS)
 }
 
 /// The training steps' windows, inferred from the trace's shape (see the module's doc), or
@@ -93,24 +113,17 @@ pub fn infer_windows(
         return None;
     }
     let live_at = |i: usize| live[index[i]];
-    // the loop's period: the shortest distance at which the entries around the highest peak
-    // occur again, and repeat for a whole period
-    let highest = (0..m)
-        .max_by_key(|&i| (live_at(i), std::cmp::Reverse(i)))
-        .unwrap_or(0);
-    let peak = highest.clamp(W / 2, m - W) - W / 2;
-    let mut periods: Vec<(usize, usize)> = occurrences(&tok, peak)
+    // the loop's period: the shortest distance at which the entries around a peak occur
+    // again, and repeat for a whole period. The highest peak first; where that is the first
+    // step's alone (an optimizer making its state), the highest of the trace's second half
+    let highest = |from: usize| {
+        (from..m)
+            .max_by_key(|&i| (live_at(i), std::cmp::Reverse(i)))
+            .unwrap_or(from)
+    };
+    let (period, first) = [highest(0), highest(m / 2)]
         .into_iter()
-        .filter(|&q| q != peak)
-        .map(|q| (q.abs_diff(peak), q.min(peak)))
-        .collect();
-    periods.sort_unstable();
-    // the nearest few (checking each costs a period's entries)
-    let (period, first) = periods
-        .into_iter()
-        .filter(|&(p, _)| p >= W)
-        .take(CANDIDATES)
-        .find(|&(p, from)| repeated(&tok, from, p) >= REPEATS)?;
+        .find_map(|at| period_at(&tok, at.clamp(W / 2, m - W) - W / 2))?;
     // a step boundary: the lowest live bytes between that peak and the next one
     let low = (first..first + period).min_by_key(|&i| (live_at(i), i))?;
     let boundary = (low + 1).min(m - W);
