@@ -96,7 +96,7 @@ fn a_wrong_category_is_caught() {
 /// Without frames, lifetimes alone decide, in the phases inferred from the trace's shape
 /// (`snapshot_explain::shape`): what they get right of the peak's bytes on real runs, held
 /// so it does not fall. Measured over the 19 runs: 48.5% (BERT with activation checkpointing,
-/// whose backward runs the forward pass again) to 100%, 85% or more in 14.
+/// whose backward runs the forward pass again) to 100%, 85% or more in 15.
 #[test]
 fn without_frames_lifetimes_alone_decide() {
     let mut shares = Vec::new();

@@ -13,13 +13,18 @@
 //! windows by the same lifetime rules as with frames (`categorize`); the report says the
 //! phases were inferred.
 //!
+//! Gradient accumulation runs the forward pass and backward several times a step: where a
+//! step's first entries occur again after its first backward, each occurrence starts another
+//! micro-batch, split at the peak of the bytes the step makes and frees itself.
+//!
 //! Where it can be wrong: what backward makes before the first parameter's gradient (the
-//! logits' gradient) counts as forward's, and at the peak split more of backward does; a step
-//! with several forward passes (gradient accumulation, activation checkpointing's recompute)
-//! is split at its highest one only; a batch made at the start of a step is named with the
-//! forward pass that reads it. A trace that does not repeat (fewer than two steps, or steps
-//! that differ), or that shows no training (no step frees a gradient, and the first keeps
-//! nothing of a parameter's size: inference repeats itself too), gets no phases, as before.
+//! logits' gradient) counts as forward's, and at a peak split more of backward does; a step
+//! whose first gradient comes late (LoRA, whose frozen last layers make none) is split at its
+//! peak; activation checkpointing's recompute in backward is taken for backward's own; a batch
+//! made at the start of a step is named with the forward pass that reads it. A trace that
+//! does not repeat (fewer than two steps, or steps that differ), or that shows no training (no
+//! step frees a gradient, and the first keeps nothing of a parameter's size: inference
+//! repeats itself too), gets no phases, as before.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -127,8 +132,9 @@ pub fn infer_windows(
     // a step boundary: the lowest live bytes between that peak and the next one
     let low = (first..first + period).min_by_key(|&i| (live_at(i), i))?;
     let boundary = (low + 1).min(m - W);
+    let occurs = occurrences(&tok, boundary);
     let mut starts: Vec<usize> = Vec::new();
-    for q in occurrences(&tok, boundary) {
+    for &q in &occurs {
         if starts.last().is_none_or(|&s| q >= s + period / 2) {
             starts.push(q);
         }
@@ -136,6 +142,22 @@ pub fn infer_windows(
     if starts.len() < 2 {
         return None;
     }
+    // where each step's first entries (the same at every step's start) occur again inside
+    // it: its micro-batches (gradient accumulation runs the forward pass and backward several
+    // times a step)
+    let repeats_in_step: Vec<Vec<usize>> = starts
+        .iter()
+        .enumerate()
+        .map(|(c, &st)| {
+            let end = starts.get(c + 1).copied().unwrap_or(m);
+            let from = occurs.partition_point(|&q| q <= st + W);
+            let to = occurs.partition_point(|&q| q < end);
+            occurs[from..to.max(from)]
+                .iter()
+                .map(|&q| index[q])
+                .collect()
+        })
+        .collect();
     // back to the trace's entries
     let starts: Vec<usize> = starts.into_iter().map(|i| index[i]).collect();
     let mut windows = Vec::new();
@@ -176,9 +198,27 @@ pub fn infer_windows(
     push(Some(StackPhase::Setup), 0, starts[0], 0);
     for (cycle, step) in steps.iter().enumerate() {
         let (s, e) = (step.s, step.e);
-        let forward_end = splits[cycle].0;
-        let backward_end = step.backward_end(forward_end);
+        let mut forward_end = splits[cycle].0;
+        let mut backward_end = step.backward_end(s, forward_end);
+        // further micro-batches: each starts as the step does, after the first's backward;
+        // each is split at the peak of the bytes it makes and frees itself
+        let micro: Vec<usize> = repeats_in_step[cycle]
+            .iter()
+            .copied()
+            .filter(|&q| q > backward_end)
+            .collect();
+        let own = step.own_bytes(&params);
         push(Some(StackPhase::Forward), s, forward_end + 1, cycle);
+        for (i, &ms) in micro.iter().enumerate() {
+            push(Some(StackPhase::Backward), forward_end + 1, ms, cycle);
+            let me = micro.get(i + 1).copied().unwrap_or(e);
+            let fe = (ms..me)
+                .max_by_key(|&k| (own[k - s], std::cmp::Reverse(k)))
+                .unwrap_or(ms);
+            push(Some(StackPhase::Forward), ms, fe + 1, cycle);
+            forward_end = fe;
+            backward_end = step.backward_end(ms, fe);
+        }
         push(
             Some(StackPhase::Backward),
             forward_end + 1,
@@ -279,7 +319,7 @@ impl<'a> Step<'a> {
             .min();
         if let Some(g) = first {
             // backward, if it begins there, ends when the forward pass's bytes are freed
-            let end = self.backward_end(g - 1);
+            let end = self.backward_end(self.s, g - 1);
             let (_, highest) = highest_until(end + 1 - self.s);
             if 2 * own[g - 1 - self.s] >= highest {
                 return (g - 1, true);
@@ -288,13 +328,14 @@ impl<'a> Step<'a> {
         (self.s + highest_until(own.len()).0, false)
     }
 
-    /// The entry by which 99% of the bytes made until `pk` and freed after it, within the
-    /// step, are freed: the end of backward when the forward pass ends at `pk`.
-    fn backward_end(&self, pk: usize) -> usize {
+    /// The entry by which 99% of the bytes made from `from` until `pk` and freed after it,
+    /// within the step, are freed: the end of backward when a forward pass runs from `from`
+    /// to `pk`.
+    fn backward_end(&self, from: usize, pk: usize) -> usize {
         let mut frees: Vec<(usize, u64)> = self
             .made
             .iter()
-            .filter(|a| a.alloc_at.is_some_and(|at| at <= pk))
+            .filter(|a| a.alloc_at.is_some_and(|at| at >= from && at <= pk))
             .filter_map(|a| {
                 a.free_at
                     .filter(|&f| f > pk && f < self.e)
