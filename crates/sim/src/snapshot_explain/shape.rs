@@ -1,17 +1,19 @@
 //! Phases from the trace's shape alone, for a trace that recorded no stacks.
 //!
 //! A training loop repeats itself: every step allocates and frees the same sizes in the same
-//! order. [`infer_windows`] finds that period in the trace's entries, puts a step boundary
+//! order. [`infer_windows`] finds that period in the trace's entries and puts a step boundary
 //! where the live bytes are lowest between two peaks (the last free of one step, before the
-//! next batch), and splits every step into forward pass, backward and optimizer step by its
-//! gradients: blocks of a parameter's size (the sizes of the blocks made before the first
-//! step and kept) that the step makes and frees after its last allocation, as `zero_grad`
-//! frees them: backward begins with the first (a step that frees no gradient, keeping them
-//! between steps, is split at its peak of live bytes instead). What the forward pass made
-//! and backward frees was saved for backward; backward ends when 99% of its bytes are gone,
-//! and the optimizer step follows. Entries before the first step are setup. The categories then follow from those
-//! windows by the same lifetime rules as with frames (`categorize`); the report says the
-//! phases were inferred.
+//! next batch). Entries before the first step are setup.
+//!
+//! Each step is split by its gradients: blocks of a parameter's size (the sizes of the
+//! blocks made before the first step and kept) that the step makes and frees after its last
+//! allocation, as `zero_grad` frees them. Its forward pass ends where the first gradient is
+//! made. A step that frees no gradient (they are kept between steps) ends its forward pass
+//! where the bytes it makes and frees itself are highest instead. What the forward pass made
+//! and a later entry of the step frees was saved for backward; backward ends when 99% of
+//! those bytes are gone, and the optimizer step follows. The categories then follow from
+//! those windows by the same lifetime rules as with frames (`categorize`), and the report
+//! says the phases were inferred.
 //!
 //! Gradient accumulation runs the forward pass and backward several times a step: where a
 //! step's first entries occur again after its first backward, each occurrence starts another
@@ -369,6 +371,64 @@ mod tests {
             time_us: None,
             frames: Vec::new(),
             category: None,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+        /// Any trace of allocations and frees (repeated or not, sizes of 0) is explained
+        /// without a panic, and where steps are found their windows cover every entry, in
+        /// order, none empty.
+        #[test]
+        fn any_trace_is_read_without_a_panic(
+            ops in proptest::collection::vec((0u8..4, 0u64..6, 0usize..8), 0..400),
+            repeat in 1usize..5,
+        ) {
+            use trainmem_alloc::pytorch::framed::FramedSnapshot;
+            let mut trace = Vec::new();
+            let mut live: Vec<u64> = Vec::new();
+            let mut next = 0x1000u64;
+            for _ in 0..repeat {
+                for &(kind, size, pick) in &ops {
+                    if kind < 2 || live.is_empty() {
+                        trace.push(entry(TraceAction::Alloc, next, size * 512));
+                        live.push(next);
+                        next += 0x10000;
+                    } else {
+                        let addr = live.remove(pick % live.len());
+                        trace.push(entry(TraceAction::FreeCompleted, addr, 512));
+                    }
+                }
+            }
+            let n = trace.len();
+            let f = FramedSnapshot {
+                snapshot: trainmem_alloc::Snapshot {
+                    device_traces: vec![trace],
+                    ..Default::default()
+                },
+                frames: Vec::new(),
+                stacks: vec![Vec::new()],
+                event_stacks: vec![vec![0; n]],
+                block_stacks: Vec::new(),
+                unreadable_frames: 0,
+            };
+            let opts = crate::snapshot_explain::ExplainOptions {
+                replay_remedies: false,
+                ..Default::default()
+            };
+            let lt = crate::snapshot_explain::lifetimes::lifetimes(&f, 0);
+            let live = crate::snapshot_explain::live_curve(&lt.allocations, n);
+            if let Some(ws) = infer_windows(&f.snapshot.device_traces[0], &lt.allocations, &live) {
+                proptest::prop_assert_eq!(ws.first().map(|w| w.start), Some(0));
+                proptest::prop_assert_eq!(ws.last().map(|w| w.end), Some(n));
+                for pair in ws.windows(2) {
+                    proptest::prop_assert_eq!(pair[0].end, pair[1].start);
+                    proptest::prop_assert!(pair[0].cycle <= pair[1].cycle);
+                }
+                proptest::prop_assert!(ws.iter().all(|w| w.end > w.start));
+            }
+            let explained = crate::snapshot_explain::explain_snapshot(&f, &opts);
+            proptest::prop_assert!(explained.is_ok() || n == 0);
         }
     }
 
