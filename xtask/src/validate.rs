@@ -29,7 +29,7 @@ pub enum ValidateCommand {
 #[derive(Debug, clap::Args)]
 pub struct ProfilerArgs {
     /// Profile the runs first: run validation/pytorch/profile_truth.py on the CPU in
-    /// `target/validation-venv` into fixtures/pytorch-profiled/cpu/ (about a minute).
+    /// `target/validation-venv` into fixtures/pytorch-profiled/cpu/ (19 runs, about 90 s).
     #[arg(long)]
     pub record: bool,
     /// Compare the runs under this folder instead of fixtures/pytorch-profiled/.
