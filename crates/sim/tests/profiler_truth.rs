@@ -95,8 +95,9 @@ fn a_wrong_category_is_caught() {
 
 /// Without frames, lifetimes alone decide, in the phases inferred from the trace's shape
 /// (`snapshot_explain::shape`): what they get right of the peak's bytes on real runs, held
-/// so it does not fall. Measured over the 19 runs: 48.5% (BERT with activation checkpointing,
-/// whose backward runs the forward pass again) to 100%, 85% or more in 15.
+/// so it does not fall. Measured over the 19 runs: 99.3% or more in 17; the two with
+/// activation checkpointing lower, whose backward runs the forward pass again (LLaMA 98.9%,
+/// BERT 48.5%).
 #[test]
 fn without_frames_lifetimes_alone_decide() {
     let mut shares = Vec::new();
@@ -110,10 +111,10 @@ fn without_frames_lifetimes_alone_decide() {
         );
         shares.push(c.at_peak.share());
     }
-    let good = shares.iter().filter(|&&s| s >= 0.85).count();
+    let good = shares.iter().filter(|&&s| s >= 0.99).count();
     assert!(
-        good * 10 >= shares.len() * 7,
-        "{good} of {} runs at 85% or more: {shares:?}",
+        good * 100 >= shares.len() * 85,
+        "{good} of {} runs at 99% or more: {shares:?}",
         shares.len()
     );
 }

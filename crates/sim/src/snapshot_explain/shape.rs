@@ -7,26 +7,28 @@
 //!
 //! Each step is split by its gradients: blocks of a parameter's size (the sizes of the
 //! blocks made before the first step and kept) that the step makes and frees after its last
-//! allocation, as `zero_grad` frees them. Its forward pass ends where the first gradient is
-//! made. A step that frees no gradient (they are kept between steps) ends its forward pass
-//! where the bytes it makes and frees itself are highest instead. What the forward pass made
-//! and a later entry of the step frees was saved for backward; backward ends when 99% of
-//! those bytes are gone, and the optimizer step follows. The categories then follow from
-//! those windows by the same lifetime rules as with frames (`categorize`), and the report
-//! says the phases were inferred.
+//! allocation, as `zero_grad` frees them. Its forward pass ends before the first gradient is
+//! made, at the loss: the last block of the smallest size made before that point that
+//! outlives backward, made once the forward pass holds most of its bytes. A step that frees
+//! no gradient (they are kept between steps) looks for the loss before the point where the
+//! bytes it makes and frees itself are highest instead. What the forward pass made and a
+//! later entry of the step frees was saved for backward; backward ends when 99% of those
+//! bytes are gone, and the optimizer step follows. The categories then follow from those
+//! windows by the same lifetime rules as with frames (`categorize`), and the report says
+//! the phases were inferred.
 //!
 //! Gradient accumulation runs the forward pass and backward several times a step: where a
 //! step's first entries occur again after its first backward, each occurrence starts another
-//! micro-batch, split at the peak of the bytes the step makes and frees itself.
+//! micro-batch, whose forward pass ends at its loss before the peak of the bytes the step
+//! makes and frees itself.
 //!
-//! Where it can be wrong: what backward makes before the first parameter's gradient (the
-//! logits' gradient) counts as forward's, and at a peak split more of backward does; a step
-//! whose first gradient comes late (LoRA, whose frozen last layers make none) is split at its
-//! peak; activation checkpointing's recompute in backward is taken for backward's own; a batch
-//! made at the start of a step is named with the forward pass that reads it. A trace that
-//! does not repeat (fewer than two steps, or steps that differ), or that shows no training (no
-//! step frees a gradient, and the first keeps nothing of a parameter's size: inference
-//! repeats itself too), gets no phases, as before.
+//! Where it can be wrong: a loss that is not a small block outliving backward leaves the
+//! split at the first gradient (or the peak), so what backward made until then (the logits'
+//! gradient) counts as forward's; activation checkpointing's recompute in backward is taken
+//! for backward's own; a batch made at the start of a step is named with the forward pass
+//! that reads it. A trace that does not repeat (fewer than two steps, or steps that differ),
+//! or that shows no training (no step frees a gradient, and the first keeps nothing of a
+//! parameter's size: inference repeats itself too), gets no phases, as before.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -214,9 +216,12 @@ pub fn infer_windows(
         for (i, &ms) in micro.iter().enumerate() {
             push(Some(StackPhase::Backward), forward_end + 1, ms, cycle);
             let me = micro.get(i + 1).copied().unwrap_or(e);
-            let fe = (ms..me)
+            let peak = (ms..me)
                 .max_by_key(|&k| (own[k - s], std::cmp::Reverse(k)))
                 .unwrap_or(ms);
+            let fe = step
+                .loss_before(&own, peak, step.backward_end(ms, peak))
+                .max(ms);
             push(Some(StackPhase::Forward), ms, fe + 1, cycle);
             forward_end = fe;
             backward_end = step.backward_end(ms, fe);
@@ -324,10 +329,31 @@ impl<'a> Step<'a> {
             let end = self.backward_end(self.s, g - 1);
             let (_, highest) = highest_until(end + 1 - self.s);
             if 2 * own[g - 1 - self.s] >= highest {
-                return (g - 1, true);
+                return (self.loss_before(&own, g - 1, end), true);
             }
         }
-        (self.s + highest_until(own.len()).0, false)
+        let peak = self.s + highest_until(own.len()).0;
+        (
+            self.loss_before(&own, peak, self.backward_end(self.s, peak)),
+            false,
+        )
+    }
+
+    /// The forward pass ends with the loss: the last block of the smallest size before
+    /// `split` that outlives backward (ending at `end`), made when the step's own bytes
+    /// (`own`) were at least half what they are at `split` (a small block made early, such
+    /// as a batch's labels, is not the loss). What backward makes before its first gradient
+    /// (the logits' gradient) comes after it. `split` when there is none.
+    fn loss_before(&self, own: &[i128], split: usize, end: usize) -> usize {
+        let smallest = self.made.iter().map(|a| a.size).min().unwrap_or(0);
+        self.made
+            .iter()
+            .filter(|a| a.size <= smallest.max(512))
+            .filter(|a| a.free_at.is_none_or(|f| f > end))
+            .filter_map(|a| a.alloc_at)
+            .filter(|&at| at <= split && 2 * own[at - self.s] >= own[split - self.s])
+            .max()
+            .unwrap_or(split)
     }
 
     /// The entry by which 99% of the bytes made from `from` until `pk` and freed after it,
