@@ -200,12 +200,15 @@ fn made_for_one_forward(
     let (Some(fwd), Some(freed)) = (next_forward[wa], freed) else {
         return false;
     };
+    if !between_steps || freed <= fwd {
+        return false;
+    }
     // a forward that ends only at the window after it is the same forward's continuation
     // (a window of the loss between module calls): the next *other* forward
     let after = (fwd + 1..windows.len()).find(|&w| {
         windows[w].phase == Some(StackPhase::Forward) && windows[w].cycle != windows[fwd].cycle
     });
-    between_steps && freed > fwd && after.is_none_or(|next| freed < next)
+    after.is_none_or(|next| freed < next)
 }
 
 /// The category of a block live before recording began, by the phase that freed it.

@@ -187,7 +187,7 @@ pub fn infer_windows(
         }
     }
     let steps: Vec<Step> = (0..starts.len())
-        .map(|c| Step::new(trace, starts[c], ends(c), &made[c]))
+        .map(|c| Step::new(trace, starts[c], ends(c), &made[c], &params))
         .collect();
     let splits: Vec<(usize, bool)> = steps.iter().map(|st| st.forward_end(&params)).collect();
     // a loop that trains: its steps free gradients, or its first step makes and keeps blocks
@@ -211,7 +211,7 @@ pub fn infer_windows(
             .copied()
             .filter(|&q| q > backward_end)
             .collect();
-        let own = step.own_bytes(&params);
+        let own = &step.own;
         push(Some(StackPhase::Forward), s, forward_end + 1, cycle);
         for (i, &ms) in micro.iter().enumerate() {
             push(Some(StackPhase::Backward), forward_end + 1, ms, cycle);
@@ -219,9 +219,7 @@ pub fn infer_windows(
             let peak = (ms..me)
                 .max_by_key(|&k| (own[k - s], std::cmp::Reverse(k)))
                 .unwrap_or(ms);
-            let fe = step
-                .loss_before(&own, peak, step.backward_end(ms, peak))
-                .max(ms);
+            let fe = step.loss_before(peak, step.backward_end(ms, peak)).max(ms);
             push(Some(StackPhase::Forward), ms, fe + 1, cycle);
             forward_end = fe;
             backward_end = step.backward_end(ms, fe);
@@ -255,20 +253,32 @@ struct Step<'a> {
     last_alloc: usize,
     /// The allocations it makes, in order.
     made: &'a [&'a Allocation],
+    /// After each of its entries, the bytes live that it made and frees itself, its
+    /// gradients left out.
+    own: Vec<i128>,
 }
 
 impl<'a> Step<'a> {
-    fn new(trace: &[TraceEntry], s: usize, e: usize, made: &'a [&'a Allocation]) -> Step<'a> {
+    fn new(
+        trace: &[TraceEntry],
+        s: usize,
+        e: usize,
+        made: &'a [&'a Allocation],
+        params: &HashSet<u64>,
+    ) -> Step<'a> {
         let last_alloc = (s..e)
             .rev()
             .find(|&k| matches!(trace[k].action, TraceAction::Alloc))
             .unwrap_or(s);
-        Step {
+        let mut step = Step {
             s,
             e,
             last_alloc,
             made,
-        }
+            own: Vec::new(),
+        };
+        step.own = step.own_bytes(params);
+        step
     }
 
     /// A gradient candidate: a block of a parameter's size that the step makes and frees
@@ -279,8 +289,7 @@ impl<'a> Step<'a> {
             && a.free_at.is_some_and(|f| f > self.last_alloc && f < self.e)
     }
 
-    /// After each of its entries, the bytes live that it made and frees itself, its
-    /// gradients left out.
+    /// [`Step::own`], counted.
     fn own_bytes(&self, params: &HashSet<u64>) -> Vec<i128> {
         let mut delta = vec![0i128; self.e - self.s + 1];
         for a in self.made {
@@ -308,7 +317,7 @@ impl<'a> Step<'a> {
     /// size made early in the step is a weight loaded for its forward pass, not a gradient);
     /// else the entry after which its own bytes are highest.
     fn forward_end(&self, params: &HashSet<u64>) -> (usize, bool) {
-        let own = self.own_bytes(params);
+        let own = &self.own;
         let highest_until = |end: usize| {
             own[..end]
                 .iter()
@@ -329,22 +338,23 @@ impl<'a> Step<'a> {
             let end = self.backward_end(self.s, g - 1);
             let (_, highest) = highest_until(end + 1 - self.s);
             if 2 * own[g - 1 - self.s] >= highest {
-                return (self.loss_before(&own, g - 1, end), true);
+                return (self.loss_before(g - 1, end), true);
             }
         }
         let peak = self.s + highest_until(own.len()).0;
         (
-            self.loss_before(&own, peak, self.backward_end(self.s, peak)),
+            self.loss_before(peak, self.backward_end(self.s, peak)),
             false,
         )
     }
 
     /// The forward pass ends with the loss: the last block of the smallest size before
     /// `split` that outlives backward (ending at `end`), made when the step's own bytes
-    /// (`own`) were at least half what they are at `split` (a small block made early, such
-    /// as a batch's labels, is not the loss). What backward makes before its first gradient
-    /// (the logits' gradient) comes after it. `split` when there is none.
-    fn loss_before(&self, own: &[i128], split: usize, end: usize) -> usize {
+    /// ([`Step::own`]) were at least half what they are at `split` (a small block made
+    /// early, such as a batch's labels, is not the loss). What backward makes before its
+    /// first gradient (the logits' gradient) comes after it. `split` when there is none.
+    fn loss_before(&self, split: usize, end: usize) -> usize {
+        let own = &self.own;
         let smallest = self.made.iter().map(|a| a.size).min().unwrap_or(0);
         self.made
             .iter()
