@@ -3,6 +3,8 @@
 #   cargo build --release -p xtask --features cuda
 #   cargo test --release -p trainmem-alloc --features cuda --no-run
 # then, on the GPU machine, from the repository root with target/ carried: scripts/gpu-check.sh
+# (where target/ cannot travel, as on a lent machine: scripts/device-bundle.sh here, then
+# scripts/device-check.sh there, which runs this check and the PyTorch recordings too)
 # It writes fixtures/gpu-check/<device>/gpu-check.json (xtask gpu-check), the measured
 # runs whole under runs/<scenario>/, and alloc-cuda.txt beside them (the allocator's CUDA test).
 # Exit status: non-zero if either failed. XTASK and ALLOC_TEST name the binaries when they
