@@ -85,8 +85,8 @@ pub struct ExplainArgs {
     /// (snapshot.annotated.pickle, for pytorch.org/memory_viz) to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Snapshots: the device capacity the remedies are judged on, e.g. `24GiB` (default: the
-    /// capacity the run ran out of memory on, if it did).
+    /// The device capacity the remedies are judged on, e.g. `24GiB`. Snapshots: default the
+    /// capacity the run ran out of memory on, if it did; plans: default the plan's.
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// Snapshots: which device's trace to explain (default: the first with a trace).
@@ -285,6 +285,13 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
             if let Some((_, msg)) = &r.first_failing {
                 println!("  {msg}");
             }
+            println!(
+                "`trainmem explain {} --capacity {}` simulates the plan's other knobs \
+                 (checkpointing, attention, precision, optimizer, allocator, micro-batch) and \
+                 what fits with them",
+                args.plan.display(),
+                human(capacity).replace(' ', "")
+            );
             Ok(ExitCode::from(2))
         }
     }
@@ -299,12 +306,15 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         return crate::explain_snapshot::run(&args, &args.plan, &bytes);
     }
     anyhow::ensure!(
-        args.out.is_none() && args.capacity.is_none() && args.device.is_none(),
-        "--out, --capacity and --device apply to snapshot pickles; {} is a plan",
+        args.out.is_none() && args.device.is_none(),
+        "--out and --device apply to snapshot pickles; {} is a plan",
         args.plan.display()
     );
     keep_freed_heap();
-    let plan = load(&args.plan)?;
+    let mut plan = load(&args.plan)?;
+    if let Some(capacity) = args.capacity {
+        plan.device.capacity.0 = capacity;
+    }
     let flags = ProgressFlags {
         quiet: args.quiet,
         lines: args.progress,
@@ -324,6 +334,21 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         for f in &findings {
             println!("* {}\n", f.text);
         }
+        // a plan that does not fit, or barely: each of its knobs that would help, simulated
+        let close = r.summary.oom.is_some()
+            || r.summary.peak_reserved as f64
+                > trainmem_sim::plan_remedies::CLOSE_TO_CAPACITY * plan.device.capacity.0 as f64;
+        if close {
+            let mut reporter = Reporter::new("what would fit", flags, 0);
+            let remedies = trainmem_sim::plan_remedies(&plan, Machine::detect(), &mut |c| {
+                reporter.note(&format!("simulating {c}"))
+            })
+            .context("simulating the plan's remedies")?;
+            reporter.finish();
+            if remedies.worth_showing() {
+                print!("{}", render_remedies(&remedies));
+            }
+        }
     }
     // A plan that does not fit is a predicted OOM, exit code 2, as under `simulate` and `fit`.
     Ok(if r.summary.oom.is_some() {
@@ -331,4 +356,32 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `explain`'s "what would fit" section: the plan's need, then each change with its own.
+fn render_remedies(r: &trainmem_sim::PlanRemedies) -> String {
+    use std::fmt::Write as _;
+    let need = |n: &trainmem_sim::plan_remedies::Need| {
+        if n.fits {
+            format!(
+                "fits: peak allocated {}, reserved {}",
+                human(n.peak_allocated),
+                human(n.peak_reserved)
+            )
+        } else {
+            format!("does not fit: needs {} allocated", human(n.peak_allocated))
+        }
+    };
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "What would fit in {} (the plan as written {}; each change simulated over fit's probe \
+         steps):",
+        human(r.capacity),
+        need(&r.plan)
+    );
+    for x in &r.remedies {
+        let _ = writeln!(o, "  - {}: {} ({})", x.change, need(&x.need), x.why);
+    }
+    o
 }

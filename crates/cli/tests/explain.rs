@@ -28,6 +28,8 @@ fn explain(path: &Path, code: i32) -> (String, Vec<String>) {
     let out = trainmem(&["explain", s(path)]);
     assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
     let text = stdout(&out);
+    // the findings, without the "what would fit" section a plan that does not fit ends with
+    let text = text.split("What would fit in ").next().unwrap_or_default();
     let (title, rest) = text.split_once("\n\n").expect("a title line");
     let bullets = rest
         .split("\n\n")
@@ -261,4 +263,46 @@ fn a_plan_that_does_not_fit_names_the_oom_and_exits_2() {
     // --json too
     let out = trainmem(&["explain", s(&plan), "--json"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// A plan that does not fit ends with what its own knobs would need, each simulated: the
+/// library's remedies, in the plan's keys, and `--capacity` judges the plan on another device.
+#[test]
+fn a_plan_that_does_not_fit_lists_what_would_fit() {
+    let path = fixture_plan("gpt2-small");
+    let out = trainmem(&["explain", s(&path), "--capacity", "6GiB"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (_, section) = text
+        .split_once("What would fit in 6.00 GiB (the plan as written does not fit: needs ")
+        .unwrap_or_else(|| panic!("a what-would-fit section: {text}"));
+    let lines: Vec<&str> = section.lines().skip(1).collect();
+    assert!(lines.iter().all(|l| l.starts_with("  - ")), "{section}");
+    // the same changes as the library, in its order, each with its verdict
+    let mut plan = Plan::load(&path).expect("the fixture loads");
+    plan.device.capacity.0 = 6 << 30;
+    let r = trainmem_sim::plan_remedies(&plan, trainmem_sim::Machine::detect(), &mut |_| {})
+        .expect("simulates");
+    assert_eq!(lines.len(), r.remedies.len(), "{section}");
+    for (line, x) in lines.iter().zip(&r.remedies) {
+        let verdict = if x.need.fits { "fits" } else { "does not fit" };
+        assert!(
+            line.starts_with(&format!("  - {}: {verdict}", x.change)),
+            "{line} vs {x:?}"
+        );
+    }
+    assert!(
+        text.contains("checkpointing.policy = \"sqrt\": fits"),
+        "{section}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("  - together: ")),
+        "{section}"
+    );
+    // with room to spare: no section
+    let out = trainmem(&["explain", s(&path), "--capacity", "80GiB"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("What would fit"), "{}", stdout(&out));
 }

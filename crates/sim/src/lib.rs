@@ -62,6 +62,7 @@ pub mod lower;
 pub mod machine;
 pub mod param_shapes;
 pub mod params;
+pub mod plan_remedies;
 pub mod profile;
 pub mod report;
 pub mod snapshot_explain;
@@ -71,6 +72,7 @@ pub use engine::{SimOptions, SimResult, Summary, simulate};
 pub use explain::{Finding, PatternKind, explain};
 pub use fit::{FitResult, FitTarget, fit, fit_with_progress};
 pub use machine::Machine;
+pub use plan_remedies::{PlanRemedies, PlanRemedy, plan_remedies};
 pub use profile::FrameworkProfile;
 pub use report::{Report, render_text, report};
 

@@ -104,11 +104,16 @@ fn write_header(o: &mut String, plan: &Plan, rep: &Report) {
         plan.accumulation_steps(),
         plan.optimizer.kind.name()
     );
+    // the allocator's settings as PYTORCH_CUDA_ALLOC_CONF spells them, or its defaults
+    let allocator = if plan.device.allocator.trim().is_empty() {
+        "the caching allocator's defaults".to_string()
+    } else {
+        format!("allocator \"{}\"", plan.device.allocator)
+    };
     let _ = writeln!(
         o,
-        "  device: {} capacity, allocator \"{}\"; {} step(s) simulated, {} allocations",
+        "  device: {} capacity, {allocator}; {} step(s) simulated, {} allocations",
         human(plan.device.capacity.0),
-        plan.device.allocator,
         s.steps,
         s.allocations
     );
