@@ -306,3 +306,54 @@ fn a_plan_that_does_not_fit_lists_what_would_fit() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(!stdout(&out).contains("What would fit"), "{}", stdout(&out));
 }
+
+/// README's example: a LoRA fine-tune of Gemma-2-2B at batch 4 and sequence 2048 in bf16 fits
+/// 24 GiB with no single change (checkpointing alone still needs about 32.6 GiB: the
+/// 256k-token logits), and with the changes that help together at micro-batch 2 it does.
+#[test]
+fn gemma_2_lora_fits_24_gib_only_with_its_changes_together() {
+    let dir = empty_dir("explain-gemma");
+    let config = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf/gemma-2-2b.json");
+    let plan = dir.join("gemma.toml");
+    let out = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&config),
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--lora-rank",
+        "16",
+        "--lora-targets",
+        "all-linear",
+        "--precision",
+        "bf16",
+        "--out",
+        s(&plan),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = trainmem(&["explain", s(&plan), "--capacity", "24GiB"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (_, section) = text
+        .split_once("What would fit in 24.00 GiB")
+        .expect("the section");
+    let lines: Vec<&str> = section.lines().skip(1).collect();
+    let (together, alone) = lines.split_last().expect("lines");
+    assert!(
+        alone.iter().all(|l| l.contains(": does not fit: needs ")),
+        "{section}"
+    );
+    let checkpointing = alone
+        .iter()
+        .any(|l| l.starts_with("  - checkpointing.policy = \"sqrt\": does not fit: needs 32."));
+    assert!(checkpointing, "{section}");
+    assert!(
+        together.starts_with("  - together: checkpointing.policy, model.transformer.attention")
+            && together.contains("training.micro_batch_size = 2 (2 micro-batches of 2 per step")
+            && together.contains(": fits: peak allocated 18."),
+        "{together}"
+    );
+}
