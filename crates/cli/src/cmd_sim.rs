@@ -95,6 +95,10 @@ pub struct ExplainArgs {
     /// Snapshots: allocation sites listed per moment.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// Plans: leave out the "what would fit" section (each of the plan's knobs simulated
+    /// when it does not fit or comes within 10% of the capacity).
+    #[arg(long)]
+    pub no_remedies: bool,
     /// Simulate at most this many optimizer steps.
     #[arg(long)]
     pub steps: Option<u64>,
@@ -338,7 +342,7 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         let close = r.summary.oom.is_some()
             || r.summary.peak_reserved as f64
                 > trainmem_sim::plan_remedies::CLOSE_TO_CAPACITY * plan.device.capacity.0 as f64;
-        if close {
+        if close && !args.no_remedies {
             let mut reporter = Reporter::new("what would fit", flags, 0);
             let remedies = trainmem_sim::plan_remedies(&plan, Machine::detect(), &mut |c| {
                 reporter.note(&format!("simulating {c}"))
@@ -373,6 +377,17 @@ fn render_remedies(r: &trainmem_sim::PlanRemedies) -> String {
         }
     };
     let mut o = String::new();
+    if r.model_state_exceeds {
+        let _ = writeln!(
+            o,
+            "What would fit in {}: none of the plan's step knobs (checkpointing, attention, \
+             micro-batch, allocator) helps, since the model's own state exceeds the device \
+             before the first step; a smaller model, LoRA, half-precision weights or sharding \
+             (`[parallel] zero_stage`) would.",
+            human(r.capacity)
+        );
+        return o;
+    }
     let _ = writeln!(
         o,
         "What would fit in {} (the plan as written {}; each change simulated over fit's probe \

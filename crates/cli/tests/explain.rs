@@ -301,6 +301,10 @@ fn a_plan_that_does_not_fit_lists_what_would_fit() {
             .is_some_and(|l| l.starts_with("  - together: ")),
         "{section}"
     );
+    // asked not to: no section
+    let out = trainmem(&["explain", s(&path), "--capacity", "6GiB", "--no-remedies"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("What would fit"), "{}", stdout(&out));
     // with room to spare: no section
     let out = trainmem(&["explain", s(&path), "--capacity", "80GiB"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

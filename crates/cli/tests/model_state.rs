@@ -48,6 +48,13 @@ fn a_model_too_large_for_the_device_is_a_predicted_oom_at_model_init() {
 
     let out = trainmem(&["explain", s(&plan)]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // no step knob is simulated for a model that cannot be built (at once, not without a
+    // limit)
+    assert!(
+        stdout(&out).contains("none of the plan's step knobs"),
+        "{}",
+        stdout(&out)
+    );
 
     let out = trainmem(&["fit", s(&plan)]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

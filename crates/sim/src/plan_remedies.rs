@@ -22,6 +22,7 @@ use trainmem_core::framework::Framework;
 use trainmem_core::model::{AttentionImpl, ModelSpec};
 use trainmem_core::optimizer::{OptimizerKind, StepImpl};
 use trainmem_core::plan::{CheckpointPolicyKind, DeviceKind, Plan};
+use trainmem_core::timeline::Phase;
 
 /// A capacity no plan reaches: the peak a plan needs when nothing stops it.
 const UNLIMITED: u64 = 1 << 60;
@@ -61,6 +62,9 @@ pub struct PlanRemedies {
     pub capacity: u64,
     /// What the plan as written needs.
     pub plan: Need,
+    /// The model's parameters (and what is made with them) exceed the device before the
+    /// first step: none of the knobs below is tried (they change what a step holds).
+    pub model_state_exceeds: bool,
     /// Each applicable change alone, in the order a user would try them, the micro-batch,
     /// then the changes that each need less than the plan together, at the largest
     /// micro-batch that fits with them when the plan's own does not.
@@ -78,33 +82,40 @@ impl PlanRemedies {
 /// What `plan` needs on `machine`: its probe (the steps `fit` simulates) at its capacity and,
 /// when that runs out of memory, without a limit.
 pub fn need(plan: &Plan, machine: Machine) -> Result<Need, SimError> {
-    let at = |capacity: u64| -> Result<Need, SimError> {
-        // fit's probe: the plan as written (its batch and accumulation) over a few steps
-        let mut p = plan.clone();
-        p.device.capacity.0 = capacity;
-        p.training.epochs = 1;
-        p.training.steps_per_epoch = Some(probe_steps(plan));
-        p.training.max_steps = None;
-        p.training.checkpoint_every = 0;
-        let opts = SimOptions {
-            machine,
-            ..SimOptions::default()
-        };
-        let r = simulate(&p, opts)?;
-        Ok(Need {
-            fits: r.summary.oom.is_none(),
-            peak_allocated: r.summary.peak_allocated,
-            peak_reserved: r.summary.peak_reserved,
-        })
-    };
-    let n = at(plan.device.capacity.0)?;
+    let (n, _) = probe_at(plan, plan.device.capacity.0, machine)?;
     if n.fits {
         return Ok(n);
     }
     Ok(Need {
         fits: false,
-        ..at(UNLIMITED)?
+        ..probe_at(plan, UNLIMITED, machine)?.0
     })
+}
+
+/// `fit`'s probe of the plan as written (its batch and accumulation, a few steps) at
+/// `capacity`: what it needs, and the phase it ran out of memory in, if it did.
+fn probe_at(
+    plan: &Plan,
+    capacity: u64,
+    machine: Machine,
+) -> Result<(Need, Option<Phase>), SimError> {
+    let mut p = plan.clone();
+    p.device.capacity.0 = capacity;
+    p.training.epochs = 1;
+    p.training.steps_per_epoch = Some(probe_steps(plan));
+    p.training.max_steps = None;
+    p.training.checkpoint_every = 0;
+    let opts = SimOptions {
+        machine,
+        ..SimOptions::default()
+    };
+    let r = simulate(&p, opts)?;
+    let need = Need {
+        fits: r.summary.oom.is_none(),
+        peak_allocated: r.summary.peak_allocated,
+        peak_reserved: r.summary.peak_reserved,
+    };
+    Ok((need, r.summary.oom.map(|o| o.when.phase)))
 }
 
 /// How a change is made to a plan.
@@ -216,7 +227,22 @@ pub fn plan_remedies(
     on_probe: &mut dyn FnMut(&str),
 ) -> Result<PlanRemedies, SimError> {
     on_probe("the plan as written");
-    let base = need(plan, machine)?;
+    let (first, phase) = probe_at(plan, plan.device.capacity.0, machine)?;
+    if phase == Some(Phase::ModelInit) {
+        // the model's own state exceeds the device before the first step: no knob of a
+        // step helps, and the plan is not simulated again without a limit
+        return Ok(PlanRemedies {
+            capacity: plan.device.capacity.0,
+            plan: first,
+            model_state_exceeds: true,
+            remedies: Vec::new(),
+        });
+    }
+    let base = if first.fits {
+        first
+    } else {
+        need(plan, machine)?
+    };
     let mut remedies = Vec::new();
     let mut helped: Vec<(String, Apply)> = Vec::new();
     for c in changes(plan) {
@@ -282,6 +308,7 @@ pub fn plan_remedies(
     Ok(PlanRemedies {
         capacity: plan.device.capacity.0,
         plan: base,
+        model_state_exceeds: false,
         remedies,
     })
 }
@@ -469,5 +496,15 @@ capacity = "{capacity}"
     fn a_plan_with_room_to_spare_is_not_worth_remedies() {
         let r = remedies(&gpt("80GiB", "sdpa"));
         assert!(r.plan.fits && !r.worth_showing(), "{r:?}");
+    }
+
+    #[test]
+    fn a_model_too_large_to_build_gets_no_step_knobs() {
+        let r = remedies(&gpt("256MiB", "eager"));
+        assert!(
+            r.model_state_exceeds && !r.plan.fits && r.remedies.is_empty(),
+            "{r:?}"
+        );
+        assert!(r.worth_showing());
     }
 }
