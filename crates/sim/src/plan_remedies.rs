@@ -7,7 +7,7 @@
 //! accumulation (the batch the optimizer sees kept), 8-bit AdamW, autocast in place of f32,
 //! and the caching allocator's expandable segments. A change that does not apply to the plan
 //! (no layers to checkpoint, attention already fused, a framework without the option) is not
-//! listed. Every figure is a simulation of the changed plan over [`fit`](crate::fit)'s probe
+//! listed. Every figure is a simulation of the changed plan over [`fit`](mod@crate::fit)'s probe
 //! steps, at the plan's capacity (does it fit) and, when it does not, without a limit (how
 //! much it needs).
 
