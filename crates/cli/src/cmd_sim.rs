@@ -340,8 +340,10 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         }
         // a plan that does not fit, or barely: each of its knobs that would help, simulated
         let close = r.summary.oom.is_some()
-            || r.summary.peak_reserved as f64
-                > trainmem_sim::plan_remedies::CLOSE_TO_CAPACITY * plan.device.capacity.0 as f64;
+            || trainmem_sim::plan_remedies::close_to_capacity(
+                r.summary.peak_reserved,
+                plan.device.capacity.0,
+            );
         if close && !args.no_remedies {
             let mut reporter = Reporter::new("what would fit", flags, 0);
             let remedies = trainmem_sim::plan_remedies(&plan, Machine::detect(), &mut |c| {

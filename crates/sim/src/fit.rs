@@ -51,16 +51,23 @@ pub fn probe_steps(plan: &Plan) -> u64 {
 
 /// The plan with size `n` of `target` and capacity `capacity`, shortened to the probe.
 pub fn probe_plan(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Plan {
-    let mut p = match target {
+    let sized = match target {
         FitTarget::Batch => plan.with_batch(n, None),
         FitTarget::MicroBatch => {
             let acc = plan.accumulation_steps();
             plan.with_batch(n * acc, Some(n))
         }
     };
+    shortened(&sized, probe_steps(plan), capacity)
+}
+
+/// `plan` at `capacity`, shortened to one epoch of `steps` optimizer steps with no checkpoint
+/// written: what a probe simulates.
+pub fn shortened(plan: &Plan, steps: u64, capacity: u64) -> Plan {
+    let mut p = plan.clone();
     p.device.capacity.0 = capacity;
     p.training.epochs = 1;
-    p.training.steps_per_epoch = Some(probe_steps(plan));
+    p.training.steps_per_epoch = Some(steps);
     p.training.max_steps = None;
     p.training.checkpoint_every = 0;
     p

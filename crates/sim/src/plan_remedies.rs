@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::SimError;
 use crate::engine::{SimOptions, simulate};
-use crate::fit::probe_steps;
+use crate::fit::{probe_steps, shortened};
 use crate::machine::Machine;
 use trainmem_core::dtype::Dtype;
 use trainmem_core::framework::Framework;
@@ -75,8 +75,13 @@ impl PlanRemedies {
     /// Whether they are worth showing: the plan does not fit, or its peak is close to the
     /// capacity ([`CLOSE_TO_CAPACITY`]).
     pub fn worth_showing(&self) -> bool {
-        !self.plan.fits || self.plan.peak_reserved as f64 > CLOSE_TO_CAPACITY * self.capacity as f64
+        !self.plan.fits || close_to_capacity(self.plan.peak_reserved, self.capacity)
     }
+}
+
+/// Whether `peak_reserved` is above [`CLOSE_TO_CAPACITY`] of `capacity`.
+pub fn close_to_capacity(peak_reserved: u64, capacity: u64) -> bool {
+    peak_reserved as f64 > CLOSE_TO_CAPACITY * capacity as f64
 }
 
 /// What `plan` needs on `machine`: its probe (the steps `fit` simulates) at its capacity and,
@@ -99,12 +104,7 @@ fn probe_at(
     capacity: u64,
     machine: Machine,
 ) -> Result<(Need, Option<Phase>), SimError> {
-    let mut p = plan.clone();
-    p.device.capacity.0 = capacity;
-    p.training.epochs = 1;
-    p.training.steps_per_epoch = Some(probe_steps(plan));
-    p.training.max_steps = None;
-    p.training.checkpoint_every = 0;
+    let p = shortened(plan, probe_steps(plan), capacity);
     let opts = SimOptions {
         machine,
         ..SimOptions::default()
@@ -241,7 +241,11 @@ pub fn plan_remedies(
     let base = if first.fits {
         first
     } else {
-        need(plan, machine)?
+        // it ran out of memory at its capacity already: only the run without a limit is new
+        Need {
+            fits: false,
+            ..probe_at(plan, UNLIMITED, machine)?.0
+        }
     };
     let mut remedies = Vec::new();
     let mut helped: Vec<(String, Apply)> = Vec::new();
