@@ -165,6 +165,23 @@ pub fn site_of<'a>(frames: impl Iterator<Item = &'a Frame> + Clone) -> Option<&'
         .or_else(|| frames.clone().find(|f| is_python(f)))
 }
 
+/// The line of the model's code that made an allocation: the innermost Python frame outside
+/// PyTorch's own package and the standard library. A transformers, peft or user module's line
+/// counts even from site-packages (a layer's norm or MLP line, run once per block); `torch.nn`'s
+/// layers do not (the same `Linear.forward` line runs for every layer of every kind), nor does
+/// a notebook cell that calls the model (run once for the whole forward) when a deeper frame
+/// exists.
+pub fn model_line<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> Option<&'a Frame> {
+    frames.find(|f| {
+        if !is_python(f) {
+            return false;
+        }
+        let p = path(f);
+        let stdlib = p.contains("/lib/python") && !p.contains("-packages/");
+        !p.contains("/torch/") && !stdlib
+    })
+}
+
 /// For a stack with no Python frame: the autograd node that allocated
 /// (`MmBackward0`, `AccumulateGrad`), if the stack shows one.
 pub fn autograd_node<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> Option<String> {

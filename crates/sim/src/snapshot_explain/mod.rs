@@ -18,6 +18,7 @@ pub mod lifetimes;
 pub mod profiler_truth;
 pub mod remedies;
 pub mod render;
+pub mod repeated;
 pub mod shape;
 mod steps;
 pub mod synthetic;
@@ -36,6 +37,7 @@ pub use annotate::annotate;
 pub use categorize::ModelStateEvidence;
 pub use lifetimes::{Allocation, Lifetimes, Window};
 pub use remedies::{Remedy, RemedyKind};
+pub use repeated::RepeatedLine;
 pub use steps::{Growth, StepInfo};
 
 /// Site names already worked out, by stack, whether live before recording, and category.
@@ -92,7 +94,8 @@ pub enum ExplainError {
 pub struct SiteBytes {
     /// `file:line function` (the user's own innermost frame where there is one).
     pub site: String,
-    /// The category with most bytes there.
+    /// The category of these bytes (a line that made tensors of several categories has a
+    /// [`SiteBytes`] for each).
     pub category: Category,
     /// Tensor bytes live there.
     pub bytes: u64,
@@ -167,6 +170,9 @@ pub struct SnapshotExplanation {
     pub steps: Vec<StepInfo>,
     /// What grows from step to step, when anything does.
     pub growth: Option<Growth>,
+    /// The line of the model's code behind most activation bytes at the peak, and how many
+    /// times it ran (the blocks activation checkpointing would recompute).
+    pub repeated: Option<RepeatedLine>,
     /// The allocator at the peak (None when the trace could not be replayed).
     pub allocator: Option<AllocatorShare>,
     /// Remedies, most bytes saved first.
@@ -218,7 +224,9 @@ fn moment(
     site_names: &mut SiteNames,
 ) -> Moment {
     let mut by_cat = [0u64; Category::ALL.len()];
-    let mut sites: HashMap<String, (u64, u64, [u64; Category::ALL.len()])> = HashMap::new();
+    // one line per site and category: a line that made activations and tensors of another
+    // category shows each apart, so no site line claims more of a category than it holds
+    let mut sites: HashMap<(String, Category), (u64, u64)> = HashMap::new();
     let mut live = 0;
     for a in lt.allocations.iter().filter(|a| a.live_after(entry)) {
         live += a.size;
@@ -228,29 +236,25 @@ fn moment(
             .entry(key)
             .or_insert_with(|| site_label(f.stack(a.stack), key.1, a.category.name()))
             .clone();
-        let s = sites
-            .entry(name)
-            .or_insert((0, 0, [0; Category::ALL.len()]));
+        let s = sites.entry((name, a.category)).or_insert((0, 0));
         s.0 += a.size;
         s.1 += 1;
-        s.2[a.category.index()] += a.size;
     }
     let mut top_sites: Vec<SiteBytes> = sites
         .into_iter()
-        .map(|(site, (bytes, count, cats))| {
-            let category = Category::ALL
-                .into_iter()
-                .max_by_key(|c| cats[c.index()])
-                .unwrap_or(Category::Other);
-            SiteBytes {
-                site,
-                category,
-                bytes,
-                count,
-            }
+        .map(|((site, category), (bytes, count))| SiteBytes {
+            site,
+            category,
+            bytes,
+            count,
         })
         .collect();
-    top_sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+    top_sites.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(a.site.cmp(&b.site))
+            .then(a.category.index().cmp(&b.category.index()))
+    });
     top_sites.truncate(top);
     let w = lt.window_of.get(entry).map(|&w| lt.windows[w as usize]);
     Moment {
@@ -368,6 +372,7 @@ pub fn explain_snapshot(
         .map(|k| moment(f, &lt, k, opts.top_sites, &mut names));
     let coverage = coverage(&lt, peak_at, trace.len());
     let (steps, growth) = steps::steps(f, &lt, &curve, &mut names);
+    let repeated = repeated::repeated_line(f, &lt, peak_at);
     // the trace is prepared for replays once: the allocator's share and every replayed
     // remedy start from it
     let prepared = prepare_trace(&f.snapshot, device).map_err(|e| e.to_string());
@@ -400,6 +405,7 @@ pub fn explain_snapshot(
         end,
         steps,
         growth,
+        repeated,
         allocator,
         remedies: Vec::new(),
         capacity,

@@ -32,6 +32,9 @@ pub struct Remedy {
     pub saved_bytes: u64,
     /// The figures behind it.
     pub detail: String,
+    /// For a replayed setting: the recording's peak reserved bytes with it (more than the
+    /// recording's own when the setting costs memory; its saving is then 0).
+    pub peak_reserved: Option<u64>,
     /// Whether the run fits the capacity with it (None without a capacity).
     pub fits: Option<bool>,
 }
@@ -44,10 +47,8 @@ fn bytes_of(ex: &SnapshotExplanation, c: Category) -> u64 {
         .map_or(0, |(_, b)| *b)
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
-
-fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / GIB)
+fn human(b: u64) -> String {
+    trainmem_core::bytes::human(b)
 }
 
 /// The remedies, most bytes saved first; the allocator settings are replayed on `prepared`
@@ -124,10 +125,11 @@ fn replayed(ex: &SnapshotExplanation, p: &PreparedTrace, recorded_peak: u64) -> 
                 saved_bytes: saved,
                 detail: format!(
                     "peak reserved {} instead of {} ({} cudaMalloc calls)",
-                    gib(o.peak_reserved),
-                    gib(recorded_peak),
+                    human(o.peak_reserved),
+                    human(recorded_peak),
                     o.cuda_mallocs
                 ),
+                peak_reserved: Some(o.peak_reserved),
                 fits,
             });
         }
@@ -141,13 +143,16 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
         (Some(c), Some(p)) => Some(p.saturating_sub(saved) <= c),
         _ => None,
     };
+    // an estimate under 1% of the live bytes at the peak is within the estimate's own error
+    let worth = ex.peak.live_bytes.div_ceil(100).max(1);
     let mut estimate = |name: &str, saved: u64, detail: String| {
-        if saved > 0 {
+        if saved >= worth {
             out.push(Remedy {
                 name: name.to_string(),
                 kind: RemedyKind::Estimated,
                 saved_bytes: saved,
                 detail,
+                peak_reserved: None,
                 fits: fits(saved),
             });
         }
@@ -167,7 +172,7 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
             format!(
                 "the peak is in {}, where the {} of gradients live are not needed yet",
                 ex.peak.phase.map_or("?", StackPhase::name),
-                gib(grads)
+                human(grads)
             ),
         );
     }
@@ -179,7 +184,7 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
         format!(
             "{} of optimizer state at the peak, assumed f32: 1 byte per element and an f32 \
              maximum per 256 elements keep 25.1% of it",
-            gib(state)
+            human(state)
         ),
     );
     estimate(
@@ -187,43 +192,41 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
         grads / 2,
         format!(
             "{} of gradients at the peak, assumed f32: half of it",
-            gib(grads)
+            human(grads)
         ),
     );
-    let blocks = repeated_blocks(ex);
-    if blocks >= 3 {
+    if let Some(r) = ex.repeated.as_ref().filter(|r| r.runs >= 3) {
+        let blocks = r.runs;
         let kept = acts * 2 / blocks;
         estimate(
             "activation checkpointing per block",
             acts.saturating_sub(kept),
             format!(
-                "{} of activations at the peak; the top activation site repeats {blocks} \
-                 times (one per block): recomputing each block keeps about one block's \
-                 activations plus every block's input, taken as 2/{blocks} of them",
-                gib(acts)
+                "{} of activations at the peak; the line that made most of them ({}, {}) ran \
+                 {blocks} separate times, taken as once per block: recomputing each block \
+                 keeps about one block's activations plus every block's input, taken as \
+                 2/{blocks} of them",
+                human(acts),
+                r.line,
+                human(r.bytes)
             ),
         );
     }
+    // with no backward in the trace there is no gradient to accumulate: an evaluation or a
+    // forward-only method, whose batch is simply smaller
+    let name = if ex.steps.is_empty() {
+        "halve the batch"
+    } else {
+        "halve the micro-batch (accumulate twice as many)"
+    };
     estimate(
-        "halve the micro-batch (accumulate twice as many)",
+        name,
         (acts + input + temp) / 2,
         format!(
             "activations {}, inputs {} and temporaries {} at the peak scale with the batch",
-            gib(acts),
-            gib(input),
-            gib(temp)
+            human(acts),
+            human(input),
+            human(temp)
         ),
     );
-}
-
-/// How often the site holding most activations at the peak allocates, live at the peak: the
-/// number of repeated blocks.
-fn repeated_blocks(ex: &SnapshotExplanation) -> u64 {
-    ex.peak
-        .top_sites
-        .iter()
-        .filter(|s| s.category == Category::Activation)
-        .map(|s| s.count)
-        .max()
-        .unwrap_or(0)
 }

@@ -143,8 +143,11 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
     let cap = ex
         .capacity
         .map_or(String::new(), |c| format!(" (fits {}?)", human(c)));
-    let _ = writeln!(out, "\nremedies, most bytes saved at the peak first{cap}:");
-    for r in &ex.remedies {
+    let (helping, not): (Vec<_>, Vec<_>) = ex.remedies.iter().partition(|r| r.saved_bytes > 0);
+    if !helping.is_empty() {
+        let _ = writeln!(out, "\nremedies, most bytes saved at the peak first{cap}:");
+    }
+    for r in helping {
         let kind = match r.kind {
             RemedyKind::Replayed => "replayed",
             RemedyKind::Estimated => "estimated",
@@ -161,5 +164,19 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
             r.name,
             r.detail
         );
+    }
+    // the settings replayed that save nothing here, on one line with what each does instead
+    if !not.is_empty() {
+        let recorded = ex.allocator.map(|a| a.peak_reserved);
+        let each: Vec<String> = not
+            .iter()
+            .map(|r| match (r.peak_reserved, recorded) {
+                (Some(with), Some(was)) if with > was => {
+                    format!("{} (peak reserved {} more)", r.name, human(with - was))
+                }
+                _ => format!("{} (peak reserved unchanged)", r.name),
+            })
+            .collect();
+        let _ = writeln!(out, "\nreplayed, saving nothing here: {}", each.join("; "));
     }
 }

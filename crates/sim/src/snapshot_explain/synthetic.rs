@@ -42,7 +42,31 @@ pub struct SyntheticLoop {
     /// A leak: a tensor of this many bytes made in forward at [`LEAK_SITE`] and kept alive
     /// by every step.
     pub leak: Option<u64>,
+    /// The model code lines forward's tensors are made at.
+    pub forward_lines: ForwardLines,
 }
+
+/// The model code lines a [`SyntheticLoop`]'s forward makes its tensors at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardLines {
+    /// Layer `i` at `model.py` line `20 + i`, its saved activation and its scratch tensor on
+    /// that one line.
+    #[default]
+    PerLayer,
+    /// Every layer runs one block's code: the saved activation at [`BLOCK_LINE`], the
+    /// scratch tensor on the next line, as a transformer's layers share their module's lines.
+    OneBlock,
+    /// The model is `torch.nn` layers in a `Sequential`, called from one line of the training
+    /// step ([`CALL_LINE`]): no line of the model's own code shows in the stacks.
+    TorchLayers,
+}
+
+/// The block line of [`ForwardLines::OneBlock`] (`file`, `line`, `function`), in the file
+/// [`LEAK_SITE`] names.
+pub const BLOCK_LINE: (&str, i64, &str) = ("/home/me/model.py", 30, "forward");
+
+/// The line of the training step that calls a [`ForwardLines::TorchLayers`] model.
+pub const CALL_LINE: (&str, i64, &str) = ("/home/me/train.py", 70, "train_step");
 
 /// The source line the leaked tensors are made at (`file`, `line`, `function`).
 pub const LEAK_SITE: (&str, i64, &str) = ("/home/me/model.py", 47, "forward");
@@ -73,6 +97,7 @@ impl SyntheticLoop {
             native_frames: 18,
             free_frames: true,
             leak: None,
+            forward_lines: ForwardLines::PerLayer,
         };
         l.steps = events.div_ceil(l.events_per_step()).max(1);
         l
@@ -118,8 +143,8 @@ impl SyntheticLoop {
             let mut saved = Vec::new();
             for (i, &s) in self.activations.iter().enumerate() {
                 saved.push(alloc(&mut ops, s, st.forward[i], Category::Activation));
-                let t = alloc(&mut ops, s / 2 + 1, st.forward[i], Category::Temporary);
-                free(&mut ops, t, at(st.forward[i]));
+                let t = alloc(&mut ops, s / 2 + 1, st.scratch[i], Category::Temporary);
+                free(&mut ops, t, at(st.scratch[i]));
             }
             if let Some(leak) = self.leak {
                 alloc(&mut ops, leak, st.leak, Category::Activation);
@@ -154,7 +179,12 @@ impl SyntheticLoop {
     /// the snapshot replays as a recorded one does.
     pub fn build(&self) -> SyntheticSnapshot {
         let mut w = Writer::new(self.with_frames);
-        let st = StackIds::new(&mut w, self.activations.len(), self.native_frames);
+        let st = StackIds::new(
+            &mut w,
+            self.activations.len(),
+            self.native_frames,
+            self.forward_lines,
+        );
         let ops = self.ops(&st);
         let mut a = CachingAllocator::new(SimulatedDevice::new(1 << 50));
         a.enable_trace(None);
@@ -244,6 +274,7 @@ struct StackIds {
     data: usize,
     step: usize,
     forward: Vec<usize>,
+    scratch: Vec<usize>,
     leak: usize,
     backward: usize,
     optimizer: usize,
@@ -313,10 +344,40 @@ impl SharedFrames {
 }
 
 impl StackIds {
-    fn new(w: &mut Writer, layers: usize, native: usize) -> StackIds {
+    fn new(w: &mut Writer, layers: usize, native: usize, lines: ForwardLines) -> StackIds {
         let frames = SharedFrames::new(native);
         let mut stack = |inner: Vec<F>, with_outer: bool| frames.stack(w, inner, with_outer);
+        let (forward, scratch) = match lines {
+            ForwardLines::PerLayer => {
+                let each: Vec<usize> = (0..layers)
+                    .map(|i| stack(forward_at(20 + i as i64, "forward"), true))
+                    .collect();
+                (each.clone(), each)
+            }
+            ForwardLines::OneBlock => {
+                let (_, line, name) = BLOCK_LINE;
+                let saved = stack(forward_at(line, name), true);
+                let scratch = stack(forward_at(line + 1, name), true);
+                (vec![saved; layers], vec![scratch; layers])
+            }
+            ForwardLines::TorchLayers => {
+                let mut s = vec![fr(&format!("{TORCH}/nn/modules/linear.py"), 125, "forward")];
+                s.extend(module_call());
+                s.push(fr(
+                    &format!("{TORCH}/nn/modules/container.py"),
+                    250,
+                    "forward",
+                ));
+                s.extend(module_call());
+                let (file, line, name) = CALL_LINE;
+                s.push(fr(file, line, name));
+                let one = stack(s, true);
+                (vec![one; layers], vec![one; layers])
+            }
+        };
         StackIds {
+            forward,
+            scratch,
             setup: stack(
                 vec![
                     fr(&format!("{TORCH}/nn/modules/module.py"), 1158, "convert"),
@@ -333,9 +394,6 @@ impl StackIds {
                 true,
             ),
             step: stack(vec![fr("/home/me/train.py", 75, "train_step")], true),
-            forward: (0..layers)
-                .map(|i| stack(forward_at(20 + i as i64, "forward"), true))
-                .collect(),
             leak: stack(forward_at(LEAK_SITE.1, LEAK_SITE.2), true),
             backward: stack(
                 vec![

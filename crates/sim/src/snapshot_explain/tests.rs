@@ -11,7 +11,7 @@ use trainmem_alloc::pytorch::framed::{FramedSnapshot, NO_STACK};
 use trainmem_alloc::pytorch::pickle::{PyValue, write_tree};
 use trainmem_core::Category;
 
-use super::synthetic::{SyntheticLoop, SyntheticSnapshot};
+use super::synthetic::{BLOCK_LINE, ForwardLines, SyntheticLoop, SyntheticSnapshot};
 use super::*;
 
 fn list(v: Vec<PyValue>) -> PyValue {
@@ -52,6 +52,7 @@ fn build(l: &Loop, with_frames: bool) -> SyntheticSnapshot {
         native_frames: 0,
         free_frames: false,
         leak: None,
+        forward_lines: ForwardLines::PerLayer,
     }
     .build()
 }
@@ -169,6 +170,11 @@ proptest! {
         steps in 1usize..4,
         native_frames in 0usize..20,
         free_frames: bool,
+        forward_lines in prop_oneof![
+            Just(ForwardLines::PerLayer),
+            Just(ForwardLines::OneBlock),
+            Just(ForwardLines::TorchLayers),
+        ],
     ) {
         let b = SyntheticLoop {
             params,
@@ -179,6 +185,7 @@ proptest! {
             native_frames,
             free_frames,
             leak: None,
+            forward_lines,
         }
         .build();
         let ex = explain(&b.bytes);
@@ -453,6 +460,7 @@ fn loops_without_frames_are_found_by_their_shape() {
             native_frames: 0,
             free_frames: false,
             leak: None,
+            forward_lines: ForwardLines::PerLayer,
         }
         .build();
         let ex = explain(&b.bytes);
@@ -475,4 +483,116 @@ fn loops_without_frames_are_found_by_their_shape() {
         }
     }
     assert!(found * 100 >= long * 85, "{found} of {long}");
+}
+
+/// A loop of `layers` layers of 4 MiB activations, its forward made at `lines`.
+fn layered(layers: usize, lines: ForwardLines) -> SnapshotExplanation {
+    let b = SyntheticLoop {
+        params: vec![1 << 20; layers],
+        activations: vec![4 << 20; layers],
+        batch: 65536,
+        steps: 2,
+        with_frames: true,
+        native_frames: 4,
+        free_frames: true,
+        leak: None,
+        forward_lines: lines,
+    }
+    .build();
+    explain(&b.bytes)
+}
+
+fn checkpointing(ex: &SnapshotExplanation) -> Option<&Remedy> {
+    ex.remedies
+        .iter()
+        .find(|r| r.name == "activation checkpointing per block")
+}
+
+#[test]
+fn a_block_line_run_once_per_layer_counts_the_blocks_checkpointing_trades() {
+    for layers in [3, 6, 12] {
+        let ex = layered(layers, ForwardLines::OneBlock);
+        let r = ex
+            .repeated
+            .as_ref()
+            .expect("a model line made the activations");
+        assert_eq!(
+            r.line,
+            format!("me/model.py:{} {}", BLOCK_LINE.1, BLOCK_LINE.2)
+        );
+        assert_eq!(r.runs, layers as u64, "one execution per layer");
+        // the peak is the start of backward: every layer's activation live
+        assert_eq!(r.bytes, layers as u64 * (4 << 20));
+        let c = checkpointing(&ex).expect("checkpointing is estimated");
+        let acts = layers as u64 * (4 << 20);
+        assert_eq!(c.saved_bytes, acts - acts * 2 / layers as u64);
+        assert!(
+            c.detail.contains(&format!("ran {layers} separate times")),
+            "{}",
+            c.detail
+        );
+    }
+}
+
+/// The failure this guards: one line of the training step calls a model of `torch.nn`
+/// layers, so every activation is made "at" that line; counted by allocations it passed for
+/// one block per layer and checkpointing was credited with nearly all activations.
+#[test]
+fn a_line_that_made_every_activation_at_once_is_no_block_count() {
+    let ex = layered(8, ForwardLines::TorchLayers);
+    let r = ex.repeated.as_ref().expect("the calling line");
+    assert_eq!(r.runs, 1, "{r:?}");
+    assert!(checkpointing(&ex).is_none(), "{:?}", ex.remedies);
+    // each layer on its own line: no line repeats either
+    let ex = layered(8, ForwardLines::PerLayer);
+    assert_eq!(ex.repeated.as_ref().map(|r| r.runs), Some(1));
+    assert!(checkpointing(&ex).is_none());
+}
+
+/// A site's line of the report holds one category: a line that made tensors of two
+/// categories shows twice, and no site line claims more of a category than the moment holds.
+#[test]
+fn top_sites_never_claim_more_of_a_category_than_there_is() {
+    for lines in [
+        ForwardLines::PerLayer,
+        ForwardLines::OneBlock,
+        ForwardLines::TorchLayers,
+    ] {
+        let ex = layered(5, lines);
+        for m in [&ex.peak, &ex.end] {
+            for s in &m.top_sites {
+                let total = m
+                    .by_category
+                    .iter()
+                    .find(|(c, _)| *c == s.category)
+                    .map_or(0, |x| x.1);
+                assert!(s.bytes <= total, "{lines:?}: {s:?} against {total}");
+            }
+        }
+    }
+    // the training loop's line (the innermost frame of the user's own code for the model's
+    // setup, the batch and the optimizer, all library code) made parameters, optimizer state
+    // and the batch, and the last layer's line its activation and its scratch tensor, all
+    // live at the peak: a line of the report each
+    let ex = layered(5, ForwardLines::PerLayer);
+    let of = |site: &str| -> Vec<Category> {
+        ex.peak
+            .top_sites
+            .iter()
+            .filter(|s| s.site == site)
+            .map(|s| s.category)
+            .collect()
+    };
+    assert_eq!(
+        of("me/train.py:88 train"),
+        [
+            Category::OptimizerState,
+            Category::Parameter,
+            Category::Input
+        ]
+    );
+    assert_eq!(
+        of("me/model.py:24 forward"),
+        [Category::Activation, Category::Temporary]
+    );
 }
