@@ -75,7 +75,7 @@ pub struct FromHfArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Write the plan here instead of standard output.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short, long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 }
 

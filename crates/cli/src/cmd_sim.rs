@@ -22,7 +22,7 @@ pub struct SimulateArgs {
     pub json: bool,
     /// Write exports to this directory: timeline.json, report.json, report.txt,
     /// trace.json (Chrome/Perfetto counters), memory.svg, snapshot.pickle (memory_viz).
-    #[arg(long, value_name = "DIR")]
+    #[arg(short, long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Simulate at most this many optimizer steps.
     #[arg(long)]
@@ -83,7 +83,7 @@ pub struct ExplainArgs {
     /// Snapshots: write report.txt, report.json, the timeline exports `simulate --out` writes
     /// (timeline.json, trace.json, timeline.svg) and the snapshot annotated with categories
     /// (snapshot.annotated.pickle, for pytorch.org/memory_viz) to this directory.
-    #[arg(long, value_name = "DIR")]
+    #[arg(short, long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// The device capacity the remedies are judged on, e.g. `24GiB`. Snapshots: default the
     /// capacity the run ran out of memory on, if it did; plans: default the plan's.
@@ -375,7 +375,11 @@ fn render_remedies(r: &trainmem_sim::PlanRemedies) -> String {
                 human(n.peak_reserved)
             )
         } else {
-            format!("does not fit: needs {} allocated", human(n.peak_allocated))
+            format!(
+                "does not fit: needs {} allocated, {} reserved",
+                human(n.peak_allocated),
+                human(n.peak_reserved)
+            )
         }
     };
     let mut o = String::new();

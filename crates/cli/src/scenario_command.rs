@@ -67,7 +67,7 @@ pub struct ScenarioArgs {
     /// Output directory (default `target/scenarios/NAME/` from `cargo xtask`,
     /// `trainmem-scenarios/NAME/` from `trainmem`; with `all`, one subdirectory per
     /// scenario under DIR).
-    #[arg(long, value_name = "DIR")]
+    #[arg(short, long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Also fail when the twin misses its accuracy target (2% for parameters, gradients and
     /// optimizer state; 10% for activations and input, plus the loader's scheduling slack for

@@ -355,8 +355,10 @@ fn gemma_2_lora_fits_24_gib_only_with_its_changes_together() {
         .any(|l| l.starts_with("  - checkpointing.policy = \"sqrt\": does not fit: needs 32."));
     assert!(checkpointing, "{section}");
     assert!(
-        together.starts_with("  - together: checkpointing.policy, model.transformer.attention")
-            && together.contains("training.micro_batch_size = 2 (2 micro-batches of 2 per step")
+        together.starts_with(
+            "  - together: checkpointing.policy = \"sqrt\", model.transformer.attention = \
+             \"flash_attention_2\""
+        ) && together.contains("training.micro_batch_size = 2 (2 micro-batches of 2 per step")
             && together.contains(": fits: peak allocated 18."),
         "{together}"
     );

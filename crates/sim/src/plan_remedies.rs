@@ -260,8 +260,9 @@ pub fn plan_remedies(
         on_probe(&c.change);
         let need = need(&p, machine)?;
         if need.peak_allocated < base.peak_allocated {
-            // the key alone: `checkpointing.policy = "sqrt"` -> `checkpointing.policy`
-            let key = c.change.split(" =").next().unwrap_or(&c.change).to_string();
+            // the setting without its notes: `optimizer.kind = "adamw8bit" (implementation =
+            // ...)` -> `optimizer.kind = "adamw8bit"`
+            let key = c.change.split(" (").next().unwrap_or(&c.change).to_string();
             helped.push((key, c.apply));
         }
         remedies.push(PlanRemedy {
