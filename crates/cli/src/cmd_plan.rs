@@ -211,13 +211,13 @@ fn lora_of(args: &FromHfArgs, config: &str) -> anyhow::Result<Option<LoraSpec>> 
 
 /// `N parameters, T trainable, F frozen` (the frozen part only when there is one).
 fn counts_line(total: Option<u64>, trainable: Option<u64>) -> String {
-    let show = |n: Option<u64>| n.map_or("?".to_string(), group_thousands);
+    let show = |n: Option<u64>| n.map_or("?".to_string(), trainmem_core::count::grouped);
     match (total, trainable) {
         (Some(t), Some(tr)) if tr < t => format!(
             "{} parameters, {} trainable, {} frozen",
-            group_thousands(t),
-            group_thousands(tr),
-            group_thousands(t - tr)
+            trainmem_core::count::grouped(t),
+            trainmem_core::count::grouped(tr),
+            trainmem_core::count::grouped(t - tr)
         ),
         _ => format!("{} parameters, {} trainable", show(total), show(trainable)),
     }
@@ -235,19 +235,6 @@ fn default_name(path: &std::path::Path) -> String {
         return dir.to_string();
     }
     stem.to_string()
-}
-
-/// `124439808` as `124,439,808`.
-fn group_thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -272,13 +259,6 @@ mod tests {
         for p in HfPrecision::value_variants() {
             assert_eq!(HfPrecision::from_str(&value_name(*p), false), Ok(*p));
         }
-    }
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group_thousands(124_439_808), "124,439,808");
-        assert_eq!(group_thousands(999), "999");
-        assert_eq!(group_thousands(1000), "1,000");
     }
 
     #[test]

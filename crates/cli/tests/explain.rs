@@ -76,8 +76,9 @@ fn retained_leak_names_growth_per_step_and_its_cause() {
     assert_eq!(
         bullets[0],
         format!(
-            "{} of parameters exist before the first step ({params} elements in f32).",
-            human(params * 4)
+            "{} of parameters exist before the first step ({} elements in f32).",
+            human(params * 4),
+            trainmem_core::count::grouped(params)
         )
     );
     assert_eq!(
@@ -161,8 +162,9 @@ fn optimizer_jump_names_adams_two_buffers_per_parameter() {
     assert_eq!(
         bullets[0],
         format!(
-            "{} of parameters exist before the first step ({params} elements in f32).",
-            human(params * 4)
+            "{} of parameters exist before the first step ({} elements in f32).",
+            human(params * 4),
+            trainmem_core::count::grouped(params)
         )
     );
     assert_eq!(

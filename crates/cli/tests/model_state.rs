@@ -25,7 +25,7 @@ fn a_model_too_large_for_the_device_is_a_predicted_oom_at_model_init() {
     )
     .expect("a result");
     let oom = lib.summary.oom.expect("out of memory");
-    let figures = lib.summary.parameters.to_string();
+    let figures = trainmem_core::count::grouped(lib.summary.parameters);
 
     let out = trainmem(&["simulate", s(&plan)]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

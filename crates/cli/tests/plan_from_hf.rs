@@ -44,7 +44,7 @@ fn a_gpt2_config_becomes_a_plan_that_simulates() {
     let sim = trainmem(&["simulate", s(&plan_path), "--quiet"]);
     assert_eq!(sim.status.code(), Some(0), "{}", stderr(&sim));
     assert!(
-        stdout(&sim).contains("124439808 parameters"),
+        stdout(&sim).contains("124,439,808 parameters"),
         "{}",
         stdout(&sim)
     );

@@ -45,7 +45,10 @@ fn gpt2_small_prints_the_known_model_state_and_the_librarys_figures() {
     // AdamW's two f32 moments.
     let n = GPT2_SMALL_PARAMETERS;
     assert!(
-        text.contains(&format!("transformer ({n} parameters)")),
+        text.contains(&format!(
+            "transformer ({} parameters)",
+            trainmem_core::count::grouped(n)
+        )),
         "{text}"
     );
     assert!(
@@ -172,7 +175,7 @@ fn a_small_generated_plan_gives_exact_parameter_bytes() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("trainmem simulate: small\n"), "{text}");
-    assert!(text.contains("mlp (22210 parameters)"), "{text}");
+    assert!(text.contains("mlp (22,210 parameters)"), "{text}");
     assert!(text.contains("3 step(s) simulated"), "{text}");
     assert!(text.contains("1.00 GiB capacity"), "{text}");
     assert!(

@@ -40,6 +40,7 @@
 pub mod bytes;
 pub mod category;
 pub mod compare;
+pub mod count;
 pub mod dtype;
 pub mod export;
 pub mod framework;

@@ -98,7 +98,7 @@ fn write_header(o: &mut String, plan: &Plan, rep: &Report) {
         o,
         "  model: {} ({} parameters), batch {} (micro-batch {} × {}), {precision}, {}",
         plan.model.kind_name(),
-        s.parameters,
+        trainmem_core::count::grouped(s.parameters),
         plan.training.batch_size,
         plan.micro_batch_size(),
         plan.accumulation_steps(),

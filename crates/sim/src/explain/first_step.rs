@@ -5,9 +5,11 @@ use trainmem_core::OptimizerKind;
 
 use super::{Finding, PatternKind};
 use crate::engine::Summary;
+use crate::params::{total_elems, trainable_groups};
 use crate::profile::{FrameworkProfile, OptimizerRecords, ParamUpdate, StateDtype};
 use trainmem_core::bytes::human;
-use trainmem_core::plan::{DataStorage, DeviceKind, Plan};
+use trainmem_core::count::grouped;
+use trainmem_core::plan::{DataStorage, DeviceKind, ModelSpec, Plan};
 use trainmem_core::timeline::{Domain, Phase, Timeline};
 
 /// Memory taken before the first step: parameters (and master weights), eagerly made
@@ -21,7 +23,7 @@ pub(super) fn startup(plan: &Plan, t: &Timeline, s: &Summary, out: &mut Vec<Find
         let mut text = format!(
             "{} of parameters exist before the first step ({} elements{}).",
             human(p),
-            s.parameters,
+            grouped(s.parameters),
             if plan.precision.compute.is_half() && plan.precision.master_weights {
                 format!(", in {} plus f32 master weights", plan.precision.compute)
             } else {
@@ -77,13 +79,17 @@ pub(super) fn optimizer_jump(plan: &Plan, t: &Timeline, s: &Summary, out: &mut V
         let x = &t.samples[i];
         if x.phase == Phase::OptimizerStep {
             let b = x.device.categories.get(Category::OptimizerState) - made_with_optimizer;
-            let shard_elems = (s.model_state.parameters - s.model_state.master_weights)
-                / plan.precision.compute.size().max(1);
-            let per = shard_elems * plan.optimizer.state_dtype.size();
+            // the parameters the optimizer keeps state for: under LoRA the adapters alone
+            let trainable = adapter_elems(plan);
+            let elems = trainable.unwrap_or(
+                (s.model_state.parameters - s.model_state.master_weights)
+                    / plan.precision.compute.size().max(1),
+            );
+            let per = elems * plan.optimizer.state_dtype.size();
             let ratio = if per > 0 { b as f64 / per as f64 } else { 0.0 };
             let text = match profile.bookkeeping.optimizer_records {
                 Some(records) => first_step_breakdown_text(plan, profile, records, s, b, x.step),
-                None => state_jump_text(plan, b, x.step, ratio),
+                None => state_jump_text(plan, b, x.step, ratio, trainable),
             };
             out.push(Finding {
                 kind: PatternKind::Jump,
@@ -113,19 +119,39 @@ fn state_buffers(plan: &Plan) -> u64 {
     }
 }
 
+/// Elements of the LoRA adapters, the only parameters that train, for a LoRA plan.
+fn adapter_elems(plan: &Plan) -> Option<u64> {
+    match &plan.model {
+        ModelSpec::Transformer(t) if t.lora.is_some() => {
+            let groups = trainable_groups(&plan.model, plan.framework).ok()??;
+            total_elems(&groups).ok()
+        }
+        _ => None,
+    }
+}
+
 /// The optimizer state proper appearing at the first optimizer `step` (`b` bytes, `ratio`
-/// times the parameter count in the state's dtype).
-fn state_jump_text(plan: &Plan, b: u64, step: u64, ratio: f64) -> String {
+/// times the count of parameters it keeps state for in the state's dtype; `adapters`: under
+/// LoRA, the adapters' elements, the only ones it keeps state for).
+fn state_jump_text(plan: &Plan, b: u64, step: u64, ratio: f64, adapters: Option<u64>) -> String {
+    let (each, of, frozen) = match adapters {
+        Some(n) => (
+            "trainable parameter",
+            format!("the {} parameters of the LoRA adapters", grouped(n)),
+            "; the frozen base has none",
+        ),
+        None => ("parameter", "the parameter count".to_string(), ""),
+    };
     if plan.optimizer.kind == OptimizerKind::AdamW8bit {
         return format!(
-            "+{} of optimizer state appears at the first optimizer step (step {}): adamw8bit keeps both Adam moments in one byte per element with an f32 maximum per block of 256 elements (f32 moments for tensors under 4,096 elements; {:.2}× the parameter count in f32, against 2× for adamw), created lazily on first use; it stays flat afterwards.",
+            "+{} of optimizer state appears at the first optimizer step (step {}): adamw8bit keeps both Adam moments in one byte per element with an f32 maximum per block of 256 elements (f32 moments for tensors under 4,096 elements; {:.2}× {of} in f32, against 2× for adamw{frozen}), created lazily on first use; it stays flat afterwards.",
             human(b),
             step,
             ratio
         );
     }
     format!(
-        "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per parameter in {} ({:.2}× the parameter count in that dtype), created lazily on first use; it stays flat afterwards.",
+        "+{} of optimizer state appears at the first optimizer step (step {}): {} keeps {} buffer(s) per {each} in {} ({:.2}× {of} in that dtype{frozen}), created lazily on first use; it stays flat afterwards.",
         human(b),
         step,
         plan.optimizer.kind.name(),

@@ -151,6 +151,29 @@ mod tests {
     }
 
     #[test]
+    fn a_lora_jump_is_counted_against_the_adapters_not_the_frozen_base() {
+        // per layer q and v adapters of rank 4 on a 64-wide model with 4 key-value heads of
+        // 16: A 4 × 64 and B 64 × 4 each, 2 × 512 elements; two layers: 2,048 elements, and
+        // AdamW's two f32 moments of them
+        let plan = "framework = \"pytorch\"\n\
+            [model.transformer]\nkind = \"decoder\"\nlayers = 2\nhidden = 64\nheads = 4\n\
+            ffn = 128\nseq_len = 16\nvocab = 100\n\
+            [model.transformer.lora]\nrank = 4\ntargets = [\"q\", \"v\"]\n\
+            [training]\nbatch_size = 2\nepochs = 1\nsteps_per_epoch = 2\n\
+            [optimizer]\nkind = \"adamw\"\n[device]\nkind = \"cpu\"\n";
+        let f = jump(plan);
+        assert_eq!(f.bytes, 2 * 4 * 2_048, "{}", f.text);
+        assert!(
+            f.text.contains(
+                "2 buffer(s) per trainable parameter in f32 (2.00× the 2,048 parameters of the \
+                 LoRA adapters in that dtype; the frozen base has none)"
+            ),
+            "{}",
+            f.text
+        );
+    }
+
+    #[test]
     fn adamw8bit_jump_is_the_quantized_state_beside_the_maps_made_with_the_optimizer() {
         // two 4096 × 64 weights and their biases: 2 · 262,144 + 8 · 1,024 per weight (one byte
         // per element and moment, an f32 maximum per 256); the 64-element bias keeps f32

@@ -43,8 +43,14 @@ pub(super) fn activation_retention(plan: &Plan, t: &Timeline, s: &Summary, out: 
             ));
         }
         if let Some((k, r)) = s.checkpointing {
+            let segments = if k == 1 {
+                "each block its own segment".to_string()
+            } else {
+                format!("{k} blocks per segment")
+            };
+            let recomputed = if r == 1 { "block" } else { "blocks" };
             text.push_str(&format!(
-                " Gradient checkpointing ({k} blocks per segment, {r} blocks recomputed) keeps only segment inputs and recomputes the rest during backward."
+                " Gradient checkpointing ({segments}, {r} {recomputed} recomputed) keeps only segment inputs and recomputes the rest during backward."
             ));
         }
         out.push(Finding {

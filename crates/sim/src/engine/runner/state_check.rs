@@ -194,8 +194,8 @@ fn message(plan: &Plan, f: &StateFigures, capacity: u64) -> String {
         human(f.at_construction),
         f.at_construction,
         parts.join(", "),
-        f.parameters,
-        f.tensors,
+        trainmem_core::count::grouped(f.parameters),
+        trainmem_core::count::grouped(f.tensors),
         human(capacity),
         human(s.gradients),
         human(s.optimizer_state),
@@ -309,7 +309,11 @@ mod tests {
         assert_eq!(oom.category, "parameter");
         // f32 parameters, Adam's state made lazily: construction allocates 4 bytes each
         assert_eq!(oom.requested, 4 * elems);
-        assert!(oom.message.contains(&elems.to_string()), "{}", oom.message);
+        assert!(
+            oom.message.contains(&trainmem_core::count::grouped(elems)),
+            "{}",
+            oom.message
+        );
         assert!(
             oom.message.contains(&(4 * elems).to_string()),
             "{}",
