@@ -4,7 +4,8 @@
 //! in. Then its lifetime decides: made in setup and kept: parameter; moving a batch: input;
 //! made in forward and freed in the backward of the same cycle: activation; made in backward
 //! and kept past it: gradient; made in an optimizer step and kept past it: optimizer state;
-//! made and freed in one window: temporary. Blocks live before recording began and never freed
+//! made and freed in one window: temporary; in a run that ran out of memory, made in the last
+//! cycle's forward and still held: activation (its backward never ran). Blocks live before recording began and never freed
 //! are model state: parameters, one per gradient of their size (the gradients made in backward
 //! say how many tensors of each size the model has, or, without them, the optimizer state made
 //! in the step does, two per parameter when every count is even); what the evidence leaves
@@ -49,6 +50,9 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
         .iter()
         .any(|w| w.phase == Some(StackPhase::Optimizer));
     let made = categorize_by_phase(lt, &windows);
+    if lt.oom_at.is_some() {
+        held_for_the_backward_an_oom_stopped(lt, &windows);
+    }
     let state_made_by_user_code = state_kept_per_parameter(lt);
     let g = per_size(&made.grads);
     let o = per_size(&made.states);
@@ -65,6 +69,30 @@ pub fn categorize(lt: &mut Lifetimes) -> ModelStateEvidence {
     evidence.leaf_gradients = leaf_gradients;
     evidence.state_made_by_user_code = state_made_by_user_code;
     evidence
+}
+
+/// A run that ran out of memory stopped inside its last cycle: what that cycle's forward
+/// made and still held when the trace ended was waiting for a backward that never ran. Those
+/// tensors are activations (saved for backward; the forward's output among them), where a
+/// finished trace calls a forward tensor never freed `other`.
+fn held_for_the_backward_an_oom_stopped(lt: &mut Lifetimes, windows: &[Window]) {
+    let Some(last) = windows.last().map(|w| w.cycle) else {
+        return;
+    };
+    for a in lt.allocations.iter_mut() {
+        let in_last_cycle = a
+            .alloc_at
+            .and_then(|at| windows.get(lt.window_of[at] as usize))
+            .is_some_and(|w| w.cycle == last);
+        if a.free_at.is_none()
+            && in_last_cycle
+            && a.phase == Some(StackPhase::Forward)
+            && a.category == Category::Other
+            && !a.workspace
+        {
+            a.category = Category::Activation;
+        }
+    }
 }
 
 /// Makes optimizer state the per-parameter state the user's own code keeps: where a module's

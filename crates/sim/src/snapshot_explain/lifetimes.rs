@@ -78,6 +78,9 @@ pub struct Lifetimes {
     pub unmatched_allocs: u64,
     /// The windows' phases were inferred from the trace's shape (no stack named any).
     pub phases_inferred: bool,
+    /// The first `oom` entry: the run ran out of memory there (a snapshot dumped where the
+    /// error was caught ends soon after).
+    pub oom_at: Option<usize>,
 }
 
 impl Lifetimes {
@@ -113,6 +116,7 @@ pub fn lifetimes(f: &FramedSnapshot, device: usize) -> Lifetimes {
         window_of: Vec::with_capacity(trace.len()),
         ..Lifetimes::default()
     };
+    out.oom_at = trace.iter().position(|e| e.action == TraceAction::Oom);
     phase_windows(f, trace.len(), stacks, &mut out);
     let mut maker = AllocationMaker {
         f,

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 use trainmem_alloc::pytorch::framed::FramedSnapshot;
-use trainmem_alloc::pytorch::replay::{PreparedTrace, prepare_trace};
+use trainmem_alloc::pytorch::replay::{PreparedTrace, Scenario, prepare_trace, run_prepared};
 use trainmem_alloc::{TraceAction, TraceEntry};
 use trainmem_core::Category;
 use trainmem_core::timeline::{Timeline, TimelineMeta};
@@ -149,6 +149,23 @@ pub struct AllocatorShare {
     pub peak_reserved: u64,
 }
 
+/// The allocation that failed, in a trace that ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct OomRequest {
+    /// The trace entry of the `oom`.
+    pub entry: usize,
+    /// Bytes asked for, as the allocator rounded them.
+    pub requested: u64,
+    /// Bytes the device reported free then.
+    pub device_free: u64,
+    /// The device's memory as the recording shows it: the allocator's reserved bytes then
+    /// plus what the device had free (None when the trace could not be replayed).
+    pub capacity: Option<u64>,
+    /// The peak reserved bytes of the recording on a device with room, the failed request
+    /// served: what it needed up to that point (None when the trace could not be replayed).
+    pub needed_reserved: Option<u64>,
+}
+
 /// The explanation of one device's trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotExplanation {
@@ -164,6 +181,8 @@ pub struct SnapshotExplanation {
     pub peak: Moment,
     /// At the first out-of-memory entry, when the trace has one.
     pub oom: Option<Moment>,
+    /// The allocation that failed there.
+    pub oom_request: Option<OomRequest>,
     /// When the snapshot was taken (the trace's last entry).
     pub end: Moment,
     /// The training steps found (an optimizer step or a backward ends each).
@@ -380,6 +399,17 @@ pub fn explain_snapshot(
     let capacity = opts.capacity.or(recorded_capacity);
     let ends = timeline::sample_ends(&lt);
     let (allocator, replayed) = replayed_share(&prepared, peak_at, &ends, &mut notes);
+    let oom_request = lt.oom_at.map(|k| OomRequest {
+        entry: k,
+        requested: trace[k].size,
+        device_free: trace[k].addr,
+        capacity: recorded_capacity,
+        needed_reserved: prepared
+            .as_ref()
+            .ok()
+            .and_then(|p| run_prepared(p, u64::MAX / 4, &Scenario::recorded()).ok())
+            .map(|o| o.peak_reserved),
+    });
     let timeline = timeline::timeline(
         &lt,
         &curve,
@@ -402,6 +432,7 @@ pub fn explain_snapshot(
         model_state,
         peak,
         oom,
+        oom_request,
         end,
         steps,
         growth,

@@ -35,7 +35,9 @@ pub struct Remedy {
     /// For a replayed setting: the recording's peak reserved bytes with it (more than the
     /// recording's own when the setting costs memory; its saving is then 0).
     pub peak_reserved: Option<u64>,
-    /// Whether the run fits the capacity with it (None without a capacity).
+    /// Whether the run fits the capacity with it (None without a capacity); for a trace
+    /// that ran out of memory, whether it gets past the allocation that failed (what the run
+    /// needed after it is not in the trace).
     pub fits: Option<bool>,
 }
 
@@ -55,7 +57,13 @@ fn human(b: u64) -> String {
 /// (the explained device's trace, prepared for replays) when given.
 pub fn remedies(ex: &SnapshotExplanation, prepared: Option<&PreparedTrace>) -> Vec<Remedy> {
     let mut out = Vec::new();
-    let peak_reserved = ex.allocator.map(|a| a.peak_reserved);
+    // what the settings are held against: the recording's peak reserved bytes; for one that
+    // ran out of memory, its replay on a device with room, the failed request served (the
+    // recording's own peak stops short of it)
+    let peak_reserved = match ex.oom_request {
+        Some(o) => o.needed_reserved,
+        None => ex.allocator.map(|a| a.peak_reserved),
+    };
     if let (Some(p), Some(recorded_peak)) = (prepared, peak_reserved) {
         out = replayed(ex, p, recorded_peak);
     }
@@ -119,12 +127,17 @@ fn replayed(ex: &SnapshotExplanation, p: &PreparedTrace, recorded_peak: u64) -> 
     for ((name, _), outcome) in tries.into_iter().zip(outcomes) {
         if let Some((o, fits)) = outcome {
             let saved = recorded_peak.saturating_sub(o.peak_reserved);
+            let room = if ex.oom_request.is_some() {
+                ", on a device with room, up to the failed allocation"
+            } else {
+                ""
+            };
             out.push(Remedy {
                 name,
                 kind: RemedyKind::Replayed,
                 saved_bytes: saved,
                 detail: format!(
-                    "peak reserved {} instead of {} ({} cudaMalloc calls)",
+                    "peak reserved {} instead of {}{room} ({} cudaMalloc calls)",
                     human(o.peak_reserved),
                     human(recorded_peak),
                     o.cuda_mallocs
@@ -212,9 +225,10 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
             ),
         );
     }
-    // with no backward in the trace there is no gradient to accumulate: an evaluation or a
-    // forward-only method, whose batch is simply smaller
-    let name = if ex.steps.is_empty() {
+    // with no backward in a finished trace there is no gradient to accumulate: an evaluation
+    // or a forward-only method, whose batch is simply smaller (a run that ran out of memory
+    // may have stopped before its first backward)
+    let name = if ex.steps.is_empty() && ex.oom_request.is_none() {
         "halve the batch"
     } else {
         "halve the micro-batch (accumulate twice as many)"

@@ -46,6 +46,23 @@ pub fn render_text(name: &str, ex: &SnapshotExplanation) -> String {
         out.push('\n');
         moment(&mut out, "out of memory", o);
     }
+    if let Some(r) = &ex.oom_request {
+        let capacity = r
+            .capacity
+            .map_or(String::new(), |c| format!(" of the device's {}", human(c)));
+        let needed = r.needed_reserved.map_or(String::new(), |n| {
+            format!(
+                "; with room, the run would have reserved {} up to this point",
+                human(n)
+            )
+        });
+        let _ = writeln!(
+            out,
+            "  the allocation that failed: {} with {} free{capacity}{needed}",
+            human(r.requested),
+            human(r.device_free)
+        );
+    }
     out.push('\n');
     moment(&mut out, "when the snapshot was taken", &ex.end);
     out.push('\n');
@@ -140,9 +157,14 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
     if ex.remedies.is_empty() {
         return;
     }
-    let cap = ex
-        .capacity
-        .map_or(String::new(), |c| format!(" (fits {}?)", human(c)));
+    let oom = ex.oom_request.is_some();
+    let cap = ex.capacity.map_or(String::new(), |c| {
+        if oom {
+            format!(" (past the failed allocation in {}?)", human(c))
+        } else {
+            format!(" (fits {}?)", human(c))
+        }
+    });
     let (helping, not): (Vec<_>, Vec<_>) = ex.remedies.iter().partition(|r| r.saved_bytes > 0);
     if !helping.is_empty() {
         let _ = writeln!(out, "\nremedies, most bytes saved at the peak first{cap}:");
@@ -152,10 +174,12 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
             RemedyKind::Replayed => "replayed",
             RemedyKind::Estimated => "estimated",
         };
-        let fits = match r.fits {
-            Some(true) => " — fits",
-            Some(false) => " — does not fit",
-            None => "",
+        let fits = match (r.fits, oom) {
+            (Some(true), false) => " — fits",
+            (Some(false), false) => " — does not fit",
+            (Some(true), true) => " — gets past it",
+            (Some(false), true) => " — out of memory there still",
+            (None, _) => "",
         };
         let _ = writeln!(
             out,
@@ -167,7 +191,10 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
     }
     // the settings replayed that save nothing here, on one line with what each does instead
     if !not.is_empty() {
-        let recorded = ex.allocator.map(|a| a.peak_reserved);
+        let recorded = match ex.oom_request {
+            Some(o) => o.needed_reserved,
+            None => ex.allocator.map(|a| a.peak_reserved),
+        };
         let each: Vec<String> = not
             .iter()
             .map(|r| match (r.peak_reserved, recorded) {

@@ -44,6 +44,10 @@ pub struct SyntheticLoop {
     pub leak: Option<u64>,
     /// The model code lines forward's tensors are made at.
     pub forward_lines: ForwardLines,
+    /// A device of this many bytes (None: one that never runs out): the first allocation
+    /// the caching allocator cannot serve ends the recording with its `oom` entry, as a
+    /// snapshot dumped where a training script catches `torch.cuda.OutOfMemoryError` does.
+    pub capacity: Option<u64>,
 }
 
 /// The model code lines a [`SyntheticLoop`]'s forward makes its tensors at.
@@ -98,6 +102,7 @@ impl SyntheticLoop {
             free_frames: true,
             leak: None,
             forward_lines: ForwardLines::PerLayer,
+            capacity: None,
         };
         l.steps = events.div_ceil(l.events_per_step()).max(1);
         l
@@ -186,7 +191,7 @@ impl SyntheticLoop {
             self.forward_lines,
         );
         let ops = self.ops(&st);
-        let mut a = CachingAllocator::new(SimulatedDevice::new(1 << 50));
+        let mut a = CachingAllocator::new(SimulatedDevice::new(self.capacity.unwrap_or(1 << 50)));
         a.enable_trace(None);
         let mut blocks: Vec<Option<BlockId>> = Vec::new();
         // per alloc / free entry the allocator records: the stack, and the truth of allocs
@@ -199,12 +204,15 @@ impl SyntheticLoop {
                     stack,
                     category,
                 } => {
-                    // an unbounded device: malloc does not fail
-                    let b = a.malloc(size, StreamId::DEFAULT).ok();
+                    let Ok(b) = a.malloc(size, StreamId::DEFAULT) else {
+                        // the `oom` entry, with the stack of the allocation that failed
+                        log.push((Some(stack), None));
+                        break;
+                    };
                     if blocks.len() <= id {
                         blocks.resize(id + 1, None);
                     }
-                    blocks[id] = b.map(|b| b.id);
+                    blocks[id] = Some(b.id);
                     log.push((Some(stack), Some((size, category))));
                 }
                 LoopOp::Free { id, stack } => {
@@ -223,9 +231,10 @@ impl SyntheticLoop {
         w.begin(&snap.segments);
         for e in trace {
             let (stack, t) = match e.action {
-                TraceAction::Alloc | TraceAction::FreeRequested | TraceAction::FreeCompleted => {
-                    log.next().unwrap_or((None, None))
-                }
+                TraceAction::Alloc
+                | TraceAction::FreeRequested
+                | TraceAction::FreeCompleted
+                | TraceAction::Oom => log.next().unwrap_or((None, None)),
                 _ => (None, None),
             };
             if let Some((size, category)) = t {
@@ -627,7 +636,12 @@ impl Writer {
         self.out.push(b'(');
         self.key("action");
         self.key(action);
-        self.key("addr");
+        // an `oom` entry holds the bytes the device had free where others hold an address
+        self.key(if action == "oom" {
+            "device_free"
+        } else {
+            "addr"
+        });
         self.int(addr);
         self.key("size");
         self.int(size);

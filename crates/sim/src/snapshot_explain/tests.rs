@@ -53,6 +53,7 @@ fn build(l: &Loop, with_frames: bool) -> SyntheticSnapshot {
         free_frames: false,
         leak: None,
         forward_lines: ForwardLines::PerLayer,
+        capacity: None,
     }
     .build()
 }
@@ -186,6 +187,7 @@ proptest! {
             free_frames,
             leak: None,
             forward_lines,
+            capacity: None,
         }
         .build();
         let ex = explain(&b.bytes);
@@ -461,6 +463,7 @@ fn loops_without_frames_are_found_by_their_shape() {
             free_frames: false,
             leak: None,
             forward_lines: ForwardLines::PerLayer,
+            capacity: None,
         }
         .build();
         let ex = explain(&b.bytes);
@@ -497,6 +500,7 @@ fn layered(layers: usize, lines: ForwardLines) -> SnapshotExplanation {
         free_frames: true,
         leak: None,
         forward_lines: lines,
+        capacity: None,
     }
     .build();
     explain(&b.bytes)
@@ -595,4 +599,101 @@ fn top_sites_never_claim_more_of_a_category_than_there_is() {
         of("me/model.py:24 forward"),
         [Category::Activation, Category::Temporary]
     );
+}
+
+/// A loop that runs out of memory on a device of `capacity` bytes: six blocks of 32 MiB
+/// activations over 4 MiB parameters, three steps.
+fn out_of_memory_on(capacity: u64) -> SnapshotExplanation {
+    let b = SyntheticLoop {
+        params: vec![4 << 20; 6],
+        activations: vec![32 << 20; 6],
+        batch: 1 << 20,
+        steps: 3,
+        with_frames: true,
+        native_frames: 4,
+        free_frames: true,
+        leak: None,
+        forward_lines: ForwardLines::OneBlock,
+        capacity: Some(capacity),
+    }
+    .build();
+    let f = FramedSnapshot::read(&b.bytes).expect("read");
+    explain_snapshot(&f, &ExplainOptions::default()).expect("explain")
+}
+
+/// The snapshot a user brings most: dumped where `torch.cuda.OutOfMemoryError` was caught.
+/// The forward's tensors held at the failure are activations (their backward never ran, so
+/// no free says so), the failed request and the device's size are read from the trace, and
+/// every remedy is judged on getting past the failed allocation, against what the run needed
+/// with room (its recorded peak stops short of the request that failed).
+#[test]
+fn an_out_of_memory_snapshot_names_what_filled_the_device_and_what_gets_past_it() {
+    let mib = 1u64 << 20;
+    let ex = out_of_memory_on(200 * mib);
+    let r = ex.oom_request.expect("the failed allocation");
+    assert_eq!(r.requested, 32 * mib, "the fifth block's activation");
+    assert_eq!(
+        r.capacity,
+        Some(200 * mib),
+        "the device, from the trace alone"
+    );
+    let needed = r.needed_reserved.expect("replayed");
+    assert!(needed > 200 * mib, "{needed}");
+    let at = ex.oom.as_ref().expect("the moment");
+    let of = |c: Category| at.by_category.iter().find(|x| x.0 == c).map_or(0, |x| x.1);
+    assert_eq!(
+        of(Category::Activation),
+        4 * 32 * mib,
+        "{:?}",
+        at.by_category
+    );
+    assert_eq!(of(Category::Other), 0, "{:?}", at.by_category);
+    assert_eq!(ex.capacity, Some(200 * mib));
+    // no backward ran, but the run trains: the micro-batch is what halves
+    let names: Vec<&str> = ex.remedies.iter().map(|r| r.name.as_str()).collect();
+    assert!(
+        names.contains(&"halve the micro-batch (accumulate twice as many)"),
+        "{names:?}"
+    );
+    let ckpt = ex
+        .remedies
+        .iter()
+        .find(|r| r.name == "activation checkpointing per block")
+        .expect("four blocks ran");
+    assert_eq!(ckpt.saved_bytes, 64 * mib);
+    assert_eq!(ckpt.fits, Some(needed - 64 * mib <= 200 * mib));
+    let text = render::render_text("oom", &ex);
+    for want in [
+        "the allocation that failed: 32.00 MiB with ",
+        " of the device's 200.00 MiB; with room, the run would have reserved ",
+        "(past the failed allocation in 200.00 MiB?)",
+        "activation checkpointing per block — gets past it",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+}
+
+/// Wherever the run runs out (setup, forward, backward, the optimizer's first state, a later
+/// step), the device's size is read back exactly, nothing live at the failure is left
+/// without a category, and with room the run needed more than the device had.
+#[test]
+fn out_of_memory_anywhere_in_the_loop_is_explained() {
+    let mib = 1u64 << 20;
+    let mut phases = std::collections::BTreeSet::new();
+    for capacity in (20..=300).step_by(10).map(|m| m * mib) {
+        let ex = out_of_memory_on(capacity);
+        let Some(r) = ex.oom_request else {
+            continue;
+        };
+        assert_eq!(r.capacity, Some(capacity));
+        assert!(r.needed_reserved.is_some_and(|n| n > capacity), "{r:?}");
+        let at = ex.oom.as_ref().expect("the moment");
+        assert!(
+            at.by_category.iter().all(|(c, _)| *c != Category::Other),
+            "{capacity}: {:?}",
+            at.by_category
+        );
+        phases.insert(format!("{:?}", at.phase));
+    }
+    assert!(phases.len() >= 3, "{phases:?}");
 }
