@@ -49,7 +49,8 @@ pub struct GpuCheckArgs {
     /// Only these scenarios (default: every scenario that trains).
     #[arg(long)]
     scenario: Vec<String>,
-    /// A folder for the runs' work files (default: a fresh one under the system temp dir).
+    /// A folder for the runs' work files, kept (default: a fresh one under the system temp
+    /// dir, removed when the check ends).
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// Judge again the measured runs a device recorded (its folder, e.g.
@@ -294,10 +295,8 @@ pub fn run(args: GpuCheckArgs) -> anyhow::Result<ExitCode> {
     trainmem_scenarios::backend_available(args.backend)?;
     let on_device = args.backend.on_device();
     let (device, page_and_alignment) = device_info(args.backend)?;
-    let work = match &args.work_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("trainmem-gpu-check-{}", std::process::id())),
-    };
+    let work = WorkFolder::new(args.work_dir.as_ref(), "trainmem-gpu-check");
+    let work = work.path();
     let selected: Vec<_> = SCENARIOS
         .iter()
         .filter(|s| s.name != "model-parallel")
@@ -535,10 +534,8 @@ fn replay(args: &GpuCheckArgs, dir: &std::path::Path) -> anyhow::Result<ExitCode
         .map(|(_, a)| a);
     let (backend, twin_device) = TwinDevice::recorded(&recorded.device.backend, alignment)
         .with_context(|| format!("unknown backend `{}`", recorded.device.backend))?;
-    let work = match &args.work_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("trainmem-gpu-replay-{}", std::process::id())),
-    };
+    let work = WorkFolder::new(args.work_dir.as_ref(), "trainmem-gpu-replay");
+    let work = work.path();
     let mut ok = true;
     println!(
         "replaying the runs of {} ({})",
@@ -611,5 +608,40 @@ fn print_summary(c: &GpuCheck) {
                 .map(|m| format!(", burn held {:.2} MiB", m as f64 / 1048576.0))
                 .unwrap_or_default()
         );
+    }
+}
+
+/// The runs' work files: the folder asked for (kept), or a fresh one under the system
+/// temporary directory, removed with the data sets and checkpoints the runs wrote when the
+/// check ends, however it ends.
+struct WorkFolder {
+    path: PathBuf,
+    owned: bool,
+}
+
+impl WorkFolder {
+    fn new(asked: Option<&PathBuf>, prefix: &str) -> WorkFolder {
+        match asked {
+            Some(d) => WorkFolder {
+                path: d.clone(),
+                owned: false,
+            },
+            None => WorkFolder {
+                path: std::env::temp_dir().join(format!("{prefix}-{}", std::process::id())),
+                owned: true,
+            },
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkFolder {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }

@@ -146,8 +146,9 @@ pub struct Progress {
 pub struct RunOptions<'a> {
     /// The backend.
     pub backend: BackendChoice,
-    /// Directory for checkpoints (and any generated files); a fresh directory under the
-    /// system temporary directory when `None`. It is created if missing.
+    /// Directory for checkpoints (and any generated files), created if missing and kept;
+    /// when `None`, a fresh directory of the run's own under the system temporary directory,
+    /// removed with what the run wrote there when the run ends.
     pub work_dir: Option<PathBuf>,
     /// Learning rate of every optimizer.
     pub learning_rate: f64,
@@ -219,7 +220,8 @@ pub struct MeasuredRun {
     pub parameter_bytes: u64,
     /// Whether host categories were measured (a counting allocator is installed).
     pub host_counted: bool,
-    /// Checkpoint files written.
+    /// Checkpoint files written (gone with the run's own temporary directory when
+    /// [`RunOptions::work_dir`] was `None`; their sizes are in `checkpoint_sizes`).
     pub checkpoints: Vec<PathBuf>,
     /// The size of each checkpoint file, in bytes, read right after it was written (index
     /// for index with `checkpoints`): what the run wrote, even once the files are gone (a
@@ -508,18 +510,61 @@ fn check_supported(plan: &Plan) -> Result<(), BurnRunError> {
     Ok(())
 }
 
-/// The run's work directory (created if missing).
-pub(crate) fn work_dir(opts: &RunOptions<'_>) -> Result<PathBuf, BurnRunError> {
-    let dir = match &opts.work_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("trainmem-burn-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&dir).map_err(|source| BurnRunError::Io {
+/// A run's work directory: the one its options name (kept), or a fresh one of its own under
+/// the system temporary directory, removed with everything the run wrote there (the fixture
+/// data set, checkpoints) when the run ends.
+#[derive(Debug)]
+pub(crate) struct WorkDir {
+    path: PathBuf,
+    owned: bool,
+}
+
+impl WorkDir {
+    /// The directory.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.owned {
+            // nothing to report to: a directory already gone is what was wanted
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// The run's work directory (created if missing; see [`WorkDir`]).
+pub(crate) fn work_dir(opts: &RunOptions<'_>) -> Result<WorkDir, BurnRunError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let io = |path: &PathBuf, source| BurnRunError::Io {
         what: "creating work directory",
-        path: dir.clone(),
+        path: path.clone(),
         source,
-    })?;
-    Ok(dir)
+    };
+    if let Some(d) = &opts.work_dir {
+        std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
+        return Ok(WorkDir {
+            path: d.clone(),
+            owned: false,
+        });
+    }
+    // a name no other run of this process has; one left by an earlier process that had the
+    // same id is skipped, never written into
+    loop {
+        let path = std::env::temp_dir().join(format!(
+            "trainmem-burn-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        ));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(WorkDir { path, owned: true }),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(&path, e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -722,5 +767,26 @@ mod tests {
             assert_eq!(size, on_disk, "the kept size is the file's");
         }
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Without a work directory each run writes into one of its own and removes it when it
+    /// ends: runs in tests, in `gpu-check` and in library callers once left a directory per
+    /// process under the system temp dir, data set and checkpoints included, for good.
+    #[test]
+    fn a_run_without_a_work_directory_leaves_nothing_behind() {
+        let mut p = base();
+        p.training.checkpoint_every = 1;
+        p.validate().expect("valid");
+        let mut dirs = Vec::new();
+        for _ in 0..2 {
+            let run = run_measured_detailed(&p, RunOptions::default()).expect("run");
+            assert_eq!(run.checkpoints.len(), 2);
+            assert!(run.checkpoint_sizes.iter().all(|&b| b > 0));
+            let dir = run.checkpoints[0].parent().expect("a folder").to_path_buf();
+            assert!(dir.starts_with(std::env::temp_dir()), "{}", dir.display());
+            assert!(!dir.exists(), "{} removed", dir.display());
+            dirs.push(dir);
+        }
+        assert_ne!(dirs[0], dirs[1], "each run has its own");
     }
 }

@@ -36,7 +36,7 @@ use crate::model::{
     parameter_bytes,
 };
 use crate::probe::Probe;
-use crate::run::{MeasuredRun, Progress, RunOptions, work_dir};
+use crate::run::{MeasuredRun, Progress, RunOptions, WorkDir, work_dir};
 use crate::timeline::to_timeline;
 use trainmem_track::MemoryBackend;
 use trainmem_track::materialize;
@@ -64,7 +64,9 @@ struct StepSettings {
     steps_per_epoch: u64,
     total_steps: u64,
     lr: f64,
-    dir: PathBuf,
+    /// Where the fixture data set and checkpoints go (removed at the run's end when it is
+    /// the run's own).
+    dir: WorkDir,
 }
 
 impl StepSettings {
@@ -192,7 +194,7 @@ where
                     plan,
                     &settings.shape,
                     settings.micro,
-                    &settings.dir,
+                    settings.dir.path(),
                 )?))
             }
         },
@@ -365,6 +367,7 @@ impl<B: AutodiffBackend + MemoryBackend> Trainer<'_, B> {
             let path = self
                 .settings
                 .dir
+                .path()
                 .join(format!("checkpoint-step{}.bin", step + 1));
             let model = self
                 .model
