@@ -55,6 +55,20 @@ pub enum FileProblem {
         #[source]
         source: crate::BoxError,
     },
+    /// A raw record file's data offset (from its sidecar) lies past the end of the file.
+    #[error("data offset {offset} is past the end of the file ({file_len} bytes)")]
+    OffsetPastEnd {
+        /// The data offset.
+        offset: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// Raw records of no bytes (a 0 in the sidecar's `sample_shape`): the number of records in
+    /// the file cannot be told from its length.
+    #[error(
+        "records of shape {0:?} hold no bytes, so the file's length cannot tell how many there are"
+    )]
+    EmptyRecord(Vec<usize>),
     /// The raw data length is not a whole number of records.
     #[error("{data_bytes} data bytes are not a whole number of {record_bytes}-byte records")]
     PartialRecord {
@@ -84,7 +98,7 @@ pub enum FileProblem {
     },
     /// A token id at or above the declared vocabulary size (or negative).
     #[error(
-        "token {token} at byte {offset} (token {position}) is outside the vocabulary of {vocab}"
+        "token id {token} at position {position} (byte {offset}) is not in the vocabulary 0..{vocab}"
     )]
     TokenOutOfVocab {
         /// The id found.

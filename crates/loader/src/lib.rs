@@ -111,7 +111,12 @@
 //!   themselves [`Category::Input`](trainmem_core::Category::Input), so a counting global
 //!   allocator (trainmem-probe) files their bytes under `input`.
 //! * **Failures** are per batch: a transform that errors or panics yields an `Err` naming the
-//!   sample and the epoch goes on; a timeout ends the epoch; dropping an [`Epoch`] cancels it.
+//!   sample and the epoch goes on; a timeout ends the epoch at its deadline, without waiting
+//!   for a worker stuck in a transform (it is retired, and exits once the transform returns:
+//!   [`Loader::abandoned_workers`]); dropping an [`Epoch`] cancels it.
+//! * **Limits**: a configuration is refused ([`ConfigError`]) beyond [`MAX_WORKERS`] workers or
+//!   [`MAX_BATCHES_IN_FLIGHT`] batches in flight, and a data set beyond [`MAX_EPOCH_SAMPLES`]
+//!   samples ([`LoaderError::EpochTooLarge`]), rather than overflowing or exhausting memory.
 //!
 //! # Example: one epoch over a memory-mapped fixture with two workers
 //!
@@ -306,6 +311,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The README's examples run as doc tests, so that they keep compiling (the docs above, not the
+// README, are the crate's root documentation).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod dataset;
 mod dtype;
 mod engine;
@@ -350,12 +361,14 @@ pub use engine::build_times::BuildTimes;
 pub use engine::builder::{
     BatchBuilder, BoxError, ColumnBatch, HeldBytes, MapCollate, StackColumns,
 };
-pub use engine::config::{ConfigError, LoaderConfig, Order, Shard, ShardTail};
+pub use engine::config::{
+    ConfigError, LoaderConfig, MAX_BATCHES_IN_FLIGHT, MAX_WORKERS, Order, Shard, ShardTail,
+};
 pub use engine::context::WorkerContext;
 pub use engine::loader::{Epoch, Loader, LoaderError, WorkerInfo};
 pub use engine::memory::{LoaderMemory, MemoryWatch};
 pub use engine::pacing::current_cpu;
 pub use engine::resume::{LoaderState, ResumeError};
-pub use engine::sampler::{EpochPlan, epoch_order, shard_order};
+pub use engine::sampler::{EpochPlan, MAX_EPOCH_SAMPLES, epoch_order, shard_order};
 pub use engine::staging::{BatchBuffer, prefetch_pages};
 pub use engine::{augment, config};

@@ -323,17 +323,110 @@ fn a_slow_batch_times_out_and_ends_the_epoch() {
         "{:?}",
         r[2]
     );
-    // The epoch is over, and its worker was stopped by the cancellation (per-epoch workers are
-    // joined when the epoch ends, so the transform has returned by now).
+    // The epoch is over, and its worker was stopped by the cancellation. A timeout does not
+    // join the worker: wait for it to exit (the deadline only turns a hang into a failure).
     assert!(epoch.next().is_none());
-    assert!(saw_cancel.load(Ordering::SeqCst), "batch 2 was cancelled");
     drop(epoch);
+    wait_for("the timed-out worker to exit", || {
+        loader.abandoned_workers() == 0
+    });
+    assert!(saw_cancel.load(Ordering::SeqCst), "batch 2 was cancelled");
     let m = loader.memory();
     assert_eq!(
         (m.ready_batches, m.queue, m.reorder, m.total),
         (0, 0, 0, 0),
         "{m:?}"
     );
+}
+
+/// Polls `done` until it holds; panics naming `what` after a minute (a guard against a hang,
+/// never a measurement: every caller expects `done` to hold within milliseconds).
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let guard = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < guard, "still waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_timeout_does_not_wait_for_a_transform_that_hangs() {
+    // Sample 4 (the first of batch 2) blocks until the test releases it, ignoring the cancel
+    // flag, as a transform stuck in I/O would. The test releases it only after the timeout
+    // error has arrived, the next epoch has run, and the loader has been dropped: a loader that
+    // waits for its workers at any of these points holds until the guard in the transform runs
+    // out, which the transform reports and the test fails on. No duration is measured.
+    for persistent in [false, true] {
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let hang_once = Arc::new(AtomicBool::new(true));
+        let released = Arc::new(AtomicBool::new(false));
+        let (hang, rel) = (Arc::clone(&hang_once), Arc::clone(&released));
+        let data = numbers(10);
+        let config = LoaderConfig {
+            timeout_ms: Some(50),
+            prefetch_factor: 3,
+            persistent_workers: persistent,
+            ..cfg(2, 1)
+        };
+        let mut loader = Loader::with_transform(
+            Arc::clone(&data),
+            config,
+            move |x: &u64, _: &mut WorkerContext| -> Result<u64, BoxError> {
+                if *x == 4 && hang.swap(false, Ordering::SeqCst) {
+                    started_tx.send(()).expect("the test listens");
+                    let rx = release_rx.lock().expect("one hanging sample");
+                    let by_test = rx.recv_timeout(Duration::from_secs(60)).is_ok();
+                    rel.store(by_test, Ordering::SeqCst);
+                }
+                Ok(*x)
+            },
+            collect,
+        )
+        .expect("loader");
+        let mut epoch = loader.epoch().expect("epoch");
+        started_rx.recv().expect("batch 2 started");
+        let r: Vec<_> = epoch.by_ref().collect();
+        assert_eq!(r.len(), 3, "persistent={persistent}: {r:?}");
+        assert!(
+            matches!(r[2], Err(LoaderError::Timeout { batch: 2, .. })),
+            "persistent={persistent}: {:?}",
+            r[2]
+        );
+        assert!(epoch.next().is_none());
+        drop(epoch);
+        // The worker is still in the transform: the error did not wait for it.
+        assert_eq!(loader.abandoned_workers(), 1, "persistent={persistent}");
+        // The loader goes on: a hook can be set, and the next epoch runs on fresh workers.
+        let inits = Arc::new(AtomicUsize::new(0));
+        let i2 = Arc::clone(&inits);
+        let mut loader = loader.with_worker_init(move |_| {
+            i2.fetch_add(1, Ordering::SeqCst);
+        });
+        let next: Vec<Vec<u64>> = loader
+            .epoch()
+            .expect("next epoch")
+            .collect::<Result<_, _>>()
+            .expect("every batch of the next epoch");
+        assert_eq!(next.concat(), (0..10).collect::<Vec<_>>());
+        assert_eq!(inits.load(Ordering::SeqCst), 1, "one fresh worker");
+        assert_eq!(loader.threads_spawned(), 2, "persistent={persistent}");
+        assert_eq!(loader.abandoned_workers(), 1);
+        // Dropping the loader does not wait for it either.
+        drop(loader);
+        assert!(!released.load(Ordering::SeqCst));
+        release_tx.send(()).expect("the transform still waits");
+        // Released, the worker returns, builds nothing more and exits: it was the last holder
+        // of the data set besides the test.
+        wait_for("the retired worker to exit", || {
+            Arc::strong_count(&data) == 1
+        });
+        assert!(
+            released.load(Ordering::SeqCst),
+            "persistent={persistent}: the loader waited for the hanging transform"
+        );
+    }
 }
 
 #[test]

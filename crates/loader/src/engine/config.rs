@@ -7,6 +7,16 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The most worker threads a loader accepts ([`LoaderConfig::workers`]): far more than any
+/// machine has CPUs, low enough that the per-worker bookkeeping made at
+/// [`Loader::new`](crate::Loader::new) (a few KiB a worker) stays bounded.
+pub const MAX_WORKERS: usize = 1 << 16;
+
+/// The most batches a loader keeps in flight, `prefetch_factor × workers`
+/// ([`LoaderConfig::max_batches_in_flight`]): a larger product is refused by
+/// [`LoaderConfig::validate`] rather than left to overflow the loader's counts.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 1 << 20;
+
 /// How the sample order of an epoch is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -144,6 +154,23 @@ pub enum ConfigError {
     /// A timeout of 0 ms.
     #[error("timeout_ms must be positive when set")]
     ZeroTimeout,
+    /// More workers than [`MAX_WORKERS`].
+    #[error("workers = {workers} is more than the {MAX_WORKERS} worker threads a loader accepts")]
+    TooManyWorkers {
+        /// The workers asked for.
+        workers: usize,
+    },
+    /// `prefetch_factor × workers` is more than [`MAX_BATCHES_IN_FLIGHT`].
+    #[error(
+        "prefetch_factor = {prefetch_factor} with workers = {workers} would keep more than the \
+         {MAX_BATCHES_IN_FLIGHT} batches in flight a loader accepts (prefetch_factor × workers)"
+    )]
+    TooManyInFlight {
+        /// The workers.
+        workers: usize,
+        /// The prefetch factor.
+        prefetch_factor: usize,
+    },
     /// A plan's count does not fit this machine's `usize`.
     #[error("loader.{key} = {value} is too large for this machine")]
     TooLarge {
@@ -184,13 +211,30 @@ impl LoaderConfig {
         })
     }
 
-    /// Checks the knobs against each other.
+    /// Checks the knobs against each other, and against [`MAX_WORKERS`] and
+    /// [`MAX_BATCHES_IN_FLIGHT`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.batch_size == 0 {
             return Err(ConfigError::ZeroBatchSize);
         }
         if self.workers > 0 && self.prefetch_factor == 0 {
             return Err(ConfigError::ZeroPrefetch);
+        }
+        if self.workers > MAX_WORKERS {
+            return Err(ConfigError::TooManyWorkers {
+                workers: self.workers,
+            });
+        }
+        if self.workers > 0
+            && self
+                .prefetch_factor
+                .checked_mul(self.workers)
+                .is_none_or(|n| n > MAX_BATCHES_IN_FLIGHT)
+        {
+            return Err(ConfigError::TooManyInFlight {
+                workers: self.workers,
+                prefetch_factor: self.prefetch_factor,
+            });
         }
         if let Some(Shard {
             rank, world_size, ..
@@ -254,6 +298,7 @@ impl LoaderConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn a_plans_loader_becomes_the_same_knobs() {
@@ -316,6 +361,93 @@ mod tests {
             }
         );
         assert_eq!(bad(|c| c.timeout_ms = Some(0)), ConfigError::ZeroTimeout);
+    }
+
+    #[test]
+    fn absurd_worker_and_prefetch_counts_are_refused_by_name() {
+        let with = |workers, prefetch_factor| LoaderConfig {
+            workers,
+            prefetch_factor,
+            ..LoaderConfig::default()
+        };
+        // A product that overflows `usize`, one that fits but is absurd, and the edge.
+        assert_eq!(
+            with(2, usize::MAX).validate(),
+            Err(ConfigError::TooManyInFlight {
+                workers: 2,
+                prefetch_factor: usize::MAX
+            })
+        );
+        let err = with(2, MAX_BATCHES_IN_FLIGHT)
+            .validate()
+            .expect_err("2 × limit");
+        let text = err.to_string();
+        assert!(
+            text.contains("prefetch_factor") && text.contains(&MAX_BATCHES_IN_FLIGHT.to_string()),
+            "{text}"
+        );
+        assert_eq!(with(1, MAX_BATCHES_IN_FLIGHT).validate(), Ok(()));
+        assert_eq!(with(2, MAX_BATCHES_IN_FLIGHT / 2).validate(), Ok(()));
+        // Without workers the prefetch factor is ignored, whatever its value.
+        assert_eq!(with(0, usize::MAX).validate(), Ok(()));
+        assert_eq!(
+            with(usize::MAX, 1).validate(),
+            Err(ConfigError::TooManyWorkers {
+                workers: usize::MAX
+            })
+        );
+        assert_eq!(
+            with(MAX_WORKERS + 1, 1).validate(),
+            Err(ConfigError::TooManyWorkers {
+                workers: MAX_WORKERS + 1
+            })
+        );
+        assert_eq!(with(MAX_WORKERS, 2).validate(), Ok(()));
+        // Deserialised configs are checked the same way.
+        let c: LoaderConfig = serde_json::from_str(&format!(
+            r#"{{"workers": 2, "prefetch_factor": {}}}"#,
+            u64::MAX
+        ))
+        .expect("de");
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooManyInFlight { .. })
+        ));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// A configuration that validates keeps its batches in flight within the limit, so the
+        /// loader's own arithmetic on that count (pool sizes, rotation, priming) cannot overflow.
+        #[test]
+        fn a_valid_config_bounds_the_batches_in_flight(
+            workers in prop_oneof![0usize..=8, 0usize..=MAX_WORKERS + 8, any::<usize>()],
+            prefetch_factor in prop_oneof![0usize..=8, any::<usize>()],
+        ) {
+            let c = LoaderConfig { workers, prefetch_factor, ..LoaderConfig::default() };
+            match c.validate() {
+                Ok(()) => {
+                    prop_assert!(workers <= MAX_WORKERS);
+                    prop_assert!(c.max_batches_in_flight() <= MAX_BATCHES_IN_FLIGHT);
+                    let expected = if workers == 0 { 0 } else { workers * prefetch_factor };
+                    prop_assert_eq!(c.max_batches_in_flight(), expected);
+                }
+                Err(ConfigError::ZeroPrefetch) => {
+                    prop_assert!(workers > 0 && prefetch_factor == 0);
+                }
+                Err(ConfigError::TooManyWorkers { .. }) => {
+                    prop_assert!(workers > MAX_WORKERS);
+                }
+                Err(ConfigError::TooManyInFlight { .. }) => {
+                    prop_assert!(workers > 0 && workers <= MAX_WORKERS);
+                    prop_assert!(
+                        workers.checked_mul(prefetch_factor).is_none_or(|n| n > MAX_BATCHES_IN_FLIGHT)
+                    );
+                }
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
     }
 
     #[test]

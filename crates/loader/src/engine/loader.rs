@@ -24,7 +24,8 @@
 //!
 //! # Worker lifetime
 //!
-//! With `persistent_workers` the threads are spawned once (at the first epoch) and reused;
+//! With `persistent_workers` the threads are spawned once (at the first epoch) and reused
+//! (until a timeout retires them, see below: the next epoch then spawns a fresh set);
 //! otherwise a fresh set is spawned at every epoch start and joined at its end, as PyTorch does
 //! by default, which is one cause of the epoch-start memory spike.
 //!
@@ -48,9 +49,18 @@
 //!   `Err(`[`LoaderError::Timeout`]`)` and ends the epoch. Without it the wait is unbounded but
 //!   the loader checks every 100 ms that workers are alive ([`LoaderError::WorkersGone`]). The
 //!   timeout does not apply with `workers == 0`.
+//! * A timeout does not wait for the workers: the late batch may be stuck in a transform that
+//!   never looks at the cancel flag, and a thread cannot be stopped from outside. The error
+//!   comes at the deadline, the epoch's tasks are cancelled, and its workers (the per-epoch
+//!   ones, or the whole persistent pool with any work built ahead) are retired unjoined: each
+//!   exits as soon as the batch it is building returns, builds nothing more, and holds the
+//!   data set and builder (shared, not copied) until then. [`Loader::abandoned_workers`] counts
+//!   those still running. The next epoch runs on fresh workers; dropping the epoch or the
+//!   loader does not wait for retired ones either (they are detached, and exit on their own).
 //! * Dropping an [`Epoch`] mid-way cancels it: workers abandon its remaining tasks (checked
 //!   between samples), per-epoch workers are joined before `drop` returns, persistent ones go
-//!   back to waiting and are joined when the [`Loader`] is dropped.
+//!   back to waiting and are joined when the [`Loader`] is dropped. Either way no loader thread
+//!   is left once every transform has returned.
 //! * An empty data set (or a shard with no samples) gives an epoch with no batches. A batch
 //!   size larger than the data set gives one short batch, or none with `drop_last`.
 
@@ -73,7 +83,7 @@ use crate::engine::context::WorkerContext;
 use crate::engine::memory::{LoaderMemory, MemoryCounters, MemoryWatch, Term};
 use crate::engine::pacing::{Pacing, Polled, SpinWait, WorkerCpus, current_cpu};
 use crate::engine::resume::{LoaderState, ResumeError};
-use crate::engine::sampler::EpochPlan;
+use crate::engine::sampler::{EpochPlan, check_epoch_len};
 use crate::engine::staging::StagingPool;
 use crate::error::DataError;
 use crate::rng::mix;
@@ -143,6 +153,28 @@ pub enum LoaderError {
     /// A worker thread could not be spawned.
     #[error("cannot spawn a loader worker: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The data set has more samples than an epoch may range over
+    /// ([`MAX_EPOCH_SAMPLES`](crate::MAX_EPOCH_SAMPLES)): its index list (8 bytes a sample)
+    /// is not allocated.
+    #[error(
+        "an epoch over {samples} samples is more than the {limit} samples an epoch may range \
+         over (MAX_EPOCH_SAMPLES: the loader holds each epoch's order, 8 bytes a sample)"
+    )]
+    EpochTooLarge {
+        /// The samples of the data set.
+        samples: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The index list of an epoch (8 bytes a sample) could not be allocated.
+    #[error(
+        "cannot allocate the order of an epoch over {samples} samples ({} bytes)",
+        samples.saturating_mul(std::mem::size_of::<usize>())
+    )]
+    EpochAlloc {
+        /// The samples of the data set.
+        samples: usize,
+    },
     /// A saved [`LoaderState`] does not fit this loader.
     #[error(transparent)]
     Resume(#[from] ResumeError),
@@ -182,7 +214,6 @@ type InitHook = dyn Fn(&WorkerInfo) + Send + Sync;
 struct Shared<D: Dataset, Bd: BatchBuilder<D>> {
     dataset: Arc<D>,
     builder: Bd,
-    init: Option<Box<InitHook>>,
     memory: Arc<MemoryCounters>,
     staging: Option<Arc<StagingPool>>,
     seed: u64,
@@ -256,6 +287,13 @@ struct WorkerPool<B: HeldBytes> {
 }
 
 impl<B: HeldBytes> WorkerPool<B> {
+    /// The threads, not joined: the task queue closes, so each exits once it has returned from
+    /// the task it is building (if any) and skipped the cancelled ones left in the queue.
+    fn detach(mut self) -> Vec<JoinHandle<()>> {
+        self.tasks = None;
+        std::mem::take(&mut self.handles)
+    }
+
     fn all_exited(&self) -> bool {
         self.handles.iter().all(JoinHandle::is_finished)
     }
@@ -335,10 +373,10 @@ fn worker_main<D: Dataset, Bd: BatchBuilder<D>>(
     shared: Arc<Shared<D, Bd>>,
     tasks: Receiver<Task<Bd::Batch>>,
     info: WorkerInfo,
+    init: Option<Arc<InitHook>>,
 ) {
     set_thread_category(Category::Input);
-    let init_error = shared
-        .init
+    let init_error = init
         .as_ref()
         .and_then(|f| catch_unwind(AssertUnwindSafe(|| f(&info))).err())
         .map(panic_message);
@@ -394,6 +432,12 @@ pub struct Loader<D: Dataset, Bd: BatchBuilder<D>> {
     /// so that dropping the loader cancels them before the workers are joined.
     ahead: Option<Ahead<Bd::Batch>>,
     pool: Option<WorkerPool<Bd::Batch>>,
+    /// The hook each worker runs when it starts ([`Self::with_worker_init`]).
+    init: Option<Arc<InitHook>>,
+    /// Workers of epochs that timed out, not joined (see "Failure and shutdown"): each exits
+    /// once its transform returns. Finished ones are joined at the next epoch start; the rest
+    /// are detached when the loader is dropped.
+    stragglers: Vec<JoinHandle<()>>,
     spawned: u64,
     /// How long the caller's recent waits for a batch took (see `pacing`).
     spin: SpinWait,
@@ -451,16 +495,22 @@ where
 
 impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     /// A loader over `dataset` building batches with `builder`.
+    ///
+    /// Errors on a configuration that [`LoaderConfig::validate`] refuses, and on a data set
+    /// with more samples than an epoch may range over ([`LoaderError::EpochTooLarge`]).
     pub fn new(dataset: Arc<D>, config: LoaderConfig, builder: Bd) -> Result<Self, LoaderError> {
         config.validate()?;
+        check_epoch_len(dataset.len())?;
         let memory = Arc::new(MemoryCounters::default());
         let staging = (config.pin_memory || config.reuse_buffers).then(|| {
+            // Validated, the count is at most `MAX_BATCHES_IN_FLIGHT`: none of this saturates.
+            let in_flight = config.max_batches_in_flight();
             // Enough idle blocks for every batch in flight plus the one the caller holds.
-            let keep = config.max_batches_in_flight().max(1) * 4 + 4;
+            let keep = in_flight.max(1).saturating_mul(4).saturating_add(4);
             // The batches in flight and the one the caller holds take turns in the pool.
             Arc::new(
                 StagingPool::new(config.pin_memory, keep, Arc::clone(&memory))
-                    .with_rotation(config.max_batches_in_flight() + 1),
+                    .with_rotation(in_flight.saturating_add(1)),
             )
         });
         let seed = match config.order {
@@ -471,7 +521,6 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             shared: Arc::new(Shared {
                 dataset,
                 builder,
-                init: None,
                 memory,
                 staging,
                 seed,
@@ -485,6 +534,8 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             resume_at: None,
             ahead: None,
             pool: None,
+            init: None,
+            stragglers: Vec::new(),
             spawned: 0,
             spin: SpinWait::default(),
         })
@@ -493,15 +544,11 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     /// Sets a hook run once in each worker thread when it starts, before it builds any batch
     /// (once per spawn: every epoch without persistent workers). Persistent workers already
     /// running are joined first, so the hook applies to all workers from the next epoch on.
+    /// (Workers left behind by a timed-out epoch are not waited for; they build nothing more.)
     pub fn with_worker_init(mut self, hook: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
-        // Joining the persistent pool drops the workers' handles on `shared`; no epoch can be
-        // alive (it would borrow `self`), so this loader is then the only holder.
         self.ahead = None;
         self.pool = None;
-        match Arc::get_mut(&mut self.shared) {
-            Some(shared) => shared.init = Some(Box::new(hook)),
-            None => unreachable!("no worker or epoch holds the loader's shared state here"),
-        }
+        self.init = Some(Arc::new(hook));
         self
     }
 
@@ -561,9 +608,28 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
         self.config.batches_per_epoch(self.shared.dataset.len())
     }
 
-    /// Worker threads spawned so far (grows by `workers` every epoch unless persistent).
+    /// Worker threads spawned so far (grows by `workers` every epoch unless persistent, and
+    /// at the epoch after a timeout either way).
     pub fn threads_spawned(&self) -> u64 {
         self.spawned
+    }
+
+    /// Worker threads of timed-out epochs that are still running: stuck in a transform or
+    /// collate that has not returned (see "Failure and shutdown" in the module docs). Each
+    /// exits on its own once it returns; 0 when no epoch timed out or all have exited.
+    pub fn abandoned_workers(&self) -> usize {
+        self.stragglers.iter().filter(|h| !h.is_finished()).count()
+    }
+
+    /// Joins the workers of timed-out epochs that have exited.
+    fn reap_stragglers(&mut self) {
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stragglers)
+            .into_iter()
+            .partition(JoinHandle::is_finished);
+        for h in done {
+            let _ = h.join();
+        }
+        self.stragglers = running;
     }
 
     /// The loader's own bytes right now (see [`LoaderMemory`]).
@@ -610,9 +676,10 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             };
             let shared = Arc::clone(&self.shared);
             let rx = rx.clone();
+            let init = self.init.clone();
             let h = std::thread::Builder::new()
                 .name(format!("trainmem-loader-{id}"))
-                .spawn(move || worker_main(shared, rx, info))
+                .spawn(move || worker_main(shared, rx, info, init))
                 .map_err(LoaderError::Spawn)?;
             pool.handles.push(h);
             self.spawned += 1;
@@ -686,15 +753,11 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
     /// [`Self::epoch`] starts `epoch + 1`.
     pub fn epoch_at(&mut self, epoch: u64) -> Result<Epoch<'_, D, Bd>, LoaderError> {
         self.shared.dataset.check()?;
-        self.shared
-            .dataset
-            .advise(matches!(self.config.order, Order::Sequential));
-        self.next_epoch = epoch + 1;
-        let first = match self.resume_at.take() {
+        self.reap_stragglers();
+        let first = match self.resume_at {
             Some((e, k)) if e == epoch => k,
             _ => 0,
         };
-        self.position = (epoch, first);
         // Work built ahead is for batch 0 on: of no use to an epoch resumed past it.
         let mut ahead = self
             .ahead
@@ -702,12 +765,18 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             .filter(|a| a.job.epoch == epoch && first == 0);
         let plan = match &ahead {
             Some(a) => Arc::clone(&a.plan),
-            None => Arc::new(EpochPlan::new(
+            None => Arc::new(EpochPlan::try_new(
                 self.shared.dataset.len(),
                 &self.config,
                 epoch,
-            )),
+            )?),
         };
+        self.shared
+            .dataset
+            .advise(matches!(self.config.order, Order::Sequential));
+        self.next_epoch = epoch + 1;
+        self.resume_at = None;
+        self.position = (epoch, first);
         let sampler_bytes = plan.bytes();
         if ahead.is_none() {
             self.shared.memory.add(Term::Sampler, sampler_bytes);
@@ -734,7 +803,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Loader<D, Bd> {
             sampler_bytes,
             state,
         };
-        let prime = (first + it.loader.config.max_batches_in_flight()).min(it.plan.len());
+        let prime = first
+            .saturating_add(it.loader.config.max_batches_in_flight())
+            .min(it.plan.len());
         while it.sent < prime {
             it.send_next();
         }
@@ -838,11 +909,13 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         };
         if loader.ahead.is_none() {
             let epoch = self.epoch + 1;
-            let plan = Arc::new(EpochPlan::new(
-                loader.shared.dataset.len(),
-                &loader.config,
-                epoch,
-            ));
+            // Should its order not fit in memory, no work is built ahead: the next epoch start
+            // reports it.
+            let Ok(plan) = EpochPlan::try_new(loader.shared.dataset.len(), &loader.config, epoch)
+            else {
+                return;
+            };
+            let plan = Arc::new(plan);
             let sampler_bytes = plan.bytes();
             loader.shared.memory.add(Term::Sampler, sampler_bytes);
             let (tx, rx) = crossbeam_channel::unbounded();
@@ -882,21 +955,45 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
         }
     }
 
+    /// Ends the epoch: cancels its tasks, drops what was built, and joins per-epoch workers
+    /// (they stop within one sample of the cancel flag).
     fn stop(&mut self) {
+        self.end(true);
+    }
+
+    /// Ends the epoch as [`Self::stop`] does, but with `wait` false joins no worker: the
+    /// epoch's workers (per-epoch ones, or the persistent pool with the work it built ahead)
+    /// are retired to the loader's stragglers, so that a worker stuck in a transform does not
+    /// hold the caller up. Each exits once its transform returns.
+    fn end(&mut self, wait: bool) {
         self.done = true;
-        if let State::Workers {
+        let State::Workers {
             job,
             results,
             reorder,
             own_pool,
         } = &mut self.state
-        {
-            job.cancel.store(true, Ordering::Relaxed);
-            reorder.clear();
-            // Joins per-epoch workers (they stop within one sample of the cancel flag).
-            *own_pool = None;
-            while results.try_recv().is_ok() {}
+        else {
+            return;
+        };
+        // Cancel first, so that no retired worker builds another of the epoch's tasks.
+        job.cancel.store(true, Ordering::Relaxed);
+        reorder.clear();
+        let mut pool = own_pool.take();
+        if !wait && pool.is_none() {
+            // Persistent workers: their next-epoch work is cancelled with them, and the next
+            // epoch spawns a fresh pool.
+            self.loader.ahead = None;
+            pool = self.loader.pool.take();
         }
+        if let Some(pool) = pool {
+            if wait {
+                drop(pool); // joins the threads
+            } else {
+                self.loader.stragglers.extend(pool.detach());
+            }
+        }
+        while results.try_recv().is_ok() {}
     }
 
     /// After a wait for batch `want` (begun at `started`) that received nothing: the error
@@ -977,7 +1074,9 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Epoch<'_, D, Bd> {
                 }
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
                     if let Some(e) = self.stalled(want, started, timeout) {
-                        self.stop();
+                        // A worker may be stuck in a transform: after a timeout, do not wait
+                        // for it (every worker has exited otherwise, and joining is quick).
+                        self.end(!matches!(e, LoaderError::Timeout { .. }));
                         return Err(e);
                     }
                 }
@@ -1040,5 +1139,126 @@ impl<D: Dataset, Bd: BatchBuilder<D>> Drop for Epoch<'_, D, Bd> {
             .shared
             .memory
             .sub(Term::Sampler, self.sampler_bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::config::{MAX_BATCHES_IN_FLIGHT, MAX_WORKERS};
+    use crate::engine::sampler::MAX_EPOCH_SAMPLES;
+    use proptest::prelude::*;
+
+    fn ident(x: &u64, _: &mut WorkerContext) -> Result<u64, BoxError> {
+        Ok(*x)
+    }
+
+    fn stack(v: Vec<u64>, _: &mut WorkerContext) -> Result<Vec<u64>, BoxError> {
+        Ok(v)
+    }
+
+    fn numbers() -> Arc<Vec<u64>> {
+        Arc::new((0..10).collect())
+    }
+
+    #[test]
+    fn an_absurd_prefetch_factor_is_a_config_error_not_an_overflow() {
+        for (workers, prefetch_factor) in [(2, usize::MAX), (1 << 10, 1 << 11)] {
+            let config = LoaderConfig {
+                workers,
+                prefetch_factor,
+                ..LoaderConfig::default()
+            };
+            let err = Loader::with_transform(numbers(), config, ident, stack).expect_err("refused");
+            assert!(
+                matches!(
+                    err,
+                    LoaderError::Config(ConfigError::TooManyInFlight { .. })
+                ),
+                "{err}"
+            );
+        }
+        let err = Loader::with_transform(
+            numbers(),
+            LoaderConfig {
+                workers: usize::MAX,
+                ..LoaderConfig::default()
+            },
+            ident,
+            stack,
+        )
+        .expect_err("refused");
+        assert!(
+            matches!(err, LoaderError::Config(ConfigError::TooManyWorkers { .. })),
+            "{err}"
+        );
+    }
+
+    /// A data set of `len` samples that never has to produce one.
+    struct Endless(usize);
+
+    impl Dataset for Endless {
+        type Sample<'a> = usize;
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn sample(&self, index: usize) -> Result<usize, DataError> {
+            Ok(index)
+        }
+    }
+
+    #[test]
+    fn a_data_set_over_the_epoch_limit_is_refused_at_new() {
+        fn one(x: usize, _: &mut WorkerContext) -> Result<u64, BoxError> {
+            Ok(x as u64)
+        }
+        for len in [MAX_EPOCH_SAMPLES + 1, 1 << 40, usize::MAX] {
+            let r =
+                Loader::with_transform(Arc::new(Endless(len)), LoaderConfig::default(), one, stack);
+            match r {
+                Err(LoaderError::EpochTooLarge { samples, limit }) => {
+                    assert_eq!((samples, limit), (len, MAX_EPOCH_SAMPLES));
+                }
+                Err(e) => panic!("{len}: {e}"),
+                Ok(_) => panic!("{len}: accepted, its epoch would allocate {len} indices"),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Whatever the worker count and prefetch factor, `Loader::new` answers (a loader or a
+        /// configuration error) and never overflows; a loader it makes has at most
+        /// `MAX_BATCHES_IN_FLIGHT` batches in flight.
+        #[test]
+        fn new_never_panics_on_worker_counts(
+            workers in prop_oneof![0usize..=64, Just(MAX_WORKERS), Just(MAX_WORKERS + 1), any::<usize>()],
+            prefetch_factor in prop_oneof![0usize..=8, Just(MAX_BATCHES_IN_FLIGHT), any::<usize>()],
+            pin_memory in any::<bool>(),
+            reuse_buffers in any::<bool>(),
+        ) {
+            let config = LoaderConfig {
+                workers,
+                prefetch_factor,
+                pin_memory,
+                reuse_buffers,
+                ..LoaderConfig::default()
+            };
+            let valid = config.validate();
+            // Loaders of more than 64 workers are checked by `validate` alone (their
+            // per-worker bookkeeping would make each case slow).
+            if workers > 64 && valid.is_ok() {
+                return Ok(());
+            }
+            match Loader::with_transform(numbers(), config, ident, stack) {
+                Ok(l) => {
+                    prop_assert!(valid.is_ok());
+                    prop_assert!(l.config().max_batches_in_flight() <= MAX_BATCHES_IN_FLIGHT);
+                }
+                Err(LoaderError::Config(e)) => prop_assert_eq!(Err(e), valid),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
     }
 }

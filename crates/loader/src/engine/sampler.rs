@@ -1,7 +1,15 @@
 //! Samplers: the order of one epoch (sequential, shuffled, sharded) cut into batches.
 
 use crate::engine::config::{LoaderConfig, Order, Shard};
+use crate::engine::loader::LoaderError;
 use crate::rng::{Rng, mix};
+
+/// The most samples an epoch may range over: 2³² (or `usize::MAX` where `usize` is
+/// narrower). Each epoch's order is an index list of 8 bytes a sample (the full order, then
+/// this rank's share of it), so this bounds it at 32 GiB; [`Loader::new`](crate::Loader::new)
+/// refuses a larger data set ([`LoaderError::EpochTooLarge`]) instead of trying to allocate
+/// its order.
+pub const MAX_EPOCH_SAMPLES: usize = (u32::MAX as usize).saturating_add(1);
 
 /// The sample order of one epoch and its batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,14 +23,28 @@ pub struct EpochPlan {
 /// `(seed, epoch)` (Fisher–Yates).
 pub fn epoch_order(len: usize, order: Order, epoch: u64) -> Vec<usize> {
     let mut v: Vec<usize> = (0..len).collect();
+    shuffle(&mut v, order, epoch);
+    v
+}
+
+/// Permutes `v` (holding `0..len`) into the epoch order.
+fn shuffle(v: &mut [usize], order: Order, epoch: u64) {
     if let Order::Shuffled { seed } = order {
         let mut rng = Rng::new(mix(&[seed, epoch]));
-        for i in (1..len).rev() {
+        for i in (1..v.len()).rev() {
             let j = rng.below(i as u64 + 1) as usize;
             v.swap(i, j);
         }
     }
-    v
+}
+
+/// `items`, collected into a vector of exactly `n` elements allocated up front, or `None`
+/// when the allocation fails (instead of aborting the process).
+fn try_collect(n: usize, items: impl Iterator<Item = usize>) -> Option<Vec<usize>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.extend(items.take(n));
+    Some(v)
 }
 
 /// This rank's share of an epoch order `full` (PyTorch `DistributedSampler`): positions
@@ -30,23 +52,50 @@ pub fn epoch_order(len: usize, order: Order, epoch: u64) -> Vec<usize> {
 /// `world_size`, or cut to one ([`crate::ShardTail`]). Every rank gets
 /// [`Shard::samples_per_rank`] indices.
 pub fn shard_order(full: &[usize], shard: Shard) -> Vec<usize> {
+    shard_indices(full, shard).collect()
+}
+
+/// The indices [`shard_order`] collects.
+fn shard_indices(full: &[usize], shard: Shard) -> impl ExactSizeIterator<Item = usize> + '_ {
     let len = full.len();
-    if len == 0 || shard.world_size == 0 {
-        return Vec::new();
-    }
-    (0..shard.samples_per_rank(len))
-        .map(|k| full[(shard.rank + k * shard.world_size) % len])
-        .collect()
+    let n = if len == 0 || shard.world_size == 0 {
+        0
+    } else {
+        shard.samples_per_rank(len)
+    };
+    (0..n).map(move |k| full[(shard.rank + k * shard.world_size) % len])
 }
 
 impl EpochPlan {
     /// The plan of `epoch` over a data set of `len` samples: the epoch order, this rank's shard
     /// of it ([`shard_order`]), cut into batches of `batch_size`, the last one shorter unless
     /// `drop_last` drops it.
+    ///
+    /// # Panics
+    ///
+    /// Where [`Self::try_new`] errs: over [`MAX_EPOCH_SAMPLES`], or when the index list cannot
+    /// be allocated. The loader uses [`Self::try_new`].
     pub fn new(len: usize, config: &LoaderConfig, epoch: u64) -> EpochPlan {
-        let full = epoch_order(len, config.order, epoch);
+        EpochPlan::try_new(len, config, epoch).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The plan of [`Self::new`], or an error when `len` is over [`MAX_EPOCH_SAMPLES`]
+    /// ([`LoaderError::EpochTooLarge`]) or the index list cannot be allocated
+    /// ([`LoaderError::EpochAlloc`]).
+    pub fn try_new(
+        len: usize,
+        config: &LoaderConfig,
+        epoch: u64,
+    ) -> Result<EpochPlan, LoaderError> {
+        check_epoch_len(len)?;
+        let no_memory = || LoaderError::EpochAlloc { samples: len };
+        let mut full = try_collect(len, 0..len).ok_or_else(no_memory)?;
+        shuffle(&mut full, config.order, epoch);
         let order: Vec<usize> = match config.shard {
-            Some(shard) => shard_order(&full, shard),
+            Some(shard) => {
+                let n = shard_indices(&full, shard).len();
+                try_collect(n, shard_indices(&full, shard)).ok_or_else(no_memory)?
+            }
             None => full,
         };
         let batch_size = config.batch_size.max(1);
@@ -55,11 +104,11 @@ impl EpochPlan {
         } else {
             order.len().div_ceil(batch_size)
         };
-        EpochPlan {
+        Ok(EpochPlan {
             order,
             batch_size,
             batches,
-        }
+        })
     }
 
     /// Number of batches.
@@ -90,6 +139,17 @@ impl EpochPlan {
     }
 }
 
+/// Errors when an epoch over `len` samples is over [`MAX_EPOCH_SAMPLES`].
+pub(crate) fn check_epoch_len(len: usize) -> Result<(), LoaderError> {
+    if len > MAX_EPOCH_SAMPLES {
+        return Err(LoaderError::EpochTooLarge {
+            samples: len,
+            limit: MAX_EPOCH_SAMPLES,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +176,43 @@ mod tests {
             1
         );
         assert!(EpochPlan::new(2, &cfg(5, true, Order::Sequential), 0).is_empty());
+    }
+
+    #[test]
+    fn an_epoch_over_the_limit_is_an_error_not_an_allocation() {
+        let c = cfg(8, false, Order::Sequential);
+        // Refused before any index list is allocated (8 bytes a sample would be 32 GiB + 8).
+        let err = EpochPlan::try_new(MAX_EPOCH_SAMPLES + 1, &c, 0).expect_err("too large");
+        assert!(
+            matches!(
+                err,
+                LoaderError::EpochTooLarge { samples, limit: MAX_EPOCH_SAMPLES }
+                    if samples == MAX_EPOCH_SAMPLES + 1
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&MAX_EPOCH_SAMPLES.to_string()),
+            "{err}"
+        );
+        assert!(matches!(
+            EpochPlan::try_new(usize::MAX, &c, 0),
+            Err(LoaderError::EpochTooLarge { .. })
+        ));
+        // Within the limit it is the plan `new` makes, sharded or not.
+        for shard in [None, Some(Shard::new(2, 3))] {
+            let c = LoaderConfig {
+                shard,
+                order: Order::Shuffled { seed: 9 },
+                ..cfg(4, false, Order::Sequential)
+            };
+            let plan = EpochPlan::try_new(50, &c, 3).expect("plan");
+            assert_eq!(plan, EpochPlan::new(50, &c, 3));
+            let full = epoch_order(50, c.order, 3);
+            let want = shard.map_or_else(|| full.clone(), |s| shard_order(&full, s));
+            assert_eq!(plan.order(), want);
+            assert_eq!(plan.bytes(), want.len() * 8);
+        }
     }
 
     #[test]

@@ -182,7 +182,9 @@ impl MappedArray {
         MappedArray::open_raw_with(path, &meta)
     }
 
-    /// Opens a raw record file with an explicit layout (no sidecar needed).
+    /// Opens a raw record file with an explicit layout (no sidecar needed). The bytes after
+    /// `offset` (which must lie within the file) are a whole number of records; records of
+    /// no bytes (a 0 in `sample_shape`) are refused, as their number could not be told.
     pub fn open_raw_with(
         path: impl AsRef<Path>,
         layout: &RawSidecar,
@@ -200,31 +202,33 @@ impl MappedArray {
             .ok_or_else(|| {
                 DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
             })?;
+        if record_bytes == 0 {
+            return Err(DataError::file(
+                path,
+                FileProblem::EmptyRecord(layout.sample_shape.clone()),
+            ));
+        }
         let data_bytes = file_len.checked_sub(layout.offset as u64).ok_or_else(|| {
             DataError::file(
                 path,
-                FileProblem::Truncated {
-                    shape: layout.sample_shape.clone(),
-                    dtype,
-                    expected: layout.offset as u64,
-                    actual: file_len,
+                FileProblem::OffsetPastEnd {
+                    offset: layout.offset as u64,
+                    file_len,
                 },
             )
         })?;
-        let samples = if record_bytes == 0 {
-            0
-        } else {
-            if data_bytes % record_bytes as u64 != 0 {
-                return Err(DataError::file(
-                    path,
-                    FileProblem::PartialRecord {
-                        data_bytes,
-                        record_bytes: record_bytes as u64,
-                    },
-                ));
-            }
-            (data_bytes / record_bytes as u64) as usize
-        };
+        if data_bytes % record_bytes as u64 != 0 {
+            return Err(DataError::file(
+                path,
+                FileProblem::PartialRecord {
+                    data_bytes,
+                    record_bytes: record_bytes as u64,
+                },
+            ));
+        }
+        let samples = usize::try_from(data_bytes / record_bytes as u64).map_err(|_| {
+            DataError::file(path, FileProblem::Overflow(layout.sample_shape.clone()))
+        })?;
         let mut shape = vec![samples];
         shape.extend_from_slice(&layout.sample_shape);
         MappedArray::finish(
@@ -523,4 +527,62 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(dir: &Path, name: &str, len: usize, layout: &RawSidecar) -> Result<MappedArray, String> {
+        let path = dir.join(name);
+        std::fs::write(&path, vec![0u8; len]).expect("write");
+        MappedArray::open_raw_with(&path, layout).map_err(|e| match e {
+            DataError::File { problem, .. } => problem.to_string(),
+            other => other.to_string(),
+        })
+    }
+
+    fn layout(sample_shape: Vec<usize>, offset: usize) -> RawSidecar {
+        RawSidecar {
+            dtype: "<f4".into(),
+            sample_shape,
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_raw_offset_past_the_end_says_so() {
+        let dir = std::env::temp_dir().join(format!("trainmem-array-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        assert_eq!(
+            raw(&dir, "past.bin", 30, &layout(vec![2], 64)).expect_err("past the end"),
+            "data offset 64 is past the end of the file (30 bytes)"
+        );
+        // At the very end: no records.
+        let at_end = raw(&dir, "end.bin", 32, &layout(vec![2], 32)).expect("at the end");
+        assert_eq!(at_end.len(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn raw_records_of_no_bytes_are_refused() {
+        let dir = std::env::temp_dir().join(format!("trainmem-array0-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for shape in [vec![0], vec![3, 0, 2]] {
+            let err = raw(&dir, "zero.bin", 30, &layout(shape.clone(), 0)).expect_err("no bytes");
+            assert_eq!(
+                err,
+                format!(
+                    "records of shape {shape:?} hold no bytes, so the file's length cannot tell \
+                     how many there are"
+                )
+            );
+            // Even with no data to count.
+            assert!(raw(&dir, "zero-empty.bin", 0, &layout(shape, 0)).is_err());
+        }
+        // A scalar record (shape []) is one element, not none.
+        let scalars = raw(&dir, "scalars.bin", 32, &layout(vec![], 0)).expect("8 scalars");
+        assert_eq!(scalars.len(), 8);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

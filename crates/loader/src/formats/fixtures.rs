@@ -131,8 +131,24 @@ pub fn write_fixture(
     Ok(FixturePaths { features, labels })
 }
 
-/// Writes a C-order `.npy` file holding `data` with `shape`.
+/// Writes a C-order `.npy` file holding `data` with `shape`. `data` must hold exactly as many
+/// elements as `shape` describes (their product; 1 for `[]`): otherwise the error says so and
+/// nothing is written (an existing file at `path` is left as it was).
 pub fn write_npy<T: Element>(path: &Path, shape: &[usize], data: &[T]) -> Result<(), DataError> {
+    let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if elements != Some(data.len()) {
+        let holds = elements.map_or_else(|| "too many".to_string(), |n| n.to_string());
+        return Err(DataError::Write {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "shape {shape:?} holds {holds} elements, the data {}",
+                    data.len()
+                ),
+            ),
+        });
+    }
     let mut bytes = write_header(T::DTYPE, shape).map_err(|e| header_err(path, e))?;
     bytes.extend_from_slice(bytemuck::cast_slice(data));
     std::fs::write(path, bytes).map_err(|source| DataError::Write {
@@ -161,5 +177,45 @@ fn header_err(path: &Path, e: crate::DTypeError) -> DataError {
     DataError::Write {
         path: path.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::array::MappedArray;
+
+    #[test]
+    fn write_npy_refuses_data_that_does_not_fill_the_shape() {
+        let dir = std::env::temp_dir().join(format!("trainmem-fixtures-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fresh = dir.join("fresh.npy");
+        let _ = std::fs::remove_file(&fresh);
+        let err = write_npy(&fresh, &[10, 4], &[1.0f32; 3]).expect_err("3 of 40");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot write {}: shape [10, 4] holds 40 elements, the data 3",
+                fresh.display()
+            )
+        );
+        assert!(!fresh.exists(), "nothing written");
+        // An existing file is left as it was, also for too much data and overflowing shapes.
+        let kept = dir.join("kept.npy");
+        write_npy(&kept, &[2, 2], &[1i64, 2, 3, 4]).expect("a whole array");
+        let before = std::fs::read(&kept).expect("read");
+        assert!(write_npy(&kept, &[2, 2], &[1i64; 5]).is_err());
+        assert!(write_npy(&kept, &[2], &[1i64]).is_err());
+        let err = write_npy(&kept, &[usize::MAX, 2], &[1i64; 2]).expect_err("overflow");
+        assert!(err.to_string().contains("too many elements"), "{err}");
+        assert_eq!(std::fs::read(&kept).expect("read"), before);
+        let a = MappedArray::open(&kept).expect("still valid");
+        assert_eq!(a.view::<i64>().expect("i64"), [1, 2, 3, 4]);
+        // A scalar holds one element, an empty axis none.
+        let scalar = dir.join("scalar.npy");
+        write_npy(&scalar, &[], &[3.0f32]).expect("one element");
+        assert!(write_npy(&scalar, &[], &[] as &[f32]).is_err());
+        write_npy::<f32>(&dir.join("empty.npy"), &[0, 4], &[]).expect("no elements");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -204,6 +204,20 @@ impl Parser<'_> {
         }
         String::from_utf8_lossy(&self.s[start..self.i]).into_owned()
     }
+    /// The text up to the next `,`, `)`, `}` or whitespace (a dimension as written, whatever
+    /// it holds), and the byte it starts at.
+    fn item(&mut self) -> (String, usize) {
+        self.skip_ws();
+        let start = self.i;
+        while self.i < self.s.len()
+            && !matches!(self.s[self.i], b',' | b')' | b'}')
+            && !self.s[self.i].is_ascii_whitespace()
+        {
+            self.i += 1;
+        }
+        let text = String::from_utf8_lossy(&self.s[start..self.i]).into_owned();
+        (text, start)
+    }
     fn shape(&mut self) -> Result<Vec<usize>, HeaderError> {
         self.expect(b'(')?;
         let mut dims = Vec::new();
@@ -212,11 +226,20 @@ impl Parser<'_> {
                 self.i += 1;
                 return Ok(dims);
             }
-            let w = self.word();
-            let w = w.strip_suffix('L').unwrap_or(&w);
-            let d: usize = w
-                .parse()
-                .map_err(|_| self.err(&format!("bad dimension {w:?}")))?;
+            let (w, at) = self.item();
+            let digits = w.strip_suffix('L').unwrap_or(&w);
+            let d: usize = digits.parse().map_err(|_| {
+                let why = if digits.starts_with('-') {
+                    "negative dimension"
+                } else if digits.is_empty() {
+                    "missing dimension"
+                } else if digits.bytes().all(|b| b.is_ascii_digit()) {
+                    "dimension too large:"
+                } else {
+                    "bad dimension"
+                };
+                HeaderError::Malformed(format!("{why} {w:?} in shape at byte {at}"))
+            })?;
             dims.push(d);
             match self.peek() {
                 Some(b',') => self.i += 1,
@@ -410,6 +433,45 @@ mod tests {
         huge.extend_from_slice(&[2, 0]);
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(parse_header(&huge), Err(HeaderError::TooLong(_))));
+    }
+
+    #[test]
+    fn a_bad_dimension_is_quoted_as_written() {
+        let with_shape = |shape: &str| {
+            let d = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+            match parse_header(&with_dict(1, &d)) {
+                Err(HeaderError::Malformed(m)) => m,
+                other => panic!("{shape}: {other:?}"),
+            }
+        };
+        // The dict text starts at byte 0 of what the parser sees; "(" is at byte 50.
+        assert_eq!(
+            with_shape("(-5, 4)"),
+            "negative dimension \"-5\" in shape at byte 51"
+        );
+        assert_eq!(
+            with_shape("(5, -1)"),
+            "negative dimension \"-1\" in shape at byte 54"
+        );
+        assert_eq!(
+            with_shape("(5a, 4)"),
+            "bad dimension \"5a\" in shape at byte 51"
+        );
+        assert_eq!(
+            with_shape("(9e9, 4)"),
+            "bad dimension \"9e9\" in shape at byte 51"
+        );
+        assert_eq!(
+            with_shape("(5,, 4)"),
+            "missing dimension \"\" in shape at byte 53"
+        );
+        assert_eq!(
+            with_shape("(99999999999999999999999,)"),
+            "dimension too large: \"99999999999999999999999\" in shape at byte 51"
+        );
+        // Python 2's long suffix is still read.
+        let d = "{'descr': '<f4', 'fortran_order': False, 'shape': (5L, 4L), }";
+        assert_eq!(parse_header(&with_dict(1, d)).expect("5L").shape, [5, 4]);
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub const TOKEN_DTYPES: [Dtype; 5] = [Dtype::U8, Dtype::U16, Dtype::U32, Dtype::
 /// Token `i` of `bytes` (little-endian `dtype`), widened; `None` past the end.
 pub(crate) fn token_at(bytes: &[u8], dtype: Dtype, i: usize) -> Option<i128> {
     let size = dtype.size() as usize;
-    let b = bytes.get(i.checked_mul(size)?..(i + 1).checked_mul(size)?)?;
+    let b = bytes.get(i.checked_mul(size)?..i.checked_add(1)?.checked_mul(size)?)?;
     Some(match dtype {
         Dtype::U8 => i128::from(b[0]),
         Dtype::U16 => i128::from(u16::from_le_bytes([b[0], b[1]])),
@@ -290,13 +290,15 @@ pub struct TokenWindows {
 }
 
 impl TokenWindows {
-    /// Windows over the whole of `tokens`.
+    /// Windows over the whole of `tokens`. A window longer than the file (`seq + 1` tokens
+    /// or more) is an error, as is a `seq` of 0 or a stride of 0.
     pub fn new(tokens: TokenFile, spec: WindowSpec) -> Result<TokenWindows, DataError> {
         let n = tokens.len();
         TokenWindows::over(tokens, spec, &[(0, n)])
     }
 
     /// Windows within each of `spans` (`(first token, tokens)`; none crosses a span's end).
+    /// Spans shorter than a window hold none; an error when no span holds one.
     pub(crate) fn over(
         tokens: TokenFile,
         spec: WindowSpec,
@@ -313,10 +315,28 @@ impl TokenWindows {
             WindowOrder::Strided { stride } => stride,
             WindowOrder::Random { .. } => 1,
         };
-        let spans = Spans::new(spans, spec.seq + 1, step);
+        let window = spec.seq.checked_add(1).ok_or_else(|| {
+            bad(&format!(
+                "window length seq = {} is more than any token file holds",
+                spec.seq
+            ))
+        })?;
+        // A window that fits nowhere would leave a data set of no windows: say so instead.
+        let longest = spans.iter().map(|&(_, n)| n).max().unwrap_or(0);
+        if longest < window {
+            let within = match spans {
+                [(0, n)] if *n == tokens.len() => format!("the file's {n} tokens"),
+                [_] => format!("the {longest} tokens to cut windows from"),
+                _ => format!("every document (the longest holds {longest} tokens)"),
+            };
+            return Err(bad(&format!(
+                "a window of seq + 1 = {window} tokens is longer than {within}"
+            )));
+        }
+        // At least one window position from here on (`window_start` divides by the count).
+        let spans = Spans::new(spans, window, step);
         let len = match spec.order {
             WindowOrder::Strided { .. } => spans.total,
-            WindowOrder::Random { .. } if spans.total == 0 => 0,
             WindowOrder::Random { count, .. } => count as u64,
         };
         let len = usize::try_from(len).map_err(|_| bad("too many windows"))?;
@@ -504,5 +524,175 @@ impl BatchBuilder<TokenWindows> for StackWindows {
             dtype: data.tokens.dtype(),
             row: data.window_tokens(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fresh file of `n` `u16` tokens `0, 1, 2, ...` (mod 500) in the temp dir.
+    fn token_file(n: usize) -> (PathBuf, TokenFile) {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "trainmem-tokens-{}-{}.bin",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|i| ((i % 500) as u16).to_le_bytes())
+            .collect();
+        std::fs::write(&path, bytes).expect("write");
+        let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+        (path, t)
+    }
+
+    fn message(e: &DataError) -> String {
+        match e {
+            DataError::File { problem, .. } => problem.to_string(),
+            other => other.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_huge_seq_is_an_error_not_an_overflow() {
+        for seq in [usize::MAX, usize::MAX - 1, 1 << 40] {
+            let (path, t) = token_file(1000);
+            let err = TokenWindows::new(t, WindowSpec::tiled(seq)).expect_err("too long");
+            let text = message(&err);
+            assert!(text.contains("seq"), "{text}");
+            if seq == usize::MAX {
+                assert!(text.contains(&seq.to_string()), "{text}");
+            } else {
+                assert!(
+                    text.ends_with("longer than the file's 1000 tokens"),
+                    "{text}"
+                );
+            }
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    #[test]
+    fn a_window_longer_than_the_file_is_an_error() {
+        let (path, t) = token_file(1000);
+        let spec = WindowSpec {
+            seq: 2000,
+            order: WindowOrder::Strided { stride: 1 },
+        };
+        let err = TokenWindows::new(t, spec).expect_err("longer than the file");
+        assert_eq!(
+            message(&err),
+            "at byte 0: a window of seq + 1 = 2001 tokens is longer than the file's 1000 tokens"
+        );
+        // Random windows too, and a window one token too long.
+        for spec in [
+            WindowSpec {
+                seq: 1000,
+                order: WindowOrder::Random { count: 4, seed: 1 },
+            },
+            WindowSpec::tiled(1000),
+        ] {
+            let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+            assert!(TokenWindows::new(t, spec).is_err(), "{spec:?}");
+        }
+        // A window of exactly the file is the one window.
+        let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+        let w = TokenWindows::new(t, WindowSpec::tiled(999)).expect("one window");
+        assert_eq!(w.len(), 1);
+        // Nothing to cut from an empty file.
+        let (empty, t) = token_file(0);
+        assert!(TokenWindows::new(t, WindowSpec::tiled(1)).is_err());
+        // Within documents: one at least must hold a window.
+        let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+        let err = TokenWindows::over(t, WindowSpec::tiled(30), &[(0, 10), (10, 20), (30, 5)])
+            .expect_err("no document holds a window");
+        assert!(
+            message(&err).ends_with("every document (the longest holds 20 tokens)"),
+            "{err}"
+        );
+        let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+        let w = TokenWindows::over(t, WindowSpec::tiled(19), &[(0, 10), (10, 20), (30, 5)])
+            .expect("the second document holds one");
+        assert_eq!((w.len(), w.window_start(0)), (1, Some(10)));
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(empty);
+    }
+
+    #[test]
+    fn random_windows_are_addressable_however_many() {
+        let (path, t) = token_file(1000);
+        let count = 1usize << 40;
+        let spec = WindowSpec {
+            seq: 64,
+            order: WindowOrder::Random { count, seed: 1 },
+        };
+        let w = std::sync::Arc::new(TokenWindows::new(t, spec).expect("windows"));
+        assert_eq!(w.len(), count);
+        let last = w.sample(count - 1).expect("the last window");
+        assert_eq!(last.bytes.len(), 65 * 2);
+        assert!(last.start + 65 <= 1000);
+        // The loader cannot hold an epoch order of 2⁴⁰ indices: it says so, by name.
+        let err = crate::Loader::new(
+            std::sync::Arc::clone(&w),
+            crate::LoaderConfig::default(),
+            StackWindows,
+        )
+        .expect_err("epoch too large");
+        assert!(
+            matches!(err, crate::LoaderError::EpochTooLarge { samples, .. } if samples == count),
+            "{err}"
+        );
+        assert!(err.to_string().contains("MAX_EPOCH_SAMPLES"), "{err}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn an_out_of_vocabulary_id_is_named_once() {
+        let (path, t) = token_file(1000);
+        drop(t);
+        let err = TokenFile::open(&path, Dtype::U16, Some(400)).expect_err("id 400");
+        assert_eq!(
+            message(&err),
+            "token id 400 at position 400 (byte 800) is not in the vocabulary 0..400"
+        );
+        let t = TokenFile::open(&path, Dtype::U16, None).expect("open");
+        assert_eq!(
+            (t.get(999), t.get(1000), t.get(usize::MAX)),
+            (Some(499), None, None)
+        );
+        let _ = std::fs::remove_file(path);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Any window length and stride over any small file: an error or windows that lie
+        /// inside the file, `seq + 1` tokens each, as many as fit; never a panic.
+        #[test]
+        fn strided_windows_fit_or_are_refused(
+            n in 0usize..64,
+            seq in prop_oneof![0usize..80, any::<usize>()],
+            stride in prop_oneof![0usize..80, any::<usize>()],
+        ) {
+            let (path, t) = token_file(n);
+            let spec = WindowSpec { seq, order: WindowOrder::Strided { stride } };
+            let r = TokenWindows::new(t, spec);
+            let _ = std::fs::remove_file(&path);
+            let fits = seq > 0 && stride > 0 && seq < n;
+            prop_assert_eq!(r.is_ok(), fits, "{:?}", r.as_ref().err());
+            if let Ok(w) = r {
+                prop_assert_eq!(w.len(), (n - (seq + 1)) / stride + 1);
+                for i in 0..w.len() {
+                    let s = w.sample(i).expect("a window");
+                    prop_assert_eq!(s.start, i * stride);
+                    prop_assert_eq!(s.bytes.len(), (seq + 1) * 2);
+                }
+                prop_assert!(w.sample(w.len()).is_err());
+            }
+        }
     }
 }
