@@ -17,9 +17,16 @@ pub enum AllocError {
         /// The requested size.
         size: u64,
     },
-    /// The block was already freed (the id is stale).
+    /// A free of a block that was already freed (the id is stale).
     #[error("double free: allocation #{sequence} was already freed")]
     DoubleFree {
+        /// The allocation's sequence number ([`BlockId::sequence`](crate::BlockId::sequence)).
+        sequence: u64,
+    },
+    /// An operation other than a free (`record_stream`, reading or writing the block's bytes,
+    /// …) on a block that was already freed (the id is stale).
+    #[error("allocation #{sequence} was already freed and can no longer be used")]
+    AlreadyFreed {
         /// The allocation's sequence number ([`BlockId::sequence`](crate::BlockId::sequence)).
         sequence: u64,
     },

@@ -45,8 +45,16 @@
 //!
 //! * **Rounding** ([`round_size`]): below 512 B → 512 B; otherwise a multiple of 512 B, or the
 //!   next of `d` equal steps between powers of two when `roundup_power2_divisions` gives the
-//!   size's interval `d > 1` divisions and the size exceeds `512·d` (1200 B, 4 divisions →
-//!   1280 B).
+//!   size's interval `d > 1` divisions and the size exceeds `512·d`. With 4 divisions,
+//!   1200 MiB → 1280 MiB (the power of two below is 1024 MiB, the step 256 MiB), while 1200 B
+//!   is not above 512·4 = 2048 B and rounds to a multiple of 512 B, 1536 B:
+//!
+//!   ```
+//!   use trainmem_alloc::{MIB, RoundupPower2Divisions, round_size};
+//!   let four = RoundupPower2Divisions::uniform(4);
+//!   assert_eq!(round_size(1200 * MIB, &four), Some(1280 * MIB));
+//!   assert_eq!(round_size(1200, &four), Some(1536));
+//!   ```
 //! * **Pools**: rounded sizes ≤ 1 MiB use the small pool, larger ones the large pool.
 //! * **Segments** ([`allocation_size`]): 2 MiB for small requests, 20 MiB for requests below
 //!   10 MiB, else the size rounded up to 2 MiB.
@@ -104,7 +112,8 @@
 //!
 //! Size 0 returns the null block (address 0, no state change; freeing it is a no-op). A
 //! size whose rounding overflows `u64` is [`AllocError::SizeOverflow`]. Double free, stale,
-//! foreign or unknown ids and addresses are errors ([`AllocError::DoubleFree`],
+//! foreign or unknown ids and addresses are errors ([`AllocError::DoubleFree`] for a second
+//! free, [`AllocError::AlreadyFreed`] for any other use of a freed block,
 //! [`AllocError::ForeignBlock`], [`AllocError::UnknownBlock`], [`AllocError::UnknownAddress`]),
 //! never corruption: the allocator is unchanged after every error except out-of-memory (see
 //! above). Bad configuration strings are [`ConfigError`]s naming the key and value.
@@ -177,7 +186,10 @@ pub use allocator::{
     CacheFigures, CachingAllocator, ReleasedMemory, SeedBlock, SeedError, SeedSegment, SeedState,
 };
 pub use block::{Block, BlockId};
-pub use config::{AllocatorConfig, ConfigError, ROUNDUP_INTERVALS, RoundupPower2Divisions};
+pub use config::{
+    ALLOC_CONF_ENV_VARS, AllocatorConfig, ConfigError, GreaterThanFill, ROUNDUP_INTERVALS,
+    RoundupPower2Divisions,
+};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
 pub use device::{DeviceError, DeviceMemory, SimulatedDevice};

@@ -365,6 +365,12 @@ mod tests {
                 sequence: b.id.sequence()
             })
         );
+        assert_eq!(
+            a.record_stream(b.id, StreamId(1)),
+            Err(AllocError::AlreadyFreed {
+                sequence: b.id.sequence()
+            })
+        );
         assert_eq!(a.empty_cache().unwrap().segments, 1);
     }
 

@@ -106,7 +106,8 @@ fn broken_files_of_each_format_exit_1_naming_the_problem() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stdout(&out).contains("token 7919 at byte 2"),
+        stdout(&out)
+            .contains("token id 7919 at position 1 (byte 2) is not in the vocabulary 0..5000"),
         "{}",
         stdout(&out)
     );

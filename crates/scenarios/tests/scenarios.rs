@@ -78,11 +78,12 @@ fn run_with_json(name: &str, mode: Mode) -> (ScenarioReport, serde_json::Value) 
     (report, json)
 }
 
-/// Checks a written memory_viz pickle for what PyTorch's viewers read: segments with their
-/// blocks, a device trace, allocator settings, trace categories named after trainmem's, and
-/// the `unknown` category without which the web page draws nothing.
+/// Checks a written memory_viz pickle for what PyTorch's viewers read (verbatim, with the
+/// entries trainmem's writer adds for them): segments with their blocks, a device trace,
+/// allocator settings, trace categories named after trainmem's, and the `unknown` category
+/// without which the web page draws nothing.
 fn assert_viewer_can_draw(name: &str, pickle: &[u8]) {
-    let snap = trainmem_alloc::pytorch::pickle::from_bytes(pickle)
+    let snap = trainmem_alloc::pytorch::pickle::from_bytes_verbatim(pickle)
         .unwrap_or_else(|e| panic!("{name}: memory_viz.pickle does not read back: {e}"));
     assert!(!snap.segments.is_empty(), "{name}: no segments");
     for seg in &snap.segments {

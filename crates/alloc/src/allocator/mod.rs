@@ -275,15 +275,18 @@ impl<D: DeviceMemory> CachingAllocator<D> {
         Self::with_config(device, AllocatorConfig::default())
     }
 
-    /// An allocator with the given configuration.
+    /// An allocator with the given configuration. A `per_process_memory_fraction` below 1 in
+    /// it is applied as [`set_memory_fraction`](Self::set_memory_fraction) (as PyTorch applies
+    /// it when its allocator starts).
     pub fn with_config(device: D, config: AllocatorConfig) -> Self {
+        let fraction = config.per_process_memory_fraction();
         let stats = MemoryStats {
             max_split_size: config
                 .max_split_size()
                 .map_or(i64::MAX, |m| m.min(i64::MAX as u64) as i64),
             ..MemoryStats::default()
         };
-        CachingAllocator {
+        let mut alloc = CachingAllocator {
             device,
             config,
             owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
@@ -304,7 +307,12 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             allowed_max: None,
             stats,
             trace: TraceBuffer::default(),
+        };
+        if fraction < 1.0 {
+            alloc.fraction = Some(fraction);
+            alloc.allowed_max = Some((fraction * alloc.device.capacity() as f64) as u64);
         }
+        alloc
     }
 
     /// The configuration.
@@ -712,7 +720,9 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     // ----------------------------------------------------------------- freeing
 
-    /// Resolves a live (allocated) block id to its slot. `Ok(None)` for the null id.
+    /// Resolves a live (allocated) block id to its slot. `Ok(None)` for the null id;
+    /// [`AllocError::AlreadyFreed`] for a stale id (a free turns it into
+    /// [`AllocError::DoubleFree`] with [`resolve_for_free`](Self::resolve_for_free)).
     fn resolve(&self, id: BlockId) -> Result<Option<u32>, AllocError> {
         if id.is_null() {
             return Ok(None);
@@ -727,10 +737,18 @@ impl<D: DeviceMemory> CachingAllocator<D> {
             return Ok(Some(id.index));
         }
         if id.seq >= 1 && id.seq < self.next_seq {
-            Err(AllocError::DoubleFree { sequence: id.seq })
+            Err(AllocError::AlreadyFreed { sequence: id.seq })
         } else {
             Err(AllocError::UnknownBlock)
         }
+    }
+
+    /// [`resolve`](Self::resolve) for a free: a stale id is a double free.
+    fn resolve_for_free(&self, id: BlockId) -> Result<Option<u32>, AllocError> {
+        self.resolve(id).map_err(|e| match e {
+            AllocError::AlreadyFreed { sequence } => AllocError::DoubleFree { sequence },
+            other => other,
+        })
     }
 
     /// Frees an allocation. If the block was used on other streams
@@ -743,7 +761,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     #[inline]
     pub fn free(&mut self, id: impl Into<BlockId>) -> Result<(), AllocError> {
         let id = id.into();
-        let Some(idx) = self.resolve(id)? else {
+        let Some(idx) = self.resolve_for_free(id)? else {
             return Ok(());
         };
         if self.nodes[idx as usize].raii {
@@ -784,7 +802,7 @@ impl<D: DeviceMemory> CachingAllocator<D> {
 
     /// Frees a block owned by an RAII handle (bypasses the ownership check).
     pub(crate) fn free_owned(&mut self, id: BlockId) -> Result<(), AllocError> {
-        if let Some(idx) = self.resolve(id)? {
+        if let Some(idx) = self.resolve_for_free(id)? {
             self.free_idx(idx);
         }
         Ok(())
@@ -939,7 +957,8 @@ impl<D: DeviceMemory> CachingAllocator<D> {
     /// freed, its memory is not reused until `stream`'s work is complete, i.e. until
     /// [`synchronize_stream`](Self::synchronize_stream)`(stream)`,
     /// [`synchronize`](Self::synchronize), or a flush (`empty_cache`, the out-of-memory ladder)
-    /// is reached. Recording the block's own stream is a no-op.
+    /// is reached. Recording the block's own stream is a no-op. A freed block is
+    /// [`AllocError::AlreadyFreed`].
     pub fn record_stream(
         &mut self,
         id: impl Into<BlockId>,
@@ -1455,7 +1474,8 @@ impl CachingAllocator<HostDevice> {
 
     /// The bytes of a live block (empty for the null block). Blocks owned by an RAII
     /// [`Allocation`](crate::Allocation) are refused ([`AllocError::OwnedByHandle`]); use
-    /// [`Allocation::with_bytes`](crate::Allocation::with_bytes) for them.
+    /// [`Allocation::with_bytes`](crate::Allocation::with_bytes) for them; a freed block is
+    /// [`AllocError::AlreadyFreed`].
     pub fn block_bytes(&self, id: BlockId) -> Result<&[u8], AllocError> {
         self.slice(id, false)
     }

@@ -383,6 +383,20 @@ fn memory_fraction_limits_reserved_memory() {
 }
 
 #[test]
+fn per_process_memory_fraction_in_the_configuration_limits_from_the_start() {
+    let a = sim_cfg(100 * MIB, "per_process_memory_fraction:0.5");
+    assert_eq!(a.memory_fraction(), Some(0.5));
+    assert_eq!(a.allowed_memory(), Some(50 * MIB));
+    let mut a = sim_cfg(100 * MIB, "per_process_memory_fraction:0.25");
+    let e = a.malloc(30 * MIB, S0).unwrap_err();
+    assert_eq!(e.as_out_of_memory().unwrap().allowed, Some(25 * MIB));
+    ok(&a);
+    // 1 is PyTorch's "no limit": nothing is set.
+    let a = sim_cfg(100 * MIB, "per_process_memory_fraction:1");
+    assert_eq!((a.memory_fraction(), a.allowed_memory()), (None, None));
+}
+
+#[test]
 fn garbage_collection_frees_oldest_cached_blocks() {
     let run = |gc: bool| {
         let cfg = if gc {
@@ -557,12 +571,16 @@ fn bad_input_is_an_error_and_changes_nothing() {
         a.free_address(b.address),
         Err(AllocError::UnknownAddress { address: b.address })
     );
+    // Using a freed block is not a double free: nothing was freed twice.
+    let e = a.record_stream(b, S1).unwrap_err();
     assert_eq!(
-        a.record_stream(b, S1),
-        Err(AllocError::DoubleFree {
+        e,
+        AllocError::AlreadyFreed {
             sequence: b.id.sequence()
-        })
+        }
     );
+    assert!(!e.to_string().contains("double free"), "{e}");
+    assert!(e.to_string().contains("already freed"), "{e}");
     // The slot is reused by a new allocation; the old id stays dead.
     let c = a.malloc(1000, S0).unwrap();
     assert_eq!(c.address, b.address);
@@ -603,6 +621,18 @@ fn host_device_blocks_hold_real_bytes() {
     a.free(x).unwrap();
     assert_eq!(
         a.block_bytes(x.id),
+        Err(AllocError::AlreadyFreed {
+            sequence: x.id.sequence()
+        })
+    );
+    assert_eq!(
+        a.block_bytes_mut(x.id).map(|b| b.len()),
+        Err(AllocError::AlreadyFreed {
+            sequence: x.id.sequence()
+        })
+    );
+    assert_eq!(
+        a.free(x),
         Err(AllocError::DoubleFree {
             sequence: x.id.sequence()
         })

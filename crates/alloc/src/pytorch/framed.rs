@@ -20,7 +20,7 @@ use serde_pickle::{HashableValue, Value};
 use super::pickle::arena::{Arena, Kind, Val, read_arena};
 use super::pickle::tree::{PyValue, TreeError, read_tree};
 use super::pickle::tree_write::write_tree;
-use super::pickle::{PickleError, from_value};
+use super::pickle::{ADDED_KEY, PickleError, from_value};
 use crate::{Frame, Label, Snapshot, StreamId, TraceAction, TraceEntry, UNKNOWN_CATEGORY};
 
 /// Reading a snapshot with its stacks failed.
@@ -428,6 +428,8 @@ impl FramedSnapshot {
         for (d, entries) in lists.iter().enumerate() {
             for (k, e) in entries.iter().enumerate() {
                 categorise(e, event(d, k));
+                // The category is the caller's now, not one trainmem's writer added.
+                e.remove(ADDED_KEY);
             }
         }
         for (s, seg) in list_of(tree.get("segments"), "segments")?
@@ -568,5 +570,29 @@ mod tests {
             matches!(&e, FramedError::NotTheSnapshotRead { found, read } if found == &[3] && read == &[2]),
             "{e}"
         );
+    }
+
+    #[test]
+    fn annotating_a_pickle_trainmem_wrote_keeps_the_annotation() {
+        // An unlabelled segment event and a labelled allocation: the writer gives the first
+        // the viewer's "unknown" and marks it as its own addition.
+        let mut a = crate::CachingAllocator::new(crate::SimulatedDevice::new(64 << 20));
+        a.enable_trace(None);
+        a.malloc_labeled(4096, StreamId::DEFAULT, "activation")
+            .unwrap();
+        let mut snap = a.snapshot();
+        snap.device_traces[0][0].category = None;
+        let bytes = crate::pytorch::pickle::to_bytes(&snap).unwrap();
+        let f = FramedSnapshot::read(&bytes).unwrap();
+        let out = f
+            .annotated(&bytes, |_, k| Some(format!("cat{k}")), |_, _| None)
+            .unwrap();
+        // The annotator's categories are kept on reading, none is taken for the writer's.
+        let back = crate::pytorch::pickle::from_bytes(&out).unwrap();
+        let cats: Vec<_> = back.device_traces[0]
+            .iter()
+            .map(|e| e.category.as_ref().map(|c| c.as_str().to_string()))
+            .collect();
+        assert_eq!(cats, vec![Some("cat0".into()), Some("cat1".into())]);
     }
 }

@@ -24,9 +24,10 @@ pub mod tree_write;
 mod write;
 
 pub use opcodes::{VIEWER_OPCODES, first_unsupported_opcode};
-pub use read::{from_bytes, from_value};
+pub use read::{from_bytes, from_bytes_verbatim, from_value};
 pub use tree::{PyValue, TreeError, read_tree};
 pub use tree_write::write_tree;
+pub(crate) use write::ADDED_KEY;
 pub use write::{to_bytes, to_value};
 
 /// First byte of every pickle of protocol 2 or later (the PROTO opcode).
@@ -35,9 +36,19 @@ pub const PICKLE_MAGIC: u8 = 0x80;
 /// Reading or writing a snapshot pickle failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PickleError {
-    /// The bytes are not a pickle serde-pickle can read.
+    /// The bytes start like a pickle (byte 0x80, the PROTO opcode) but could not be read as
+    /// one (truncated or corrupt).
     #[error("the data starts like a pickle (byte 0x80) but could not be read as one: {0}")]
     Decode(serde_pickle::Error),
+    /// The bytes could not be read as a pickle and do not start like one: empty, or a first
+    /// byte other than 0x80.
+    #[error("{}", not_a_pickle(*first_byte, source))]
+    NotAPickle {
+        /// The first byte (`None` for empty input).
+        first_byte: Option<u8>,
+        /// What the pickle reader said.
+        source: serde_pickle::Error,
+    },
     /// The pickle could not be written.
     #[error("writing the pickle: {0}")]
     Encode(serde_pickle::Error),
@@ -60,5 +71,23 @@ pub enum PickleError {
         message: String,
     },
 }
+
+fn not_a_pickle(first_byte: Option<u8>, source: &serde_pickle::Error) -> String {
+    match first_byte {
+        None => "the data is empty (0 bytes), not a pickle".to_string(),
+        Some(b) => {
+            let shown = if b.is_ascii_graphic() || b == b' ' {
+                format!(" ({:?})", b as char)
+            } else {
+                String::new()
+            };
+            format!(
+                "the data is not a pickle: it starts with byte {b:#04x}{shown}, not {PICKLE_MAGIC:#04x} \
+                 as a pickle of protocol 2 or later does ({source})"
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

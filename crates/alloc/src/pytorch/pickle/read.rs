@@ -13,24 +13,51 @@ use std::collections::BTreeMap;
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::PickleError;
+use super::write::{ADDED_CATEGORY, ADDED_ENTRY, ADDED_KEY};
 use crate::size::PoolKind;
 use crate::{AllocatorSettings, BlockState, Label, StreamId};
 use crate::{BlockInfo, Frame, SegmentInfo, Snapshot, TraceAction, TraceEntry};
 
 type Dict = BTreeMap<HashableValue, Value>;
 
-/// Reads a snapshot pickle.
+/// Reads a snapshot pickle. What [`to_bytes`](super::to_bytes) added for
+/// pytorch.org/memory_viz (the `"unknown"` category, or a `snapshot` entry carrying it; see
+/// [`to_value`](super::to_value)) is taken out again, so `from_bytes(&to_bytes(&s)?)` gives
+/// back `s`'s segments and events. [`from_bytes_verbatim`] keeps it.
 pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, PickleError> {
+    read(bytes, false)
+}
+
+/// Reads a snapshot pickle as the viewers see it: like [`from_bytes`], but what
+/// [`to_bytes`](super::to_bytes) added for pytorch.org/memory_viz stays (e.g. to check that a
+/// written pickle has the `"unknown"` category the viewer needs).
+pub fn from_bytes_verbatim(bytes: &[u8]) -> Result<Snapshot, PickleError> {
+    read(bytes, true)
+}
+
+fn read(bytes: &[u8], verbatim: bool) -> Result<Snapshot, PickleError> {
     let options = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
-    let value = serde_pickle::value_from_slice(bytes, options).map_err(PickleError::Decode)?;
-    from_value(&value)
+    let value =
+        serde_pickle::value_from_slice(bytes, options).map_err(|e| match bytes.first() {
+            Some(&super::PICKLE_MAGIC) => PickleError::Decode(e),
+            first => PickleError::NotAPickle {
+                first_byte: first.copied(),
+                source: e,
+            },
+        })?;
+    read_value(&value, verbatim)
 }
 
 /// Reads a snapshot from an unpickled value: a dict with `device_traces` (required) and
-/// `segments` and `allocator_settings` (optional).
+/// `segments` and `allocator_settings` (optional). Takes out what the writer added for the
+/// viewer, as [`from_bytes`] does.
 pub fn from_value(value: &Value) -> Result<Snapshot, PickleError> {
+    read_value(value, false)
+}
+
+fn read_value(value: &Value, verbatim: bool) -> Result<Snapshot, PickleError> {
     let Value::Dict(top) = value else {
         return Err(PickleError::NotASnapshot);
     };
@@ -43,11 +70,17 @@ pub fn from_value(value: &Value) -> Result<Snapshot, PickleError> {
         .enumerate()
         .map(|(d, trace)| {
             let at = format!("device_traces[{d}]");
-            list(trace, &at)?
-                .iter()
-                .enumerate()
-                .map(|(k, e)| event(e, &format!("{at}[{k}]")))
-                .collect()
+            let mut events = Vec::new();
+            for (k, e) in list(trace, &at)?.iter().enumerate() {
+                let mut ev = event(e, &format!("{at}[{k}]"))?;
+                match (verbatim, added_by_writer(e)) {
+                    (false, Some(ADDED_ENTRY)) => continue,
+                    (false, Some(ADDED_CATEGORY)) => ev.category = None,
+                    _ => {}
+                }
+                events.push(ev);
+            }
+            Ok(events)
         })
         .collect::<Result<_, _>>()?;
     let segments = match get(top, "segments") {
@@ -67,6 +100,15 @@ pub fn from_value(value: &Value) -> Result<Snapshot, PickleError> {
         device_traces,
         allocator_settings,
     })
+}
+
+/// The [`ADDED_KEY`] mark of a trace entry, if the writer put one there.
+fn added_by_writer(v: &Value) -> Option<&str> {
+    let Value::Dict(m) = v else { return None };
+    match get(m, ADDED_KEY) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
 }
 
 fn invalid(at: &str, message: impl Into<String>) -> PickleError {

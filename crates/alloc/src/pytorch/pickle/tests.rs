@@ -38,9 +38,9 @@ fn round_trip_keeps_segments_blocks_and_traces() {
     let snap = traced_snapshot();
     let bytes = to_bytes(&snap).unwrap();
     let back = from_bytes(&bytes).unwrap();
-    // as written: with the "unknown" category, and each label as its one trainmem frame
+    // as written: each label as its one trainmem frame; the "unknown" category the writer
+    // added for the viewer is taken out again on reading
     let mut written = snap.clone();
-    written.add_unknown_category();
     let frames = |label: Option<&str>| label.map(|l| vec![Frame::for_label(l)]);
     for e in written.device_traces.iter_mut().flatten() {
         e.frames = frames(e.label()).unwrap_or_default();
@@ -49,6 +49,11 @@ fn round_trip_keeps_segments_blocks_and_traces() {
         b.frames = frames(b.label()).unwrap_or_default();
     }
     assert_eq!(back, written);
+    // as the viewer sees it: with "unknown" on every entry that had no category
+    let mut viewed = written.clone();
+    viewed.add_unknown_category();
+    assert_ne!(viewed, written, "the fixture needs the viewer's category");
+    assert_eq!(from_bytes_verbatim(&bytes).unwrap(), viewed);
 
     assert_eq!(back.segments.len(), snap.segments.len());
     for (r, s) in back.segments.iter().zip(&snap.segments) {
@@ -241,13 +246,18 @@ fn a_fully_labelled_trace_gets_an_unknown_category() {
         snap.device_traces[0].iter().all(|e| e.label().is_some()),
         "segment_alloc and alloc both carry the label"
     );
-    let m = from_bytes(&to_bytes(&snap).unwrap()).unwrap();
+    let bytes = to_bytes(&snap).unwrap();
+    let m = from_bytes_verbatim(&bytes).unwrap();
     assert!(!m.needs_unknown_category());
     let last = m.device_traces[0].last().unwrap();
     assert_eq!(last.action, TraceAction::Snapshot);
     assert_eq!(last.category.as_deref(), Some(UNKNOWN_CATEGORY));
     assert_eq!(last.size, 4096);
     assert_eq!(m.categories(), vec!["activation", UNKNOWN_CATEGORY]);
+    // Read back, the added entry is gone again.
+    let back = from_bytes(&bytes).unwrap();
+    assert_eq!(back.device_traces[0].len(), snap.device_traces[0].len());
+    assert_eq!(back.categories(), vec!["activation"]);
 
     // Built by hand without "unknown": the writer fixes it; the unlabelled event gets it.
     let hand = Snapshot {
@@ -258,12 +268,15 @@ fn a_fully_labelled_trace_gets_an_unknown_category() {
         ..Default::default()
     };
     assert!(hand.needs_unknown_category());
-    let back = from_bytes(&to_bytes(&hand).unwrap()).unwrap();
-    assert_eq!(back.device_traces[0].len(), 2);
+    let bytes = to_bytes(&hand).unwrap();
+    let viewed = from_bytes_verbatim(&bytes).unwrap();
+    assert_eq!(viewed.device_traces[0].len(), 2);
     assert_eq!(
-        back.device_traces[0][0].category.as_deref(),
+        viewed.device_traces[0][0].category.as_deref(),
         Some(UNKNOWN_CATEGORY)
     );
+    // The category was invented for the viewer: reading back gives no category, as written.
+    assert_eq!(from_bytes(&bytes).unwrap(), hand);
 
     // No categories at all (PyTorch's own snapshots): nothing is added.
     let plain = Snapshot {
@@ -341,6 +354,40 @@ fn bad_input_is_an_error_that_says_where() {
         from_bytes(&[0x80, 0x03, 0xff]),
         Err(PickleError::Decode(_))
     ));
+    // The message names what the data starts with.
+    let e = from_bytes(b"not a pickle").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PickleError::NotAPickle {
+                first_byte: Some(b'n'),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(!msg.contains("starts like a pickle"), "{msg}");
+    assert!(
+        msg.contains("0x6e ('n')") && msg.contains("not 0x80"),
+        "{msg}"
+    );
+    let e = from_bytes(b"").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PickleError::NotAPickle {
+                first_byte: None,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("empty"), "{e}");
+    let e = from_bytes(&[0x00, 0x01]).unwrap_err().to_string();
+    assert!(e.contains("0x00,") || e.contains("0x00 "), "{e}");
+    let e = from_bytes(&[0x80, 0x04]).unwrap_err().to_string();
+    assert!(e.contains("starts like a pickle"), "{e}");
     let no_traces = Snapshot::default();
     let mut v = to_value(&no_traces);
     if let Value::Dict(d) = &mut v {
@@ -374,4 +421,50 @@ fn bad_input_is_an_error_that_says_where() {
     let err = from_bytes(&bytes).unwrap_err().to_string();
     assert!(err.contains("segments[0].blocks[0].size"), "{err}");
     assert!(err.contains("expected an integer"), "{err}");
+}
+
+mod round_trip_property {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Whatever mix of labelled and unlabelled events a trace has, the categories read back
+        /// are the ones written: none invented, none lost, no entry added.
+        #[test]
+        fn categories_survive_the_round_trip(
+            ops in proptest::collection::vec((1u64..(24 << 20), proptest::option::of(0usize..3), any::<bool>()), 1..24),
+        ) {
+            let mut a = CachingAllocator::new(SimulatedDevice::new(1 << 30));
+            a.enable_trace(None);
+            let labels = ["activation", "parameter", UNKNOWN_CATEGORY];
+            let mut live = Vec::new();
+            for (size, label, free_one) in ops {
+                let b = match label {
+                    Some(l) => a.malloc_labeled(size, StreamId::DEFAULT, labels[l]),
+                    None => a.malloc(size, StreamId::DEFAULT),
+                };
+                if let Ok(b) = b {
+                    live.push(b);
+                }
+                if free_one && !live.is_empty() {
+                    a.free(live.swap_remove(0).id).unwrap();
+                }
+            }
+            a.empty_cache().unwrap();
+            let snap = a.snapshot();
+            let back = from_bytes(&to_bytes(&snap).unwrap()).unwrap();
+            let cats = |s: &Snapshot| -> Vec<Option<String>> {
+                s.device_traces
+                    .iter()
+                    .flatten()
+                    .map(|e| e.category.as_ref().map(|c| c.as_str().to_string()))
+                    .collect()
+            };
+            prop_assert_eq!(cats(&back), cats(&snap));
+            prop_assert_eq!(back.categories(), snap.categories());
+        }
+    }
 }

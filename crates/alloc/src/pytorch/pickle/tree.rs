@@ -120,6 +120,14 @@ impl PyValue {
         }
     }
 
+    /// Removes `key` from a dict; does nothing to other values.
+    pub(crate) fn remove(&self, key: &str) {
+        if let PyValue::Dict(d) = self {
+            d.borrow_mut()
+                .retain(|(k, _)| !matches!(k, PyValue::Str(s) if &**s == key));
+        }
+    }
+
     /// The items of a list or tuple (cloned handles; cheap).
     pub fn items(&self) -> Option<Vec<PyValue>> {
         match self {

@@ -84,7 +84,25 @@ fn segment(seg: &SegmentInfo) -> Value {
     ])
 }
 
-fn event(t: &TraceEntry) -> Value {
+/// What [`to_value`] added to a trace entry for pytorch.org/memory_viz, recorded in the entry
+/// under [`ADDED_KEY`] so that [`from_bytes`](super::from_bytes) takes it out again.
+#[derive(Clone, Copy)]
+enum Added {
+    /// The `"unknown"` category of an entry that had none.
+    Category,
+    /// The whole entry (the `snapshot` event carrying `"unknown"`).
+    Entry,
+}
+
+/// The key of a trace entry that marks what the writer added (value `"category"` or
+/// `"entry"`); viewers ignore it.
+pub(crate) const ADDED_KEY: &str = "trainmem_added";
+/// [`ADDED_KEY`]'s value for an added `"unknown"` category.
+pub(super) const ADDED_CATEGORY: &str = "category";
+/// [`ADDED_KEY`]'s value for an added entry.
+pub(super) const ADDED_ENTRY: &str = "entry";
+
+fn event(t: &TraceEntry, added: Option<Added>) -> Value {
     let addr_key = if t.action == TraceAction::Oom {
         "device_free"
     } else {
@@ -105,6 +123,11 @@ fn event(t: &TraceEntry) -> Value {
     ));
     if let Some(c) = &t.category {
         e.push(("category", s(c.as_str())));
+    }
+    match added {
+        Some(Added::Category) => e.push((ADDED_KEY, s(ADDED_CATEGORY))),
+        Some(Added::Entry) => e.push((ADDED_KEY, s(ADDED_ENTRY))),
+        None => {}
     }
     dict(e)
 }
@@ -127,11 +150,30 @@ fn settings(st: &AllocatorSettings) -> Value {
     ])
 }
 
-fn value_of(snap: &Snapshot) -> Value {
+/// The snapshot dict of `snap`; `original` is the snapshot before the writer added the
+/// `"unknown"` category, when it did.
+fn value_of(snap: &Snapshot, original: Option<&Snapshot>) -> Value {
+    let added = |d: usize, k: usize, e: &TraceEntry| {
+        let o = original?;
+        match o.device_traces.get(d).and_then(|t| t.get(k)) {
+            None => Some(Added::Entry),
+            Some(was) if was.category.is_none() && e.category.is_some() => Some(Added::Category),
+            Some(_) => None,
+        }
+    };
     let traces = snap
         .device_traces
         .iter()
-        .map(|trace| Value::List(trace.iter().map(event).collect()))
+        .enumerate()
+        .map(|(d, trace)| {
+            Value::List(
+                trace
+                    .iter()
+                    .enumerate()
+                    .map(|(k, e)| event(e, added(d, k, e)))
+                    .collect(),
+            )
+        })
         .collect();
     let mut top = vec![
         (
@@ -149,14 +191,17 @@ fn value_of(snap: &Snapshot) -> Value {
 /// The snapshot dict as a pickle value: keys `segments`, `device_traces` and (when present)
 /// `allocator_settings`. A snapshot that
 /// [needs an `"unknown"` category](Snapshot::needs_unknown_category) gets one
-/// ([`Snapshot::add_unknown_category`]) so pytorch.org/memory_viz can draw it.
+/// ([`Snapshot::add_unknown_category`]) so pytorch.org/memory_viz can draw it; each entry that
+/// got it (or was added to carry it) is marked `"trainmem_added": "category"` (or `"entry"`),
+/// which viewers ignore and [`from_bytes`](super::from_bytes) undoes, so that a snapshot reads
+/// back as it was written.
 pub fn to_value(snap: &Snapshot) -> Value {
     if snap.needs_unknown_category() {
         let mut fixed = snap.clone();
         fixed.add_unknown_category();
-        value_of(&fixed)
+        value_of(&fixed, Some(snap))
     } else {
-        value_of(snap)
+        value_of(snap, None)
     }
 }
 
