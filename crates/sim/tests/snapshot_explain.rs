@@ -396,3 +396,44 @@ fn zeroth_order_opt_125m_keeps_its_model_and_its_estimators_state() {
     assert_eq!(bytes_at(&ex.end, Category::Gradient), 0, "no backward");
     assert!(ex.steps.is_empty(), "forward passes only");
 }
+
+/// The LLaMA inference the select_n repository recorded grows its cache past what one
+/// expandable segment maps, and `replay --what-if expandable_segments:True` reserves 359 MiB
+/// less: `explain` replays the same setting on a device with room and ranks it (its replays
+/// once ran on a device so large that the second expandable segment's address range did not
+/// fit in 64 bits, and the setting was left out without a word).
+#[test]
+fn expandable_segments_are_replayed_on_a_device_with_room() {
+    let Some(dir) = dir() else { return };
+    let bytes = std::fs::read(dir.join("Maphsge4+select_n/04d383c_snapshot.pickle")).expect("read");
+    let f = FramedSnapshot::read(&bytes).expect("a snapshot");
+    let ex = explain_snapshot(&f, &ExplainOptions::default()).expect("explained");
+    let r = ex
+        .remedies
+        .iter()
+        .find(|r| r.name == "expandable_segments:True")
+        .expect("replayed");
+    let recorded = ex.allocator.expect("replayed").peak_reserved;
+    let with = r.peak_reserved.expect("a replay");
+    assert_eq!(r.saved_bytes, recorded - with);
+    let mib = r.saved_bytes as f64 / (1u64 << 20) as f64;
+    assert!((358.0..361.0).contains(&mib), "{mib} MiB");
+}
+
+/// The CS336 step bcrafton recorded peaks in its optimizer step, where the 441.71 MiB of
+/// temporaries are the hand-written AdamW's parameter-sized scratch (`optimizer.py:78`): a
+/// smaller batch shrinks none of it, and with no activation or batch live there, halving the
+/// micro-batch is not offered (it once claimed 220.86 MiB).
+#[test]
+fn an_optimizer_step_peak_is_not_shrunk_by_a_smaller_batch() {
+    let Some(ex) = explained("bcrafton+assignment2-systems/0c0e8a7/memory_snapshot.pickle") else {
+        return;
+    };
+    assert_eq!(ex.peak.phase, Some(StackPhase::Optimizer));
+    assert!(bytes_at(&ex.peak, Category::Temporary) > 400 << 20);
+    assert!(
+        ex.remedies.iter().all(|r| !r.name.starts_with("halve")),
+        "{:?}",
+        ex.remedies
+    );
+}

@@ -40,6 +40,12 @@ pub use remedies::{Remedy, RemedyKind};
 pub use repeated::RepeatedLine;
 pub use steps::{Growth, StepInfo};
 
+/// The device a replay runs on when it must not run out: 1 PiB. Larger than any recording
+/// needs, and small enough that expandable segments, each of which reserves address space
+/// for 1.125 × the device's memory as PyTorch's do, leave the simulated address space room
+/// (`u64::MAX / 4` did not: a replay with expandable segments failed at its second segment).
+pub const ROOM: u64 = 1 << 50;
+
 /// Site names already worked out, by stack, whether live before recording, and category.
 pub(crate) type SiteNames = HashMap<(u32, bool, Category), String>;
 
@@ -297,9 +303,7 @@ fn allocator_share(
     at: usize,
     ends: &[usize],
 ) -> Result<(AllocatorShare, Vec<timeline::ReplayedAt>), String> {
-    let mut rep = prepared
-        .replayer(u64::MAX / 4, None)
-        .map_err(|e| e.to_string())?;
+    let mut rep = prepared.replayer(ROOM, None).map_err(|e| e.to_string())?;
     let mut share = None;
     let mut samples = Vec::with_capacity(ends.len());
     let mut peak = timeline::ReplayedAt::default();
@@ -407,7 +411,7 @@ pub fn explain_snapshot(
         needed_reserved: prepared
             .as_ref()
             .ok()
-            .and_then(|p| run_prepared(p, u64::MAX / 4, &Scenario::recorded()).ok())
+            .and_then(|p| run_prepared(p, ROOM, &Scenario::recorded()).ok())
             .map(|o| o.peak_reserved),
     });
     let timeline = timeline::timeline(

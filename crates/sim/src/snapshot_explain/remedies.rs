@@ -102,11 +102,11 @@ fn allocator_tries(p: &PreparedTrace) -> Vec<(String, Scenario)> {
 fn replayed(ex: &SnapshotExplanation, p: &PreparedTrace, recorded_peak: u64) -> Vec<Remedy> {
     // savings on a device with room to spare (a capped replay would cap its peak too);
     // fitting on the capacity asked about, in a second replay
-    let unbounded = u64::MAX / 4;
+    let unbounded = super::ROOM;
     let tries = allocator_tries(p);
     // each setting is a full replay of its own: they run side by side
     let replay = |s: &Scenario| {
-        run_prepared(p, unbounded, s).ok().map(|o| {
+        run_prepared(p, unbounded, s).map(|o| {
             let fits = ex
                 .capacity
                 .map(|c| run_prepared(p, c, s).is_ok_and(|o| o.fits()));
@@ -125,7 +125,22 @@ fn replayed(ex: &SnapshotExplanation, p: &PreparedTrace, recorded_peak: u64) -> 
     });
     let mut out = Vec::new();
     for ((name, _), outcome) in tries.into_iter().zip(outcomes) {
-        if let Some((o, fits)) = outcome {
+        let (o, fits) = match outcome {
+            Ok(done) => done,
+            Err(e) => {
+                // said, not left out: a setting the replay could not run saves nothing known
+                out.push(Remedy {
+                    name,
+                    kind: RemedyKind::Replayed,
+                    saved_bytes: 0,
+                    detail: format!("could not be replayed: {e}"),
+                    peak_reserved: None,
+                    fits: None,
+                });
+                continue;
+            }
+        };
+        {
             let saved = recorded_peak.saturating_sub(o.peak_reserved);
             let room = if ex.oom_request.is_some() {
                 ", on a device with room, up to the failed allocation"
@@ -233,14 +248,35 @@ fn estimated(ex: &SnapshotExplanation, peak_reserved: Option<u64>, out: &mut Vec
     } else {
         "halve the micro-batch (accumulate twice as many)"
     };
-    estimate(
-        name,
-        (acts + input + temp) / 2,
-        format!(
-            "activations {}, inputs {} and temporaries {} at the peak scale with the batch",
-            human(acts),
-            human(input),
-            human(temp)
-        ),
+    // a peak in the optimizer step (or zero_grad, or setup) holds scratch sized by the
+    // parameters: only forward's, backward's and the batch's own scratch scale with the batch
+    let batch_scratch = !matches!(
+        ex.peak.phase,
+        Some(StackPhase::Optimizer | StackPhase::ZeroGrad | StackPhase::Setup)
     );
+    let (temp_scaled, detail) = if batch_scratch {
+        (
+            temp,
+            format!(
+                "activations {}, inputs {} and temporaries {} at the peak scale with the batch",
+                human(acts),
+                human(input),
+                human(temp)
+            ),
+        )
+    } else {
+        (
+            0,
+            format!(
+                "activations {} and inputs {} at the peak scale with the batch; the {} of \
+                 temporaries there do not (the peak is in the {}: its scratch is sized by the \
+                 parameters)",
+                human(acts),
+                human(input),
+                human(temp),
+                ex.peak.phase.map_or("?", StackPhase::name)
+            ),
+        )
+    };
+    estimate(name, (acts + input + temp_scaled) / 2, detail);
 }

@@ -201,7 +201,8 @@ fn remedies(out: &mut String, ex: &SnapshotExplanation) {
                 (Some(with), Some(was)) if with > was => {
                     format!("{} (peak reserved {} more)", r.name, human(with - was))
                 }
-                _ => format!("{} (peak reserved unchanged)", r.name),
+                (Some(_), _) => format!("{} (peak reserved unchanged)", r.name),
+                (None, _) => format!("{} ({})", r.name, r.detail),
             })
             .collect();
         let _ = writeln!(out, "\nreplayed, saving nothing here: {}", each.join("; "));
