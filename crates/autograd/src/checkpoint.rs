@@ -119,7 +119,9 @@ pub fn segments(program: &Program, checkpointed: &[bool]) -> Vec<Segment> {
 }
 
 /// Peak bytes of activations and backward temporaries (parameter gradients excluded) of one
-/// forward + backward with the given segments, measured over a counting memory.
+/// forward + backward with the given segments, measured over a counting memory;
+/// `u64::MAX` when they do not fit 64 bits (more than any budget: a size that overflows is
+/// named by [`Graph::check_sizes`]).
 pub fn activation_peak(
     program: &Program,
     table: &SavedTable,
@@ -142,24 +144,36 @@ pub fn activation_peak(
             ValueDtype::Compute => compute.size(),
             ValueDtype::Fixed(d) => d.size(),
         };
-        let b = info.elems(batch, scale) * size;
+        // the counting memory is unlimited but for sizes that do not fit 64 bits
+        let Some(b) = info
+            .checked_elems(batch, scale)
+            .and_then(|e| e.checked_mul(size))
+        else {
+            return u64::MAX;
+        };
         input_bytes += b;
-        inputs.push(store.alloc(b, Category::Input).expect("unlimited memory"));
+        match store.alloc(b, Category::Input) {
+            Ok(t) => inputs.push(t),
+            Err(_) => return u64::MAX,
+        }
     }
     let mut hooks = NoHooks;
-    let mut tape = g
-        .forward(
-            &mut store,
-            &inputs,
-            batch,
-            scale,
-            GradMode::Train,
-            &[],
-            &mut hooks,
-        )
-        .expect("unlimited memory");
-    g.backward(&mut store, &mut tape, false, &mut hooks)
-        .expect("unlimited memory, fresh tape");
+    let Ok(mut tape) = g.forward(
+        &mut store,
+        &inputs,
+        batch,
+        scale,
+        GradMode::Train,
+        &[],
+        &mut hooks,
+    ) else {
+        return u64::MAX;
+    };
+    if g.backward(&mut store, &mut tape, false, &mut hooks)
+        .is_err()
+    {
+        return u64::MAX;
+    }
     tape.release(&mut store);
     g.drop_param_grads(&mut store);
     store.peak().0.saturating_sub(input_bytes)

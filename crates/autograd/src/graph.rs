@@ -17,7 +17,7 @@ use trainmem_core::Category;
 
 use crate::checkpoint::Segment;
 use crate::op::{Saved, SavedTable};
-use crate::program::{LossChunks, Op, Program, ValueDtype, ValueId};
+use crate::program::{LossChunks, Op, Program, ValueDtype, ValueId, scaled_count};
 use crate::store::{TensorId, TensorMemory, TensorStore};
 use trainmem_core::Dtype;
 use trainmem_core::OpKind;
@@ -210,10 +210,12 @@ impl<'p> Graph<'p> {
             segments: Vec::new(),
             boundaries: Vec::new(),
             param_grads: vec![None; program.params.len()],
+            // (a size that does not fit 64 bits is u64::MAX bytes, which no memory holds;
+            // `check_sizes` names it)
             param_grad_bytes: program
                 .params
                 .iter()
-                .map(|p| p.elems * compute.size())
+                .map(|p| p.elems.saturating_mul(compute.size()))
                 .collect(),
             owns_inputs: false,
             cross_entropy_two_step: false,
@@ -260,46 +262,174 @@ impl<'p> Graph<'p> {
             return;
         }
         for (i, v) in self.program.values.iter().enumerate() {
-            let size = match v.dtype {
-                ValueDtype::Compute => self.compute.size(),
-                ValueDtype::Fixed(d) => d.size(),
-            };
-            self.value_bytes[i] = v.elems(batch, scale) * size;
+            // a size that does not fit 64 bits is u64::MAX bytes, which no memory holds
+            // (`check_sizes` names it)
+            self.value_bytes[i] = v
+                .checked_elems(batch, scale)
+                .and_then(|e| e.checked_mul(self.dtype_size(v.dtype)))
+                .unwrap_or(u64::MAX);
         }
         self.bytes_for = (batch, scale);
     }
 
-    fn saved_bytes(&self, op_index: usize, s: Saved, batch: u64, scale: f64) -> u64 {
-        let op = &self.program.ops[op_index];
-        let out = &self.program.values[op.output as usize];
-        let out_elems = out.elems(batch, scale);
-        let rows = || {
-            let r = op.rows_per_sample as f64 * if scale == 1.0 { 1.0 } else { scale };
-            (r.round() as u64) * batch
-        };
-        match s {
-            Saved::Mask => out_elems,
-            // in the output's dtype (the compute dtype unless the program fixes another)
-            Saved::FloatMask => self.value_bytes[op.output as usize],
-            Saved::ForParams => self.value_bytes[op.output as usize],
-            Saved::Indices => out_elems * 8,
-            Saved::IndicesI32 => out_elems * 4,
-            Saved::InputSized(i) => {
-                let v = op.inputs[i as usize] as usize;
-                self.program.values[v].elems(batch, scale) * 4
-            }
-            Saved::InputCopy(i) => self.value_bytes[op.inputs[i as usize] as usize],
-            Saved::RowStats(n) => rows() * n as u64 * 4,
-            Saved::RowIndices(n) => rows() * n as u64 * 8,
-            Saved::ChannelStats(n) => op.channels * n as u64 * 4,
-            Saved::Nodes(n) => n as u64 * crate::op::BURN_NODE_BYTES,
-            Saved::ParamCopy { k, n } => self
-                .program
-                .params_of(op)
-                .get(k as usize)
-                .map_or(0, |&w| self.program.params[w as usize].elems * n as u64),
-            Saved::Input(_) | Saved::Output => 0,
+    /// Bytes per element of a value of `dtype` in this run.
+    fn dtype_size(&self, dtype: ValueDtype) -> u64 {
+        match dtype {
+            ValueDtype::Compute => self.compute.size(),
+            ValueDtype::Fixed(d) => d.size(),
         }
+    }
+
+    fn saved_bytes(&self, op_index: usize, s: Saved, batch: u64, scale: f64) -> u64 {
+        // a size that does not fit 64 bits is u64::MAX bytes, which no memory holds
+        // (`check_sizes` names it)
+        self.checked_saved_bytes(op_index, s, batch, scale, &self.value_bytes)
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of what op `op_index` saves as `s` at `batch` and `scale`, given the bytes of
+    /// every value (`value_bytes`); `Err` is the product that does not fit 64 bits.
+    fn checked_saved_bytes(
+        &self,
+        op_index: usize,
+        s: Saved,
+        batch: u64,
+        scale: f64,
+        value_bytes: &[u64],
+    ) -> Result<u64, String> {
+        let p = self.program;
+        let op = &p.ops[op_index];
+        // `n` things of `k` bytes each
+        let times = |n: u64, what: &str, k: u64| {
+            n.checked_mul(k)
+                .ok_or_else(|| format!("{n} {what} × {k} bytes"))
+        };
+        let elems_of = |v: ValueId| {
+            let info = &p.values[v as usize];
+            info.checked_elems(batch, scale).ok_or_else(|| {
+                format!(
+                    "{} elements per sample × batch {batch}{}",
+                    info.per_sample,
+                    scale_note(scale)
+                )
+            })
+        };
+        // `n` values of `k` bytes per row of the batch (rows at the size factor, rounded)
+        let per_row = |n: u8, what: &str, k: u64| {
+            let rows = scaled_count(op.rows_per_sample, scale)
+                .and_then(|r| r.checked_mul(batch))
+                .ok_or_else(|| {
+                    format!(
+                        "{} rows per sample × batch {batch}{}",
+                        op.rows_per_sample,
+                        scale_note(scale)
+                    )
+                })?;
+            rows.checked_mul(u64::from(n) * k)
+                .ok_or_else(|| format!("{rows} rows × {n} {what} × {k} bytes"))
+        };
+        Ok(match s {
+            Saved::Mask => elems_of(op.output)?,
+            // in the output's dtype (the compute dtype unless the program fixes another)
+            Saved::FloatMask => value_bytes[op.output as usize],
+            Saved::ForParams => value_bytes[op.output as usize],
+            Saved::Indices => times(elems_of(op.output)?, "i64 indices", 8)?,
+            Saved::IndicesI32 => times(elems_of(op.output)?, "i32 indices", 4)?,
+            Saved::InputSized(i) => times(elems_of(op.inputs[i as usize])?, "f32 elements", 4)?,
+            Saved::InputCopy(i) => value_bytes[op.inputs[i as usize] as usize],
+            Saved::RowStats(n) => per_row(n, "f32 statistics", 4)?,
+            Saved::RowIndices(n) => per_row(n, "i64 indices", 8)?,
+            Saved::ChannelStats(n) => {
+                op.channels.checked_mul(u64::from(n) * 4).ok_or_else(|| {
+                    format!("{} channels × {n} f32 statistics × 4 bytes", op.channels)
+                })?
+            }
+            Saved::Nodes(n) => u64::from(n) * crate::op::BURN_NODE_BYTES,
+            Saved::ParamCopy { k, n } => match p.params_of(op).get(k as usize) {
+                Some(&w) => times(p.params[w as usize].elems, "weight elements", u64::from(n))?,
+                None => 0,
+            },
+            Saved::Input(_) | Saved::Output => 0,
+        })
+    }
+
+    /// Bytes of value `v` at `batch` and `scale`, or the figures that do not fit 64 bits.
+    fn checked_value_bytes(&self, v: ValueId, batch: u64, scale: f64) -> Result<u64, SizeOverflow> {
+        let p = self.program;
+        let info = &p.values[v as usize];
+        let size = self.dtype_size(info.dtype);
+        let overflow = |figures: String, count: &str| {
+            SizeOverflow(format!(
+                "{}: {figures} overflows a 64-bit {count}",
+                describe_value(p, v)
+            ))
+        };
+        let per = info.checked_per_sample(scale).ok_or_else(|| {
+            overflow(
+                format!(
+                    "{} elements per sample × size factor {scale}",
+                    info.per_sample
+                ),
+                "element count",
+            )
+        })?;
+        let elems = per
+            .checked_mul(batch)
+            .and_then(|e| e.checked_add(info.fixed))
+            .ok_or_else(|| {
+                overflow(
+                    format!(
+                        "{per} elements per sample × batch {batch}{}",
+                        scale_note(scale)
+                    ),
+                    "element count",
+                )
+            })?;
+        elems.checked_mul(size).ok_or_else(|| {
+            overflow(
+                format!(
+                    "{elems} elements ({per} per sample × batch {batch}{}) × {size} bytes",
+                    scale_note(scale)
+                ),
+                "byte count",
+            )
+        })
+    }
+
+    /// Checks that every size of a run at `batch` samples and size factor `scale` fits 64
+    /// bits: each value's elements and bytes (and so its gradient's), what each op's table
+    /// entries save for backward, each parameter's gradient. A run whose sizes pass never
+    /// overflows in the graph; one whose sizes do not would make such a tensor `u64::MAX`
+    /// bytes, which no memory holds: a caller that may meet absurd sizes checks first and
+    /// reports the error, which names the tensor and the figures that overflowed.
+    pub fn check_sizes(&self, batch: u64, scale: f64) -> Result<(), SizeOverflow> {
+        let p = self.program;
+        let bytes = (0..p.values.len())
+            .map(|v| self.checked_value_bytes(v as ValueId, batch, scale))
+            .collect::<Result<Vec<u64>, _>>()?;
+        for (i, entries) in self.table.iter().enumerate() {
+            for &s in entries {
+                self.checked_saved_bytes(i, s, batch, scale, &bytes)
+                    .map_err(|figures| {
+                        SizeOverflow(format!(
+                            "what {} saves for backward ({s:?}): {figures} overflows a 64-bit \
+                             byte count",
+                            describe_op(p, i)
+                        ))
+                    })?;
+            }
+        }
+        let size = self.compute.size();
+        for param in &p.params {
+            if param.elems.checked_mul(size).is_none() {
+                return Err(SizeOverflow(format!(
+                    "the gradient of parameter `{}`: {} elements × {size} bytes overflows a \
+                     64-bit byte count",
+                    param.name, param.elems
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Runs forward. `inputs` are the tensors of [`Program::inputs`] (the caller keeps its
@@ -792,6 +922,45 @@ impl<'p> Graph<'p> {
 }
 
 const TAPE_HOLE: TensorId = TensorId::HOLE;
+
+/// A size of a program run (a tensor's elements or bytes at a batch size) that does not fit
+/// 64 bits, named with the tensor and the figures that overflowed ([`Graph::check_sizes`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SizeOverflow(pub String);
+
+/// `" at size factor {scale}"`, or nothing at 1.
+fn scale_note(scale: f64) -> String {
+    if scale == 1.0 {
+        String::new()
+    } else {
+        format!(" at size factor {scale}")
+    }
+}
+
+/// Op `i` of `p` in words: its index, kind, first parameter and layer.
+fn describe_op(p: &Program, i: usize) -> String {
+    let op = &p.ops[i];
+    let param = match p.params_of(op).first() {
+        Some(&w) => format!(" of `{}`", p.params[w as usize].name),
+        None => String::new(),
+    };
+    match p.layer_names.get(op.layer as usize) {
+        Some(layer) => format!("op {i} (`{}`{param}) in layer `{layer}`", op.kind.name()),
+        None => format!("op {i} (`{}`{param})", op.kind.name()),
+    }
+}
+
+/// Value `v` of `p` in words: the program input it is, or the op whose output it is.
+fn describe_value(p: &Program, v: ValueId) -> String {
+    if let Some(k) = p.inputs.iter().position(|&x| x == v) {
+        return format!("input {k} of the program (a batch tensor)");
+    }
+    match p.ops.iter().position(|o| o.output == v) {
+        Some(i) => format!("the output of {}", describe_op(p, i)),
+        None => format!("value {v}"),
+    }
+}
 
 /// Whether `op` keeps `s` for its backward, given which of its operands need gradients
 /// (PyTorch saves an operand only for the gradients that read it): the input of a linear

@@ -188,7 +188,7 @@ pub mod program;
 pub mod store;
 
 pub use checkpoint::{CheckpointPolicy, ResolvedCheckpointing, Segment};
-pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, Tape};
+pub use graph::{BackwardError, GradMode, Graph, LayerHooks, NoHooks, Pass, SizeOverflow, Tape};
 pub use memory::AllocatorMemory;
 pub use op::{BURN_NODE_BYTES, Saved, SavedTable, burn_recorded_ops};
 pub use program::{

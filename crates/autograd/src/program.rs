@@ -37,15 +37,39 @@ pub struct ValueInfo {
 }
 
 impl ValueInfo {
-    /// Elements for a batch of `batch` samples with size factor `scale`.
+    /// Elements for a batch of `batch` samples with size factor `scale`, saturating at
+    /// `u64::MAX` when they do not fit 64 bits ([`ValueInfo::checked_elems`] says when; a
+    /// caller that may meet such sizes checks them first, e.g. with
+    /// [`crate::Graph::check_sizes`]).
     pub fn elems(&self, batch: u64, scale: f64) -> u64 {
-        let per = if scale == 1.0 {
-            self.per_sample
-        } else {
-            (self.per_sample as f64 * scale).round() as u64
-        };
-        per * batch + self.fixed
+        self.checked_elems(batch, scale).unwrap_or(u64::MAX)
     }
+
+    /// Elements per sample at size factor `scale` (`round(per_sample × scale)`), `None` when
+    /// they do not fit 64 bits.
+    pub fn checked_per_sample(&self, scale: f64) -> Option<u64> {
+        if scale == 1.0 {
+            Some(self.per_sample)
+        } else {
+            scaled_count(self.per_sample, scale)
+        }
+    }
+
+    /// Elements for a batch of `batch` samples with size factor `scale`, `None` when they do
+    /// not fit 64 bits.
+    pub fn checked_elems(&self, batch: u64, scale: f64) -> Option<u64> {
+        self.checked_per_sample(scale)?
+            .checked_mul(batch)?
+            .checked_add(self.fixed)
+    }
+}
+
+/// `round(n × scale)`, `None` when it does not fit 64 bits (or is not a number).
+pub(crate) fn scaled_count(n: u64, scale: f64) -> Option<u64> {
+    // 2^64: the first f64 a u64 cannot hold (`as` would saturate)
+    const LIMIT: f64 = 18_446_744_073_709_551_616.0;
+    let x = (n as f64 * scale).round();
+    (0.0..LIMIT).contains(&x).then_some(x as u64)
 }
 
 /// A parameter tensor.
@@ -196,6 +220,9 @@ pub enum ProgramError {
     /// Layers must cover every op, contiguously and in order.
     #[error("layers do not cover the ops contiguously")]
     Layers,
+    /// A size of the program (a parameter's elements) does not fit 64 bits.
+    #[error("{0}")]
+    Overflow(String),
     /// Loss chunks must be non-empty, no longer than the sequence, and copy at most a chunk.
     #[error(
         "loss chunks of {positions} of {of} positions copying {copied} are not a chunking \
@@ -212,18 +239,27 @@ pub enum ProgramError {
 }
 
 impl Program {
-    /// Total parameter elements.
+    /// Total parameter elements, saturating at `u64::MAX` when they do not fit 64 bits
+    /// ([`Program::checked_param_elems`] says when).
     pub fn param_elems(&self) -> u64 {
-        self.params.iter().map(|p| p.elems).sum()
+        self.checked_param_elems().unwrap_or(u64::MAX)
     }
 
-    /// Elements of the trainable (not frozen) parameters.
+    /// Total parameter elements, `None` when they do not fit 64 bits.
+    pub fn checked_param_elems(&self) -> Option<u64> {
+        self.params
+            .iter()
+            .try_fold(0u64, |acc, p| acc.checked_add(p.elems))
+    }
+
+    /// Elements of the trainable (not frozen) parameters, saturating at `u64::MAX` when they
+    /// do not fit 64 bits.
     pub fn trainable_elems(&self) -> u64 {
         self.params
             .iter()
             .filter(|p| !p.frozen)
-            .map(|p| p.elems)
-            .sum()
+            .try_fold(0u64, |acc, p| acc.checked_add(p.elems))
+            .unwrap_or(u64::MAX)
     }
 
     /// Whether any parameter of `op` is trainable (its gradient is computed).
@@ -309,6 +345,9 @@ pub struct ProgramBuilder {
     layer: u32,
     in_layer: bool,
     freeze: bool,
+    /// The first size that overflowed while building ([`ProgramBuilder::param_matrix`]),
+    /// reported by [`ProgramBuilder::finish`].
+    overflow: Option<String>,
 }
 
 impl ProgramBuilder {
@@ -341,9 +380,20 @@ impl ProgramBuilder {
     }
 
     /// Adds a `rows × cols` matrix parameter (frozen while [`ProgramBuilder::freeze_params`]
-    /// is on), its shape recorded in [`ParamInfo::matrix`].
+    /// is on), its shape recorded in [`ParamInfo::matrix`]. When `rows × cols` does not fit
+    /// 64 bits, [`ProgramBuilder::finish`] is a [`ProgramError::Overflow`] naming it.
     pub fn param_matrix(&mut self, rows: u64, cols: u64, name: impl Into<String>) -> ParamId {
-        let id = self.param(rows * cols, name);
+        let name = name.into();
+        let elems = match rows.checked_mul(cols) {
+            Some(e) => e,
+            None => {
+                self.overflow.get_or_insert_with(|| {
+                    format!("parameter `{name}`: {rows} × {cols} elements overflows a 64-bit count")
+                });
+                u64::MAX
+            }
+        };
+        let id = self.param(elems, name);
         self.p.params[id as usize].matrix = Some((rows, cols));
         id
     }
@@ -515,6 +565,9 @@ impl ProgramBuilder {
 
     /// Finishes (closing the open layer) and validates.
     pub fn finish(mut self) -> Result<Program, ProgramError> {
+        if let Some(m) = self.overflow.take() {
+            return Err(ProgramError::Overflow(m));
+        }
         self.end_layer();
         self.p.validate()?;
         Ok(self.p)

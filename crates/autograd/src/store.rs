@@ -18,6 +18,9 @@ pub struct Allocated<H> {
 }
 
 /// Where tensor bytes come from.
+///
+/// A memory refuses an allocation it cannot hold, and so never has more live bytes than 64
+/// bits count: the [`TensorStore`]'s sums over its live tensors cannot overflow.
 pub trait TensorMemory {
     /// Handle of one allocation.
     type Handle: Copy;
@@ -76,16 +79,16 @@ impl TensorMemory for CountingMemory {
     type Handle = u32;
     type Error = CountingOom;
     fn allocate(&mut self, bytes: u64, _category: Category) -> Result<Allocated<u32>, CountingOom> {
-        if let Some(cap) = self.capacity
-            && self.live + bytes > cap
-        {
+        // unlimited memory still holds no more than 64 bits count
+        let cap = self.capacity.unwrap_or(u64::MAX);
+        let Some(live) = self.live.checked_add(bytes).filter(|&l| l <= cap) else {
             return Err(CountingOom {
                 requested: bytes,
                 live: self.live,
                 capacity: cap,
             });
-        }
-        self.live += bytes;
+        };
+        self.live = live;
         self.peak = self.peak.max(self.live);
         let id = match self.free_ids.pop() {
             Some(i) => {

@@ -572,3 +572,136 @@ fn loss_chunks_that_are_no_chunking_are_refused() {
         );
     }
 }
+
+/// x[2⁴⁰] → linear → relu → out[2⁴⁰]; mse against t[2⁴⁰]: one sample is 4 TiB of f32.
+fn wide() -> Program {
+    const W: u64 = 1 << 40;
+    let mut b = ProgramBuilder::new();
+    let x = b.input(W, ValueDtype::Compute);
+    let t = b.input(W, ValueDtype::Compute);
+    b.begin_layer("fc");
+    let w = b.param(1, "fc.weight");
+    let h = b.op_rows(OpKind::Linear, &[x], W, &[w], W);
+    let o = b.op(OpKind::Relu, &[h], W, &[]);
+    b.loss(OpKind::MseLoss, &[o, t]);
+    b.finish().unwrap()
+}
+
+#[test]
+fn a_size_that_does_not_fit_64_bits_is_named_with_its_figures() {
+    let p = wide();
+    let g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    assert_eq!(g.check_sizes(1 << 20, 1.0), Ok(()));
+    // 2⁴⁰ × 2²² = 2⁶² elements fit; their 2⁶⁴ bytes do not
+    let e = g.check_sizes(1 << 22, 1.0).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "input 0 of the program (a batch tensor): 4611686018427387904 elements \
+         (1099511627776 per sample × batch 4194304) × 4 bytes overflows a 64-bit byte count"
+    );
+    // past 2⁶⁴ elements
+    let e = g.check_sizes(1 << 24, 1.0).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "1099511627776 elements per sample × batch 16777216 overflows a 64-bit element count"
+        ),
+        "{e}"
+    );
+    // at a size factor, what the rounding scales first: 1.5 × 2⁴⁰ per sample
+    let e = g.check_sizes(1 << 22, 1.5).unwrap_err().to_string();
+    assert!(
+        e.contains("(1649267441664 per sample × batch 4194304 at size factor 1.5) × 4 bytes"),
+        "{e}"
+    );
+    // an op's output, named by its kind, its weight and its layer
+    let mut f16 = Graph::new(&p, &SavedTable::pytorch(), Dtype::F16);
+    f16.set_op_tables(vec![vec![Saved::RowStats(200)], vec![], vec![]]);
+    let e = f16.check_sizes(1 << 17, 1.0).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "what op 0 (`linear` of `fc.weight`) in layer `fc` saves for backward (RowStats(200)): \
+         144115188075855872 rows × 200 f32 statistics × 4 bytes overflows a 64-bit byte count"
+    );
+}
+
+#[test]
+fn a_run_past_64_bits_is_refused_by_the_memory_not_overflowed() {
+    let p = wide();
+    let mut g = Graph::new(&p, &SavedTable::pytorch(), Dtype::F32);
+    // the caller's inputs are its own (small here); the graph's first output would be
+    // 2⁶⁴ bytes: u64::MAX, which an unlimited counting memory refuses
+    let mut store = TensorStore::new(CountingMemory::new());
+    let inputs = vec![
+        store.alloc(8, Category::Input).unwrap(),
+        store.alloc(8, Category::Input).unwrap(),
+    ];
+    let batch = 1 << 22;
+    assert_eq!(g.value_bytes(p.ops[0].output, batch, 1.0), u64::MAX);
+    let r = g.forward(
+        &mut store,
+        &inputs,
+        batch,
+        1.0,
+        GradMode::Train,
+        &[],
+        &mut NoHooks,
+    );
+    let oom = r.expect_err("refused");
+    assert_eq!(oom.requested, u64::MAX);
+    // the sum of live bytes never passes 64 bits either
+    let mut mem = CountingMemory::new();
+    assert!(mem.allocate(u64::MAX - 1, Category::Input).is_ok());
+    assert!(mem.allocate(2, Category::Input).is_err());
+    // measuring a checkpointing configuration saturates instead of overflowing
+    let peak = checkpoint::activation_peak(
+        &p,
+        &SavedTable::pytorch(),
+        Dtype::F32,
+        batch,
+        1.0,
+        checkpoint::segments(&p, &[]),
+    );
+    assert_eq!(peak, u64::MAX);
+    assert!(
+        checkpoint::activation_peak(
+            &p,
+            &SavedTable::pytorch(),
+            Dtype::F32,
+            1,
+            1.0,
+            checkpoint::segments(&p, &[])
+        ) < u64::MAX
+    );
+}
+
+#[test]
+fn a_parameter_matrix_past_64_bits_is_an_error_of_the_program() {
+    let mut b = ProgramBuilder::new();
+    let x = b.input(1, ValueDtype::Compute);
+    b.begin_layer("fc");
+    let w = b.param_matrix(1 << 32, 1 << 32, "fc.weight");
+    let o = b.op(OpKind::Linear, &[x], 1, &[w]);
+    b.loss(OpKind::MseLoss, &[o, x]);
+    assert_eq!(
+        b.finish(),
+        Err(ProgramError::Overflow(
+            "parameter `fc.weight`: 4294967296 × 4294967296 elements overflows a 64-bit count"
+                .into()
+        ))
+    );
+}
+
+#[test]
+fn element_counts_are_checked_at_every_size_factor() {
+    let v = ValueInfo {
+        per_sample: 1 << 63,
+        fixed: 1,
+        dtype: ValueDtype::Compute,
+        requires_grad: false,
+    };
+    assert_eq!(v.checked_elems(2, 1.0), None);
+    assert_eq!(v.checked_elems(1, 1.0), Some((1 << 63) + 1));
+    assert_eq!(v.checked_per_sample(2.5), None);
+    assert_eq!(v.elems(3, 1.0), u64::MAX, "saturates");
+    assert_eq!(v.checked_elems(0, 1.0), Some(1));
+}

@@ -1,10 +1,11 @@
 //! `trainmem data`: inspect data-set files (memory-mapped `.npy` and raw record files, token
 //! files, indexed token data sets, Arrow IPC files and streams, safetensors).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use trainmem_core::Dtype;
+use trainmem_loader::{DataError, FileProblem};
 
 use crate::data_describe::{TokenOptions, describe};
 
@@ -13,6 +14,7 @@ use crate::data_describe::{TokenOptions, describe};
 pub enum DataCommand {
     /// Validate files and print their format, dtype, shape or columns, sample count and bytes
     /// per sample. Exits 0 only if every file is usable.
+    #[command(after_help = RAW_SIDECAR_HELP)]
     Check(CheckArgs),
 }
 
@@ -41,6 +43,19 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+/// `data check --help`'s account of the raw sidecar and of token files.
+const RAW_SIDECAR_HELP: &str = "\
+Raw record files: a file of fixed-size records without a header is described by a JSON
+sidecar beside it, named after it with .json appended (images.bin -> images.bin.json):
+  {\"dtype\": \"<f4\", \"sample_shape\": [3, 32, 32], \"offset\": 0}
+dtype is numpy's spelling of the element type (<f4, <f2, <i8, |u1, ...); sample_shape the
+shape of one record ([] for one value per record); offset (optional, default 0) the bytes
+to skip before the first record. Token files (nanoGPT's train.bin) need no sidecar: pass
+--token-dtype u16 (or u32 for a vocabulary over 65536).
+
+Exit status: 0 every file is usable; 1 a file is not (or --same-length counts differ);
+2 the command line itself is wrong.";
+
 /// Runs `trainmem data ...`.
 pub fn run(cmd: DataCommand) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -53,6 +68,25 @@ fn parse_token_dtype(s: &str) -> Result<Dtype, String> {
         .into_iter()
         .find(|d| d.name() == s)
         .ok_or_else(|| format!("{s:?} is not a token type (u8, u16, u32, i32, i64)"))
+}
+
+/// The error's message, with what to do about a file that is neither `.npy` nor described
+/// by a sidecar: a `.bin` is most likely a token file, which needs `--token-dtype`.
+fn with_hint(e: &DataError, path: &Path) -> String {
+    let unrecognised = matches!(
+        e,
+        DataError::File {
+            problem: FileProblem::Unrecognised { .. },
+            ..
+        }
+    );
+    match (unrecognised, path.extension().and_then(|x| x.to_str())) {
+        (true, Some("bin")) => {
+            format!("{e}; for a token file (nanoGPT's train.bin), pass --token-dtype u16|u32")
+        }
+        (true, _) => format!("{e} (`trainmem data check --help` describes the sidecar)"),
+        (false, _) => e.to_string(),
+    }
 }
 
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
@@ -74,11 +108,12 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             }
             Err(e) => {
                 all_ok = false;
+                let e = with_hint(&e, path);
                 if args.json {
                     let v = serde_json::json!({
                         "file": path.display().to_string(),
                         "ok": false,
-                        "error": e.to_string(),
+                        "error": e,
                     });
                     println!("{v}");
                 } else {

@@ -13,14 +13,15 @@
 //!
 //! (`stream` is optional, default 0; an alloc may name its block with `"label":"activation"`;
 //! blank lines and lines starting with `#` are skipped), or a PyTorch memory snapshot pickle
-//! (`torch.cuda.memory._dump_snapshot`), recognised by its first byte 0x80, replayed from the
-//! state its recording began in with `--verify` and `--what-if` (`replay_snapshot`).
+//! (`torch.cuda.memory._dump_snapshot`), recognised by its name (`.pickle`, `.pkl`) or its
+//! first bytes ([`Sniffed`]), replayed from the state its recording began in with `--verify`
+//! and `--what-if` (`replay_snapshot`).
 //!
 //! Reading and replaying is trainmem-alloc's (`trainmem_alloc::pytorch::replay`); this module
 //! parses the arguments and prints the report.
 
 use std::fs::File;
-use std::io::{BufReader, IsTerminal};
+use std::io::{BufReader, IsTerminal, Read};
 use std::path::Path;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,7 +39,8 @@ type Replay = Replayer<SimulatedDevice>;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// The trace: JSON lines ({"op":"alloc","id":7,"size":3145728,"stream":0}, {"op":"free","id":7},
-    /// {"op":"empty_cache"}) or a PyTorch memory snapshot pickle.
+    /// {"op":"empty_cache"}) or a PyTorch memory snapshot pickle (named *.pickle or *.pkl, or
+    /// recognised by its first bytes).
     pub(crate) trace: PathBuf,
     /// Allocator configuration in PYTORCH_ALLOC_CONF syntax, e.g.
     /// "max_split_size_mb:128,roundup_power2_divisions:4". Default: PyTorch's defaults for
@@ -50,16 +52,17 @@ pub struct ReplayArgs {
     /// CUDA reported free at its first `oom`).
     #[arg(long, value_name = "BYTES", value_parser = parse_capacity)]
     pub(crate) capacity: Option<u64>,
-    /// For snapshot pickles: which device's trace to replay.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub(crate) device: usize,
+    /// For snapshot pickles: which device's trace to replay (default: the first with a
+    /// trace).
+    #[arg(long, value_name = "N")]
+    pub(crate) device: Option<usize>,
     /// Print one JSON object: PyTorch's flattened memory_stats keys, plus the replay's own
     /// figures under "replay".
     #[arg(long)]
     pub(crate) json: bool,
     /// For snapshot pickles: compare the replay with the recording as it goes (every
     /// cudaMalloc/cudaFree, every block's address, the end state) and report the first
-    /// divergence.
+    /// divergence; exit 1 when there is one.
     #[arg(long)]
     pub(crate) verify: bool,
     /// For snapshot pickles: also replay under this configuration (PYTORCH_ALLOC_CONF syntax,
@@ -72,10 +75,117 @@ pub struct ReplayArgs {
 /// The capacity when `--capacity` is not given (and a snapshot recorded no out-of-memory).
 pub(crate) const DEFAULT_CAPACITY: u64 = 80 << 30;
 
+/// `replay --help`'s exit statuses.
+pub(crate) const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  replayed, also when allocations ran out of memory on the simulated device (the report
+     counts them: \"OOMs: N\")
+  1  an error (unreadable or malformed trace, bad option), or --verify found a divergence
+     from the recording
+  2  the command line itself is wrong (an unknown option, a missing or invalid value)";
+
 impl ReplayArgs {
     /// The simulated device's capacity.
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity.unwrap_or(DEFAULT_CAPACITY)
+    }
+
+    /// The snapshot device replayed (`replay_snapshot` resolves the default before using it).
+    pub(crate) fn device(&self) -> usize {
+        self.device.unwrap_or(0)
+    }
+}
+
+/// Bytes [`Sniffed::of`] looks at.
+const HEAD_BYTES: usize = 16;
+
+/// What a file's first bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Content {
+    /// No bytes at all.
+    Empty,
+    /// A pickle of this protocol: 2 or later from its PROTO opcode (first byte 0x80); 0 or 1,
+    /// which have no PROTO opcode, from their first opcodes (`(d`/`(l`, a MARK then a text
+    /// DICT or LIST, for 0; `}`/`]`, an EMPTY_DICT or EMPTY_LIST then a memo or MARK, for 1).
+    Pickle(u8),
+    /// Anything else (TOML, JSON lines, text, other binary data).
+    Other,
+}
+
+/// What a file given to `replay` or `explain` is, by its name and its first bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Sniffed {
+    /// Its first bytes (up to [`HEAD_BYTES`]).
+    pub(crate) head: Vec<u8>,
+    /// What they are.
+    pub(crate) content: Content,
+    /// Named `*.pickle` or `*.pkl`.
+    pub(crate) named_pickle: bool,
+}
+
+impl Sniffed {
+    /// Reads the first bytes of `path`.
+    pub(crate) fn of(path: &Path) -> anyhow::Result<Sniffed> {
+        let mut head = Vec::with_capacity(HEAD_BYTES);
+        File::open(path)
+            .and_then(|f| f.take(HEAD_BYTES as u64).read_to_end(&mut head))
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(Sniffed::of_bytes(path, &head))
+    }
+
+    /// What `bytes`, read from `path`, are.
+    pub(crate) fn of_bytes(path: &Path, bytes: &[u8]) -> Sniffed {
+        let head = &bytes[..bytes.len().min(HEAD_BYTES)];
+        let named_pickle = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("pickle") || e.eq_ignore_ascii_case("pkl"));
+        Sniffed {
+            content: content_of(head),
+            head: head.to_vec(),
+            named_pickle,
+        }
+    }
+
+    /// Read as a snapshot: a pickle by its bytes, or anything named like one.
+    pub(crate) fn is_snapshot(&self) -> bool {
+        self.named_pickle || matches!(self.content, Content::Pickle(_))
+    }
+
+    /// Why a file read as a snapshot cannot be one before any reader sees it: it is empty.
+    pub(crate) fn ensure_not_empty(&self, path: &Path) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.content != Content::Empty,
+            "{} is empty (0 bytes), not a PyTorch memory snapshot pickle",
+            path.display()
+        );
+        Ok(())
+    }
+
+    /// The error for a file named like a pickle whose reader failed and that does not start
+    /// like one: not a pickle (`None` when it starts like a pickle: the reader's error says
+    /// what is wrong with it).
+    pub(crate) fn not_a_pickle(&self, path: &Path) -> Option<anyhow::Error> {
+        (self.content == Content::Other).then(|| {
+            anyhow::anyhow!(
+                "{} is not a pickle: it starts with {:?}; a PyTorch memory snapshot \
+                 (torch.cuda.memory._dump_snapshot) is a pickle, which starts with byte 0x80",
+                path.display(),
+                String::from_utf8_lossy(&self.head)
+            )
+        })
+    }
+}
+
+/// What `head` (a file's first bytes) is.
+fn content_of(head: &[u8]) -> Content {
+    match head {
+        [] => Content::Empty,
+        [PICKLE_MAGIC] => Content::Pickle(2),
+        [PICKLE_MAGIC, protocol, ..] => Content::Pickle((*protocol).max(2)),
+        [b'(', b'd' | b'l', ..] => Content::Pickle(0),
+        [b'}' | b']'] | [b'}' | b']', b'q' | b'r' | b'(' | b'.', ..] => Content::Pickle(1),
+        _ => Content::Other,
     }
 }
 
@@ -93,25 +203,31 @@ const PROGRESS_EVERY: u64 = 1 << 14;
 
 /// Runs `trainmem replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let mut head = [0u8; 1];
-    let read = File::open(&args.trace)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .with_context(|| format!("opening {}", args.trace.display()))?;
-    if read == 1 && head[0] == PICKLE_MAGIC {
+    // every --what-if is checked before any replay starts
+    for text in &args.what_if {
+        crate::replay_what_if::parse_scenario(text)?;
+    }
+    let sniffed = Sniffed::of(&args.trace)?;
+    if sniffed.is_snapshot() {
+        sniffed.ensure_not_empty(&args.trace)?;
         let bytes = std::fs::read(&args.trace)
             .with_context(|| format!("reading {}", args.trace.display()))?;
-        crate::replay_snapshot::run(&args, &args.trace, &bytes)?;
-        return Ok(ExitCode::SUCCESS);
+        return crate::replay_snapshot::run(&args, &args.trace, &bytes, &sniffed);
     }
     anyhow::ensure!(
         !args.verify && args.what_if.is_empty(),
         "--verify and --what-if need a PyTorch snapshot pickle; {} is JSON lines",
         args.trace.display()
     );
+    anyhow::ensure!(
+        args.device.is_none(),
+        "--device applies to PyTorch snapshot pickles; {} is JSON lines",
+        args.trace.display()
+    );
     let conf = args.allocator_conf.clone().unwrap_or_default();
     let config =
         AllocatorConfig::parse(&conf).with_context(|| format!("--allocator-conf `{conf}`"))?;
-    let (replay, format) = replay_file(&args.trace, args.capacity(), config, args.device)?;
+    let (replay, format) = replay_file(&args.trace, args.capacity(), config, args.device())?;
     if args.json {
         println!(
             "{}",
@@ -185,9 +301,9 @@ fn in_file(err: ReplayError, path: &Path) -> anyhow::Error {
         | ReplayError::AddressAlreadyLive { .. } => {
             anyhow::Error::new(err).context(format!("{p}: PyTorch snapshot"))
         }
-        ReplayError::Malformed { .. } | ReplayError::ReadLine { .. } => {
-            anyhow::Error::new(err).context(format!("{p}"))
-        }
+        // the message quotes the JSON parser's: its source would say it again
+        ReplayError::Malformed { .. } => anyhow::anyhow!("{p}: {err}"),
+        ReplayError::ReadLine { .. } => anyhow::Error::new(err).context(format!("{p}")),
         _ => anyhow::Error::new(err).context(format!("replaying {p}")),
     }
 }
@@ -224,7 +340,7 @@ fn json_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> serd
         "ooms": replay.ooms(),
     });
     if let (TraceFormat::Snapshot(info), Some(obj)) = (format, r.as_object_mut()) {
-        obj.insert("snapshot".into(), snapshot_info_json(args.device, info));
+        obj.insert("snapshot".into(), snapshot_info_json(args.device(), info));
     }
     top.insert("replay".into(), r);
     serde_json::Value::Object(top)
@@ -247,7 +363,7 @@ fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> Stri
         args.trace.display(),
         match format {
             TraceFormat::JsonLines => "JSON lines".to_string(),
-            TraceFormat::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device),
+            TraceFormat::Snapshot(_) => format!("PyTorch snapshot, device {}", args.device()),
         },
         format_size(args.capacity())
     );
@@ -268,7 +384,7 @@ fn text_report(replay: &Replay, format: &TraceFormat, args: &ReplayArgs) -> Stri
              blocks allocated before the trace began (skipped); {} OOMs recorded by PyTorch",
             info.devices,
             info.entries,
-            args.device,
+            args.device(),
             info.free_action,
             info.frees_of_unknown_blocks,
             info.recorded_ooms

@@ -21,13 +21,13 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub json: bool,
     /// Write exports to this directory: timeline.json, report.json, report.txt,
-    /// trace.json (Chrome/Perfetto counters), memory.svg, snapshot.pickle (memory_viz).
+    /// trace.json (Chrome/Perfetto counters), timeline.svg, memory_viz.pickle.
     #[arg(short, long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Simulate at most this many optimizer steps.
-    #[arg(long)]
+    /// Simulate at most this many optimizer steps (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: Option<u64>,
-    /// Allocator trace entries kept for snapshot.pickle (most recent).
+    /// Allocator trace entries kept for memory_viz.pickle (most recent).
     #[arg(long, default_value_t = 200_000)]
     pub trace_entries: usize,
     /// Show no progress (by default: a bar on a terminal, else a line on stderr every few
@@ -78,7 +78,8 @@ pub enum FitWhat {
 #[derive(Debug, clap::Args)]
 pub struct ExplainArgs {
     /// The plan file (TOML), or a PyTorch memory snapshot pickle
-    /// (`torch.cuda.memory._dump_snapshot()`), recognised by its content.
+    /// (`torch.cuda.memory._dump_snapshot()`): named *.pickle or *.pkl, or recognised by its first
+    /// bytes.
     pub plan: PathBuf,
     /// Snapshots: write report.txt, report.json, the timeline exports `simulate --out` writes
     /// (timeline.json, trace.json, timeline.svg) and the snapshot annotated with categories
@@ -99,10 +100,11 @@ pub struct ExplainArgs {
     /// when it does not fit or comes within 10% of the capacity).
     #[arg(long)]
     pub no_remedies: bool,
-    /// Simulate at most this many optimizer steps.
-    #[arg(long)]
+    /// Simulate at most this many optimizer steps (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: Option<u64>,
-    /// Print JSON.
+    /// Print JSON: for a plan, `{"findings": [...], "what_would_fit": {...} or null}` (the
+    /// section the text ends with when the plan does not fit); for a snapshot, the report.
     #[arg(long)]
     pub json: bool,
     /// Show no progress (by default: a bar on a terminal, else a line on stderr every few
@@ -227,7 +229,9 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Runs `trainmem fit`.
+/// Runs `trainmem fit`: the size it prints fits when the plan at that size is simulated with
+/// all its own steps on the capacity (what `trainmem simulate` predicts for it), and the
+/// sizes just above it that it names do not (`trainmem_sim::fit` says what is guaranteed).
 pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
     keep_freed_heap();
     let plan = load(&args.plan)?;
@@ -245,9 +249,14 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
         no_bar: true,
     };
     let mut reporter = Reporter::new("fit", flags, 0);
-    let mut on_probe = |n: u64, fits: bool| {
-        let verdict = if fits { "fits" } else { "does not fit" };
-        reporter.note(&format!("size {n} {verdict}"));
+    let mut on_sim = |x: trainmem_sim::fit::Simulated| {
+        let verdict = if x.fits { "fits" } else { "does not fit" };
+        let how = if x.full {
+            "over the plan's own steps"
+        } else {
+            "over the probe's steps"
+        };
+        reporter.note(&format!("size {} {verdict} {how}", x.size));
     };
     let r = trainmem_sim::fit_with_progress(
         &plan,
@@ -255,7 +264,7 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
         capacity,
         args.max,
         Machine::detect(),
-        &mut on_probe,
+        &mut on_sim,
     )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -272,15 +281,32 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
     match r.largest {
         Some(n) => {
             println!(
-                "largest {what} that fits {}: {n} (peak allocated {}, peak reserved {}; {} simulations)",
+                "largest {what} that fits {}: {n} (peak allocated {}, peak reserved {} over the \
+                 plan's {} step{}; {} simulations, {} of them of the whole plan)",
                 human(capacity),
                 human(r.peak_allocated),
                 human(r.peak_reserved),
-                r.probes
+                r.steps,
+                if r.steps == 1 { "" } else { "s" },
+                r.probes,
+                r.full_runs,
             );
             match &r.first_failing {
-                Some((m, msg)) => println!("{what} {m} does not fit:\n  {msg}"),
-                None => println!("(every size up to --max {} fits)", args.max),
+                Some((m, msg)) => {
+                    let sizes = match r.failing_up_to {
+                        Some(up) if up > *m => format!("{what}s {m} to {up} do not fit"),
+                        _ => format!("{what} {m} does not fit"),
+                    };
+                    // each simulated with the plan's own steps, as `simulate` would
+                    let why = match r.first_failing_when {
+                        Some(w) => {
+                            format!("{m} runs out of memory at step {} ({})", w.step, w.phase)
+                        }
+                        None => format!("at {m} the plan is not valid"),
+                    };
+                    println!("{sizes}; {why}:\n  {msg}");
+                }
+                None => println!("({n} is --max, the largest size searched)"),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -326,8 +352,26 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     };
     let r = run_sim(&plan, args.steps, None, flags)?;
     let findings = trainmem_sim::explain(&plan, &r.timeline, &r.summary);
+    // a plan that does not fit, or barely: each of its knobs that would help, simulated
+    let close = r.summary.oom.is_some()
+        || trainmem_sim::plan_remedies::close_to_capacity(
+            r.summary.peak_reserved,
+            plan.device.capacity.0,
+        );
+    let remedies = if close && !args.no_remedies {
+        let mut reporter = Reporter::new("what would fit", flags, 0);
+        let remedies = trainmem_sim::plan_remedies(&plan, Machine::detect(), &mut |c| {
+            reporter.note(&format!("simulating {c}"))
+        })
+        .context("simulating the plan's remedies")?;
+        reporter.finish();
+        Some(remedies).filter(trainmem_sim::PlanRemedies::worth_showing)
+    } else {
+        None
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&findings)?);
+        let v = serde_json::json!({ "findings": findings, "what_would_fit": remedies });
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         let name = if plan.name.is_empty() {
             args.plan.display().to_string()
@@ -338,22 +382,8 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         for f in &findings {
             println!("* {}\n", f.text);
         }
-        // a plan that does not fit, or barely: each of its knobs that would help, simulated
-        let close = r.summary.oom.is_some()
-            || trainmem_sim::plan_remedies::close_to_capacity(
-                r.summary.peak_reserved,
-                plan.device.capacity.0,
-            );
-        if close && !args.no_remedies {
-            let mut reporter = Reporter::new("what would fit", flags, 0);
-            let remedies = trainmem_sim::plan_remedies(&plan, Machine::detect(), &mut |c| {
-                reporter.note(&format!("simulating {c}"))
-            })
-            .context("simulating the plan's remedies")?;
-            reporter.finish();
-            if remedies.worth_showing() {
-                print!("{}", render_remedies(&remedies));
-            }
+        if let Some(remedies) = &remedies {
+            print!("{}", render_remedies(remedies));
         }
     }
     // A plan that does not fit is a predicted OOM, exit code 2, as under `simulate` and `fit`.

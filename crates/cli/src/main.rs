@@ -2,7 +2,8 @@
 //!
 //! Each subcommand lives in its own module; `main` only parses and dispatches.
 
-#![forbid(unsafe_code)]
+// The one exception, `die_quietly_on_broken_pipe`, allows it for its one call.
+#![deny(unsafe_code)]
 
 use std::process::ExitCode;
 
@@ -36,6 +37,7 @@ enum Command {
     /// (`--list` names the fifteen patterns; files go to `trainmem-scenarios/NAME/`).
     Scenario(trainmem::scenario_command::ScenarioArgs),
     /// Replay an allocation trace through the caching allocator and print its statistics.
+    #[command(after_help = cmd_replay::EXIT_STATUS_HELP)]
     Replay(cmd_replay::ReplayArgs),
     /// Inspect data-set files (memory-mapped .npy and raw record files).
     #[command(subcommand)]
@@ -46,6 +48,7 @@ enum Command {
     Fit(cmd_sim::FitArgs),
     /// Explain a plan's memory patterns in words, or what filled the GPU in a PyTorch
     /// memory snapshot (by category and source line) and what would have saved it.
+    #[command(after_help = explain_snapshot::EXPLAIN_HELP)]
     Explain(cmd_sim::ExplainArgs),
     /// Write plans from descriptions you already have (`from-hf config.json`).
     #[command(subcommand)]
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
     if let Some(code) = trainmem_scenarios::serve_child() {
         return code;
     }
+    die_quietly_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Scenario(args) => {
@@ -67,7 +71,7 @@ fn main() -> ExitCode {
         Command::Data(cmd) => cmd_data::run(cmd),
         Command::Simulate(args) => cmd_sim::simulate(args),
         Command::Fit(args) => cmd_sim::fit(args),
-        Command::Explain(args) => cmd_sim::explain(args),
+        Command::Explain(args) => explain_snapshot::explain(args),
         Command::Plan(cmd) => cmd_plan::run(cmd),
     };
     match result {
@@ -78,3 +82,26 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Lets a closed standard output or error end the process quietly, as it ends `cat` or
+/// `grep` (`trainmem simulate PLAN | head -1`): restores SIGPIPE's default action, which
+/// Rust's runtime sets to "ignore" before `main`, so that a write to a closed pipe would
+/// fail and `println!` panic with a backtrace. The process ends by the signal.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn die_quietly_on_broken_pipe() {
+    // SAFETY: `signal` is given a valid signal number and the default action, not a handler,
+    // so no code of ours ever runs in a signal context. It is called once, from `main` before
+    // any thread is started, so no other thread changes signal dispositions at the same time.
+    // Nothing in this process relies on SIGPIPE being ignored: it reads its children's output
+    // and writes only to its own standard streams and to files. The result (the previous
+    // action, or SIG_ERR, which cannot happen for SIGPIPE) is not needed. Held by the
+    // `broken_pipe` tests, which close the reading end of stdout before trainmem writes.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Elsewhere a write to a closed pipe is an error like any other.
+#[cfg(not(unix))]
+fn die_quietly_on_broken_pipe() {}

@@ -5,16 +5,18 @@
 //! table and the answer in words (`replay_what_if`).
 
 use std::path::Path;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use trainmem_alloc::Snapshot;
+use trainmem_alloc::pytorch::pickle::PickleError;
 use trainmem_alloc::pytorch::replay::{
     RecordedFigures, Replayer, SnapshotReplay, SnapshotTraceInfo, Verification, ops_from_trace,
     prepare, recorded, verify,
 };
 use trainmem_alloc::{AllocatorConfig, format_size};
 
-use crate::cmd_replay::ReplayArgs;
+use crate::cmd_replay::{ReplayArgs, Sniffed};
 use crate::replay_what_if::{self, WhatIf};
 
 /// How the replay started.
@@ -39,6 +41,65 @@ struct Report {
     verification: Option<Verification>,
     what_if: Option<WhatIf>,
     conf: String,
+    /// Which device was replayed and why.
+    device: DeviceChoice,
+}
+
+/// The device replayed, how it was chosen and the devices that recorded a trace.
+struct DeviceChoice {
+    /// The device replayed.
+    device: usize,
+    /// Named with `--device` (else the first device with a trace).
+    asked: bool,
+    /// The devices whose trace has entries.
+    traced: Vec<usize>,
+}
+
+impl DeviceChoice {
+    /// `--device N`, else the first device with a trace (device 0 when none has one), as
+    /// `explain` picks.
+    fn of(snapshot: &Snapshot, asked: Option<usize>) -> DeviceChoice {
+        let traced: Vec<usize> = (snapshot.device_traces.iter().enumerate())
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(d, _)| d)
+            .collect();
+        DeviceChoice {
+            device: asked.unwrap_or_else(|| traced.first().copied().unwrap_or(0)),
+            asked: asked.is_some(),
+            traced,
+        }
+    }
+
+    /// The line that says which device was replayed, when that is not plain: the snapshot
+    /// has more than one device with a trace, the first with one is not device 0, or the
+    /// device asked for recorded none.
+    fn line(&self) -> Option<String> {
+        let list = self
+            .traced
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let d = self.device;
+        if self.traced.is_empty() {
+            None
+        } else if !self.traced.contains(&d) {
+            Some(format!(
+                "note: device {d} recorded no trace; devices with a trace: {list} (--device N)"
+            ))
+        } else if !self.asked && (d != 0 || self.traced.len() > 1) {
+            Some(format!(
+                "device {d} is the first device with a trace (devices with a trace: {list}; \
+                 --device N replays another)"
+            ))
+        } else if self.traced.len() > 1 {
+            Some(format!(
+                "device {d} of the devices with a trace: {list} (--device N replays another)"
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 impl Report {
@@ -57,11 +118,24 @@ impl Report {
     }
 }
 
-/// Replays the snapshot in `bytes` (read from `path`) and prints the report.
-pub fn run(args: &ReplayArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Replays the snapshot in `bytes` (read from `path`, whose first bytes are `sniffed`) and
+/// prints the report. Exit 1 when `--verify` finds a divergence, else 0.
+pub fn run(
+    args: &ReplayArgs,
+    path: &Path,
+    bytes: &[u8],
+    sniffed: &Sniffed,
+) -> anyhow::Result<ExitCode> {
     let p = path.display();
-    let snapshot = trainmem_alloc::pytorch::pickle::from_bytes(bytes)
-        .with_context(|| format!("{p}: PyTorch snapshot"))?;
+    let snapshot = match trainmem_alloc::pytorch::pickle::from_bytes(bytes) {
+        Ok(s) => s,
+        Err(err @ PickleError::NotAPickle { .. }) => {
+            return Err(sniffed.not_a_pickle(path).unwrap_or_else(|| {
+                anyhow::Error::new(err).context(format!("{p}: PyTorch snapshot"))
+            }));
+        }
+        Err(err) => return Err(anyhow::Error::new(err).context(format!("{p}: PyTorch snapshot"))),
+    };
     let config = match &args.allocator_conf {
         Some(text) => Some(
             AllocatorConfig::parse(text).with_context(|| format!("--allocator-conf `{text}`"))?,
@@ -74,23 +148,22 @@ pub fn run(args: &ReplayArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         (None, Some(_)) => "the run's own (PyTorch defaults)".to_string(),
         (None, None) => "PyTorch defaults (the snapshot records no settings)".to_string(),
     };
-    let resolved;
-    let args = match (args.capacity, recorded(&snapshot, args.device)) {
-        (
-            None,
-            Ok(RecordedFigures {
-                oom_capacity: Some(c),
-                ..
-            }),
-        ) => {
-            resolved = ReplayArgs {
-                capacity: Some(c),
-                ..args.clone()
-            };
-            &resolved
-        }
-        _ => args,
+    let device = DeviceChoice::of(&snapshot, args.device);
+    let mut resolved = ReplayArgs {
+        device: Some(device.device),
+        ..args.clone()
     };
+    if let (
+        None,
+        Ok(RecordedFigures {
+            oom_capacity: Some(c),
+            ..
+        }),
+    ) = (args.capacity, recorded(&snapshot, device.device))
+    {
+        resolved.capacity = Some(c);
+    }
+    let args = &resolved;
     let start =
         replay(&snapshot, args, config.clone()).with_context(|| format!("replaying {p}"))?;
     let (start, verification) = start;
@@ -104,13 +177,19 @@ pub fn run(args: &ReplayArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         verification,
         what_if,
         conf,
+        device,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json(&report, args))?);
     } else {
         print!("{}", text(&report, args));
     }
-    Ok(())
+    let diverged = (report.verification.as_ref()).is_some_and(|v| v.first_divergence.is_some());
+    Ok(if diverged {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// The replay itself: from the rebuilt start state (checked against the recording with
@@ -120,10 +199,10 @@ fn replay(
     args: &ReplayArgs,
     config: Option<AllocatorConfig>,
 ) -> anyhow::Result<(Start, Option<Verification>)> {
-    match prepare(snapshot, args.device, args.capacity(), config.clone()) {
+    match prepare(snapshot, args.device(), args.capacity(), config.clone()) {
         Ok(mut r) => {
             let v = if args.verify {
-                Some(verify(&mut r, snapshot, args.device)?)
+                Some(verify(&mut r, snapshot, args.device())?)
             } else {
                 r.run()?;
                 None
@@ -135,7 +214,7 @@ fn replay(
             | trainmem_alloc::pytorch::replay::ReplayError::Seed(_)),
         ) => {
             anyhow::ensure!(!args.verify, "--verify needs the start state: {err}");
-            let (ops, info) = ops_from_trace(snapshot, args.device)?;
+            let (ops, info) = ops_from_trace(snapshot, args.device())?;
             let mut r = Replayer::simulated(args.capacity(), config.unwrap_or_default());
             r.apply_all(ops)?;
             Ok((Start::Empty(Box::new((r, info, err.to_string()))), None))
@@ -160,8 +239,14 @@ fn json(report: &Report, args: &ReplayArgs) -> serde_json::Value {
         "allocator_conf": report.conf,
         "counts": replayer.counts(),
         "ooms": replayer.ooms(),
-        "snapshot": crate::cmd_replay::snapshot_info_json(args.device, info),
+        "snapshot": crate::cmd_replay::snapshot_info_json(args.device(), info),
     });
+    if let Some(snapshot) = r.get_mut("snapshot").and_then(|v| v.as_object_mut()) {
+        snapshot.insert(
+            "devices_with_traces".into(),
+            serde_json::json!(report.device.traced),
+        );
+    }
     if let Some(obj) = r.as_object_mut() {
         match &report.start {
             Start::Rebuilt(s) => {
@@ -208,10 +293,13 @@ fn text(report: &Report, args: &ReplayArgs) -> String {
         out,
         "replayed {} (PyTorch snapshot, device {}) on a simulated device of {}, allocator config: {}",
         args.trace.display(),
-        args.device,
+        args.device(),
         format_size(args.capacity()),
         report.conf
     );
+    if let Some(line) = report.device.line() {
+        let _ = writeln!(out, "{line}");
+    }
     let _ = writeln!(
         out,
         "ops: {}  allocs: {}  frees: {}  cache releases: {}  live at end: {}  OOMs: {}",

@@ -42,28 +42,55 @@ fn split_top_level(text: &str) -> Vec<&str> {
 }
 
 /// A `--what-if` string as a scenario: PYTORCH_ALLOC_CONF keys, plus
-/// `per_process_memory_fraction:F` and `empty_cache_at_snapshots:True`. A garbage-collection
-/// threshold without a fraction gets fraction 1 (the whole capacity), as GC needs one.
+/// `per_process_memory_fraction:F` (0 ≤ F ≤ 1, as `torch.cuda.set_per_process_memory_fraction`
+/// takes) and `empty_cache_at_snapshots:True`. A garbage-collection threshold without a
+/// fraction gets fraction 1 (the whole capacity), as GC needs one. Every error names the
+/// `--what-if` string.
 pub fn parse_scenario(text: &str) -> anyhow::Result<Scenario> {
+    let flag = format!("--what-if {text:?}");
+    anyhow::ensure!(
+        split_top_level(text)
+            .iter()
+            .any(|part| !part.trim().is_empty()),
+        "{flag}: empty; give a configuration, e.g. \"max_split_size_mb:128\" or \
+         \"expandable_segments:True\""
+    );
     let mut conf = Vec::new();
     let mut scenario = Scenario::with_config(text, AllocatorConfig::default());
     for part in split_top_level(text) {
         match part.trim().split_once(':') {
             Some((FRACTION_KEY, v)) => {
-                let f: f64 = v
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("{FRACTION_KEY}:{v}"))?;
+                let v = v.trim();
+                let f: f64 = v.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "{flag}: {FRACTION_KEY} must be a number between 0 and 1, not {v:?}"
+                    )
+                })?;
+                // the key is named when the string holds more than it
+                let key = if part.trim() == text.trim() {
+                    String::new()
+                } else {
+                    format!(" ({FRACTION_KEY}:{v})")
+                };
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&f),
+                    "{flag}: must be between 0 and 1{key}"
+                );
                 scenario.memory_fraction = Some(f);
             }
             Some((EMPTY_CACHE_KEY, v)) => {
-                scenario.empty_cache_at_snapshots = matches!(v.trim(), "True" | "true");
+                scenario.empty_cache_at_snapshots = match v.trim() {
+                    "True" | "true" => true,
+                    "False" | "false" => false,
+                    other => anyhow::bail!(
+                        "{flag}: {EMPTY_CACHE_KEY} must be True or False, not {other:?}"
+                    ),
+                };
             }
             _ => conf.push(part),
         }
     }
-    let config =
-        AllocatorConfig::parse(&conf.join(",")).with_context(|| format!("--what-if `{text}`"))?;
+    let config = AllocatorConfig::parse(&conf.join(",")).with_context(|| flag.clone())?;
     if config.garbage_collection_threshold().is_some() && scenario.memory_fraction.is_none() {
         scenario.memory_fraction = Some(1.0);
     }
@@ -103,7 +130,7 @@ pub fn evaluate(
     if args.what_if.is_empty() && !question {
         return Ok(None);
     }
-    let run = |s: &Scenario| run_scenario(snapshot, args.device, args.capacity(), s);
+    let run = |s: &Scenario| run_scenario(snapshot, args.device(), args.capacity(), s);
     let mut outcomes = vec![run(&Scenario::recorded())?];
     for text in &args.what_if {
         outcomes.push(run(&parse_scenario(text)?)?);
@@ -111,7 +138,7 @@ pub fn evaluate(
     let mut answer = Vec::new();
     if question {
         let mut remedies: Vec<Outcome> = outcomes[1..].to_vec();
-        for text in standard_remedies(snapshot, args.device) {
+        for text in standard_remedies(snapshot, args.device()) {
             if args.what_if.iter().any(|w| w == text) {
                 continue;
             }
@@ -120,7 +147,7 @@ pub fn evaluate(
                 Err(e) => answer.push(format!("({text} cannot be replayed: {e:#})")),
             }
         }
-        let unlimited = run_scenario(snapshot, args.device, 1 << 50, &Scenario::recorded())?;
+        let unlimited = run_scenario(snapshot, args.device(), 1 << 50, &Scenario::recorded())?;
         answer.splice(
             0..0,
             words(

@@ -246,12 +246,13 @@ fn a_malformed_npy_is_an_error() {
     // not a .npy file at all
     let p = put(&dir, "notes.npy", &[b'x'; 100]);
     broken(&p, "not a .npy file (bad magic bytes)");
-    // nor a raw record file: no sidecar
+    // nor a raw record file: no sidecar (and a .bin may be tokens: the hint says how)
     let p = put(&dir, "notes.bin", &[b'x'; 100]);
     broken(
         &p,
         &format!(
-            "not a .npy file (no \\x93NUMPY magic) and no raw sidecar {}.json",
+            "not a .npy file (no \\x93NUMPY magic) and no raw sidecar {}.json; for a token \
+             file (nanoGPT's train.bin), pass --token-dtype u16|u32",
             p.display()
         ),
     );
@@ -319,4 +320,65 @@ fn no_file_is_a_usage_error() {
     let out = trainmem(&["data", "check"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("<FILES>"), "{}", stderr(&out));
+}
+
+/// A `.bin` that is neither `.npy` nor described by a sidecar is most likely a token file:
+/// the error says to pass `--token-dtype`; other files are pointed at the sidecar's format.
+#[test]
+fn an_unrecognised_file_gets_a_hint() {
+    let dir = empty_dir("data-hint");
+    let tokens = put(&dir, "tokens_u16.bin", &[1, 0, 2, 0, 3, 0]);
+    let raw = put(&dir, "raw.dat", &[0; 12]);
+    let out = check(&[&tokens, &raw], &[]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        line_of(&text, &tokens).ends_with(
+            "tokens_u16.bin.json; for a token file (nanoGPT's train.bin), pass --token-dtype u16|u32"
+        ),
+        "{text}"
+    );
+    assert!(
+        line_of(&text, &raw).contains("(`trainmem data check --help` describes the sidecar)"),
+        "{text}"
+    );
+    // --json carries the hint too
+    let out = check(&[&tokens], &["--json"]);
+    let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("pass --token-dtype u16|u32"),
+        "{v}"
+    );
+    // and with it the file is usable
+    let out = check(&[&tokens], &["--token-dtype", "u16"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+/// `data check --help` gives the raw sidecar's format.
+#[test]
+fn help_describes_the_raw_sidecar() {
+    let out = trainmem(&["data", "check", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    for want in [
+        "{\"dtype\": \"<f4\", \"sample_shape\": [3, 32, 32], \"offset\": 0}",
+        "images.bin.json",
+        "--token-dtype u16",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from {text}");
+    }
+    // the example in the help is one the loader takes
+    let dir = empty_dir("data-help-sidecar");
+    let f = put(&dir, "images.bin", &[0; 3 * 32 * 32 * 4 * 2]);
+    put(
+        &dir,
+        "images.bin.json",
+        b"{\"dtype\": \"<f4\", \"sample_shape\": [3, 32, 32], \"offset\": 0}",
+    );
+    let out = check(&[&f], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains("2 samples"), "{}", stdout(&out));
 }

@@ -1,20 +1,28 @@
-//! `trainmem fit` end to end: the size it reports fits and the next one does not, each
-//! checked by simulating that size through the library (the same probe the command's rule
-//! is stated in: `n` fits and `n + 1` does not, over the probe's steps).
+//! `trainmem fit` end to end: the size it reports fits when the plan at that size is
+//! simulated (`trainmem simulate`, all the plan's steps, on the capacity), and the sizes it
+//! names above it do not, each checked by writing the plan at that size and simulating it.
 
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{empty_dir, fixture_plan, fixture_text, s, stderr, stdout, trainmem, write};
 use serde_json::Value;
 use trainmem_core::Plan;
 use trainmem_core::bytes::{human, parse_bytes};
 use trainmem_sim::FitTarget;
-use trainmem_sim::fit::probe;
 
-/// Parses `largest {what} that fits {cap}: {n} (...)` and `{what} {m} does not fit:\n  {msg}`.
-fn parse_text(text: &str, what: &str) -> (u64, Option<(u64, String)>) {
+/// What the text of `fit` says: the largest size, and the failing sizes above it
+/// (`(first, last, message)`).
+struct Said {
+    n: u64,
+    failing: Option<(u64, u64, String)>,
+}
+
+/// Parses `largest {what} that fits {cap}: {n} (...)`, then `{what} {m} does not fit; ...:`
+/// or `{what}s {m} to {up} do not fit; ...:`, then `  {msg}`.
+fn parse_text(text: &str, what: &str) -> Said {
     let head = format!("largest {what} that fits ");
     let first = text
         .lines()
@@ -29,22 +37,62 @@ fn parse_text(text: &str, what: &str) -> (u64, Option<(u64, String)>) {
         .unwrap_or_else(|| panic!("a size: {first}"));
     let mut lines = text.lines().skip(1);
     let failing = lines.next().and_then(|l| {
-        let m = l
-            .strip_prefix(&format!("{what} "))?
-            .strip_suffix(" does not fit:")?;
+        let (sizes, _) = l.split_once(';')?;
+        let (m, up) = if let Some(one) = sizes
+            .strip_prefix(&format!("{what} "))
+            .and_then(|r| r.strip_suffix(" does not fit"))
+        {
+            (one, one)
+        } else {
+            sizes
+                .strip_prefix(&format!("{what}s "))?
+                .strip_suffix(" do not fit")?
+                .split_once(" to ")?
+        };
         let msg = lines.next()?.strip_prefix("  ")?.to_string();
-        Some((m.parse().expect("a failing size"), msg))
+        Some((m.parse().expect("a size"), up.parse().expect("a size"), msg))
     });
-    (n, failing)
+    Said { n, failing }
 }
 
-/// Simulates size `n` the way `fit` probes it: `Ok` when nothing fails to allocate, else the
-/// allocator's message.
-fn probe_fits(plan: &Plan, target: FitTarget, n: u64, capacity: u64) -> Result<(u64, u64), String> {
-    probe(plan, target, n, capacity, trainmem_sim::Machine::detect()).expect("the probe simulates")
+/// `trainmem simulate` of the plan at `path` with size `n` of `target` on `capacity`:
+/// `Ok((peak allocated, peak reserved, steps))` (exit 0), or `Err(the allocator's message)`
+/// (exit 2).
+fn simulate_at(
+    path: &Path,
+    target: FitTarget,
+    n: u64,
+    capacity: u64,
+) -> Result<(u64, u64, u64), String> {
+    let plan = Plan::load(path).unwrap();
+    let mut p = match target {
+        FitTarget::Batch => plan.with_batch(n, None),
+        FitTarget::MicroBatch => plan.with_batch(n * plan.accumulation_steps(), Some(n)),
+    };
+    p.device.capacity.0 = capacity;
+    // a directory of each call's own: the tests run at once
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let dir = empty_dir(&format!(
+        "fit-simulate-at-{}",
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let at = write(&dir, &format!("at-{n}.toml"), p.to_toml().unwrap());
+    let out = trainmem(&["simulate", s(&at), "--json", "--quiet"]);
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    let sum = &v["report"]["summary"];
+    match out.status.code() {
+        Some(0) => Ok((
+            sum["peak_allocated"].as_u64().unwrap(),
+            sum["peak_reserved"].as_u64().unwrap(),
+            sum["steps"].as_u64().unwrap(),
+        )),
+        Some(2) => Err(sum["oom"]["message"].as_str().unwrap().to_string()),
+        c => panic!("exit {c:?}: {}", stderr(&out)),
+    }
 }
 
-fn check_largest_fits_and_next_does_not(
+fn check_largest_fits_and_the_next_do_not(
     path: &Path,
     capacity: &str,
     extra: &[&str],
@@ -61,42 +109,52 @@ fn check_largest_fits_and_next_does_not(
         text.contains(&format!("that fits {}: ", human(cap))),
         "{text}"
     );
-    let (n, failing) = parse_text(&text, what);
-    let (m, msg) = failing.unwrap_or_else(|| panic!("a failing size is named: {text}"));
-    assert_eq!(m, n + 1, "{text}");
-    let plan = Plan::load(path).unwrap();
-    let (pa, pr) = probe_fits(&plan, target, n, cap)
+    let Said { n, failing } = parse_text(&text, what);
+    let (m, up, msg) = failing.unwrap_or_else(|| panic!("failing sizes are named: {text}"));
+    assert_eq!((m, up), (n + 1, n + trainmem_sim::fit::ABOVE), "{text}");
+    let (pa, pr, steps) = simulate_at(path, target, n, cap)
         .unwrap_or_else(|e| panic!("{what} {n} fits {capacity}, yet: {e}"));
     assert!(pr <= cap && pa <= pr);
     assert!(
         text.contains(&format!(
-            "(peak allocated {}, peak reserved {};",
+            "(peak allocated {}, peak reserved {} over the plan's {steps} steps;",
             human(pa),
             human(pr)
         )),
         "the peaks of size {n}: {text}"
     );
-    let e = probe_fits(&plan, target, n + 1, cap).expect_err("the next size up does not fit");
-    assert_eq!(msg, e, "the allocator's message for size {}", n + 1);
+    for k in m..=up {
+        let e = simulate_at(path, target, k, cap).expect_err("the sizes above do not fit");
+        if k == m {
+            assert_eq!(msg, e, "the allocator's message for size {m}");
+        }
+    }
     assert!(msg.starts_with("trainmem out of memory."), "{msg}");
     n
 }
 
 #[test]
-fn retained_leak_largest_batch_fits_and_the_next_does_not() {
+fn retained_leak_largest_batch_fits_and_the_next_do_not() {
     // no accumulation: the command searches the batch size
     let path = fixture_plan("retained-leak");
-    let n =
-        check_largest_fits_and_next_does_not(&path, "200MiB", &[], "batch size", FitTarget::Batch);
-    // 24 MiB of weights, 24 MiB of gradients, and per sample well under 200 KiB
-    assert!(n > 256, "{n}");
+    let n = check_largest_fits_and_the_next_do_not(
+        &path,
+        "200MiB",
+        &[],
+        "batch size",
+        FitTarget::Batch,
+    );
+    // 24 MiB of weights, 24 MiB of gradients, and per sample well under 200 KiB a step; but
+    // each of the plan's 12 steps keeps its outputs and graph (the leak), so fewer samples
+    // fit than over the probe's two steps (which found more than 256)
+    assert!((128..=256).contains(&n), "{n}");
 }
 
 #[test]
 fn gpt2_small_searches_the_micro_batch_and_keeps_the_accumulation() {
     // the plan accumulates 4 micro-batches: the micro-batch is what varies
     let path = fixture_plan("gpt2-small");
-    let n = check_largest_fits_and_next_does_not(
+    let n = check_largest_fits_and_the_next_do_not(
         &path,
         "24GiB",
         &[],
@@ -106,7 +164,7 @@ fn gpt2_small_searches_the_micro_batch_and_keeps_the_accumulation() {
     // the plan's own micro-batch of 4 fits 24 GiB (its simulation peaks near 7 GiB)
     assert!(n >= 4, "{n}");
     // asked for the batch, without accumulation, on a smaller device
-    check_largest_fits_and_next_does_not(
+    check_largest_fits_and_the_next_do_not(
         &path,
         "12GiB",
         &["--what", "batch"],
@@ -135,8 +193,21 @@ fn json_reports_the_same_answer() {
     assert_eq!(v["target"], "batch");
     assert_eq!(v["capacity"], 200u64 << 20);
     assert_eq!(v["first_failing"][0], n + 1);
-    assert!(probe_fits(&plan, FitTarget::Batch, n, 200 << 20).is_ok());
-    assert!(probe_fits(&plan, FitTarget::Batch, n + 1, 200 << 20).is_err());
+    assert_eq!(v["failing_up_to"], n + trainmem_sim::fit::ABOVE);
+    let (pa, pr, steps) = simulate_at(&path, FitTarget::Batch, n, 200 << 20).expect("n fits");
+    assert_eq!(
+        (&v["peak_allocated"], &v["peak_reserved"], &v["steps"]),
+        (&Value::from(pa), &Value::from(pr), &Value::from(steps))
+    );
+    // over the plan's 12 steps, each keeping its outputs
+    assert_eq!(steps, 12);
+    let e = simulate_at(&path, FitTarget::Batch, n + 1, 200 << 20).expect_err("n + 1 does not");
+    assert_eq!(v["first_failing"][1], e.as_str());
+    // the leak runs out of memory after the probe's two steps
+    assert!(
+        v["first_failing_when"]["step"].as_u64().unwrap() >= 2,
+        "{v}"
+    );
 }
 
 #[test]
@@ -163,7 +234,15 @@ fn a_plan_that_never_fits_exits_2() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["largest"], Value::Null);
     assert_eq!(v["first_failing"][0], 1);
-    assert_eq!(v["probes"], 1);
+    // a probe and a full run of each size from 1 to 4, each stopping at the model's
+    // construction
+    let above = trainmem_sim::fit::ABOVE;
+    assert_eq!(v["failing_up_to"], above);
+    assert_eq!(
+        (&v["probes"], &v["full_runs"]),
+        (&Value::from(1 + above), &Value::from(above))
+    );
+    assert_eq!(v["first_failing_when"]["phase"], "model_init");
 
     // the plan's own capacity is the default
     let small = write(
@@ -186,10 +265,14 @@ fn a_search_limit_that_fits_says_so() {
     let out = trainmem(&["fit", s(&path), "--capacity", "8GiB", "--max", "12"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    let (n, failing) = parse_text(&text, "batch size");
+    let Said { n, failing } = parse_text(&text, "batch size");
     assert_eq!(n, 12);
     assert!(failing.is_none(), "{text}");
-    assert!(text.contains("(every size up to --max 12 fits)"), "{text}");
+    assert!(
+        text.contains("(12 is --max, the largest size searched)"),
+        "{text}"
+    );
+    assert!(simulate_at(&path, FitTarget::Batch, 12, 8 << 30).is_ok());
 }
 
 #[test]
@@ -210,7 +293,7 @@ fn a_zero_capacity_is_a_usage_error() {
 
 #[test]
 fn a_search_limit_of_0_is_a_usage_error() {
-    // It searched 1 anyway and said "every size up to --max 0 fits".
+    // It searched 1 anyway and said that every size up to --max 0 fits.
     let path = fixture_plan("retained-leak");
     let out = trainmem(&["fit", s(&path), "--max", "0"]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
@@ -224,8 +307,45 @@ fn a_search_limit_of_0_is_a_usage_error() {
     let out = trainmem(&["fit", s(&path), "--max", "1"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("(every size up to --max 1 fits)"),
+        stdout(&out).contains("(1 is --max, the largest size searched)"),
         "{}",
         stdout(&out)
+    );
+}
+
+/// The case a user hit: bert-base at sequence 512 in mixed f16, whose batch 144 `fit` said
+/// fits 24 GiB over its probe's two steps, while the plan at 144 runs out of memory at its
+/// third step (and at 143 at its second): the answer now simulates, and the four sizes above
+/// it do not.
+#[test]
+fn bert_base_from_hf_answers_a_batch_that_simulates() {
+    let dir = empty_dir("fit-bert");
+    let config =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf/bert-base-uncased.json");
+    let path = dir.join("bb.toml");
+    let out = trainmem(&[
+        "plan",
+        "from-hf",
+        s(&config),
+        "--batch",
+        "32",
+        "--seq",
+        "512",
+        "--precision",
+        "mixed-f16",
+        "-o",
+        s(&path),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let n =
+        check_largest_fits_and_the_next_do_not(&path, "24GiB", &[], "batch size", FitTarget::Batch);
+    assert!(n < 144, "{n}");
+    // the fit's first line counts the full runs
+    let out = trainmem(&["fit", s(&path), "--capacity", "24GiB", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["steps"], 3);
+    assert!(
+        v["full_runs"].as_u64().unwrap() > trainmem_sim::fit::ABOVE,
+        "{v}"
     );
 }

@@ -107,6 +107,21 @@ fn malformed_line_is_an_error_naming_the_line() {
     assert!(err.contains("missing field `size`"), "{err}");
 }
 
+/// The JSON parser's words appear once, not again as the error's cause.
+#[test]
+fn a_malformed_line_says_what_the_parser_said_once() {
+    let path = temp_file("hello.jsonl", b"hello world\n");
+    let out = trainmem(&["replay", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("malformed trace at line 1: expected value"),
+        "{err}"
+    );
+    assert_eq!(err.matches("expected value").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 #[test]
 fn unknown_id_on_free_is_an_error_naming_the_line() {
     let trace = b"{\"op\":\"alloc\",\"id\":1,\"size\":10}\n{\"op\":\"free\",\"id\":2}\n";

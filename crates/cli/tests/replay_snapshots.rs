@@ -225,7 +225,15 @@ fn verify_reports_the_first_divergence_with_both_sides() {
             entry("alloc", b, 4 * MIB),
         ],
     );
-    let text = run_ok(&["replay", path.to_str().unwrap(), "--verify"]);
+    // a divergence is exit 1, with the report on stdout
+    let out = trainmem(&["replay", path.to_str().unwrap(), "--verify"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
     assert!(
         text.contains("segment_alloc (cudaMalloc): 1 of 2 agree"),
         "{text}"
@@ -239,6 +247,100 @@ fn verify_reports_the_first_divergence_with_both_sides() {
         "{text}"
     );
     assert!(text.contains("trainmem: no segment call"), "{text}");
+}
+
+/// A replay that agrees with its recording under `--verify` exits 0.
+#[test]
+fn verify_without_a_divergence_exits_0() {
+    let a = 0x7000_0000i64;
+    let path = write_snapshot(
+        "agreeing.pickle",
+        vec![segment(a, 20 * MIB, vec![block(a, 20 * MIB, 0)])],
+        vec![
+            entry("segment_alloc", a, 20 * MIB),
+            entry("alloc", a, 3 * MIB),
+            entry("free_requested", a, 3 * MIB),
+            entry("free_completed", a, 3 * MIB),
+        ],
+    );
+    let text = run_ok(&["replay", path.to_str().unwrap(), "--verify"]);
+    assert!(text.contains("no divergence"), "{text}");
+}
+
+/// A `--what-if` the replay cannot take is refused before any replay, in the `--what-if`'s
+/// own words: not blamed on the snapshot, said once; an empty one is refused too.
+#[test]
+fn a_bad_what_if_is_named_and_refused() {
+    let a = 0x7000_0000i64;
+    let path = write_snapshot(
+        "what_if_errors.pickle",
+        vec![segment(a, 20 * MIB, vec![block(a, 20 * MIB, 0)])],
+        vec![
+            entry("segment_alloc", a, 20 * MIB),
+            entry("alloc", a, 3 * MIB),
+        ],
+    );
+    let p = path.to_str().unwrap();
+    for (what_if, want) in [
+        (
+            "per_process_memory_fraction:1.5",
+            "--what-if \"per_process_memory_fraction:1.5\": must be between 0 and 1",
+        ),
+        (
+            "per_process_memory_fraction:-0.1",
+            "--what-if \"per_process_memory_fraction:-0.1\": must be between 0 and 1",
+        ),
+        (
+            "max_split_size_mb:128,per_process_memory_fraction:2",
+            "must be between 0 and 1 (per_process_memory_fraction:2)",
+        ),
+        (
+            "per_process_memory_fraction:lots",
+            "per_process_memory_fraction must be a number between 0 and 1, not \"lots\"",
+        ),
+        (
+            "empty_cache_at_snapshots:yes",
+            "empty_cache_at_snapshots must be True or False, not \"yes\"",
+        ),
+        ("", "--what-if \"\": empty"),
+        (" , ", "--what-if \" , \": empty"),
+        (
+            "max_split_size_mb:abc",
+            "--what-if \"max_split_size_mb:abc\": invalid value",
+        ),
+    ] {
+        let out = trainmem(&[
+            "replay",
+            p,
+            "--what-if",
+            "max_split_size_mb:20",
+            "--what-if",
+            what_if,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what_if:?}: {err}");
+        assert!(
+            err.contains(want),
+            "{what_if:?}: {want:?} missing from {err}"
+        );
+        assert!(
+            !err.contains("snapshot's allocator_settings"),
+            "{what_if:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{what_if:?}: {err}");
+        assert!(
+            err.matches("between 0 and 1").count() <= 1,
+            "said once: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{what_if:?}: no report");
+    }
+    // the fraction's bounds are PyTorch's: 0 and 1 are accepted
+    for what_if in [
+        "per_process_memory_fraction:0",
+        "per_process_memory_fraction:1",
+    ] {
+        run_ok(&["replay", p, "--what-if", what_if]);
+    }
 }
 
 /// On a snapshot whose cache is fragmented (cranberrii+ftcourse: 654 MiB reserved but

@@ -256,6 +256,25 @@ pub fn model_from_hf(config: &str, seq: u64) -> Result<TransformerSpec, HfConfig
         model_type: &model_type,
         map: &map,
     };
+    // a quantized checkpoint (QLoRA's 4-bit base, GPTQ, AWQ) stores its frozen weights in
+    // fewer bits than any dtype a plan has: planned as written it would be wrong, not close
+    if let Some(q) = map.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q
+            .get("quant_method")
+            .and_then(Value::as_str)
+            .unwrap_or("unnamed");
+        let bits = ["load_in_4bit", "load_in_8bit"]
+            .into_iter()
+            .find(|k| q.get(*k).and_then(Value::as_bool) == Some(true))
+            .map(|k| format!(", {k}"))
+            .or_else(|| q.get("bits").map(|b| format!(", {b} bits")))
+            .unwrap_or_default();
+        return Err(f.unsupported(format!(
+            "`quantization_config` ({method}{bits}): a quantized base is not modelled (its \
+             weights take fewer bits than any dtype a plan has); remove the field from a copy \
+             of config.json to plan the model unquantized"
+        )));
+    }
     let mut t = match model_type.as_str() {
         "gpt2" => families::gpt2(&f)?,
         "bert" => families::bert(&f)?,

@@ -331,13 +331,24 @@ pub struct MoeSpec {
 impl MoeSpec {
     /// Rows the experts process together per `tokens` tokens: `tokens × top_k`, or under a
     /// capacity factor `experts × ⌈capacity_factor × tokens × top_k / experts⌉`.
+    /// Saturates at `u64::MAX` when the rows do not fit 64 bits
+    /// ([`MoeSpec::checked_routed_rows`] says when).
     pub fn routed_rows(&self, tokens: u64) -> u64 {
-        let routed = tokens * self.top_k;
+        self.checked_routed_rows(tokens).unwrap_or(u64::MAX)
+    }
+
+    /// [`MoeSpec::routed_rows`], `None` when the rows do not fit 64 bits.
+    pub fn checked_routed_rows(&self, tokens: u64) -> Option<u64> {
+        let routed = tokens.checked_mul(self.top_k)?;
         match self.capacity_factor {
-            None => routed,
+            None => Some(routed),
             Some(c) => {
-                let per_expert = (c * routed as f64 / self.experts.max(1) as f64).ceil() as u64;
-                per_expert * self.experts
+                let per_expert = (c * routed as f64 / self.experts.max(1) as f64).ceil();
+                // 2^64: the first f64 a u64 cannot hold (`as` would saturate)
+                if per_expert.is_nan() || per_expert >= 18_446_744_073_709_551_616.0 {
+                    return None;
+                }
+                (per_expert as u64).checked_mul(self.experts)
             }
         }
     }
@@ -748,19 +759,26 @@ impl LoraSpec {
         Ok(())
     }
 
-    /// `(in, out)` of the projection `target` of a block of `t`.
+    /// `(in, out)` of the projection `target` of a block of `t`; a width that does not fit
+    /// 64 bits saturates at `u64::MAX` (a validated plan's fit; [`LoraSpec::checked_dims`]
+    /// says when).
     pub fn dims(t: &TransformerSpec, target: LoraTarget) -> (u64, u64) {
-        let (h, f) = (t.hidden, t.ffn_size());
-        let (q, kv) = (t.q_width(), t.kv_width());
-        match target {
+        Self::checked_dims(t, target).unwrap_or((u64::MAX, u64::MAX))
+    }
+
+    /// [`LoraSpec::dims`], `None` when a width does not fit 64 bits.
+    pub fn checked_dims(t: &TransformerSpec, target: LoraTarget) -> Option<(u64, u64)> {
+        let (h, f) = (t.hidden, t.checked_ffn_size()?);
+        let (q, kv) = (t.checked_q_width()?, t.checked_kv_width()?);
+        Some(match target {
             LoraTarget::Q => (h, q),
             LoraTarget::O => (q, h),
             LoraTarget::K | LoraTarget::V => (h, kv),
-            LoraTarget::Qkv => (h, q + 2 * kv),
+            LoraTarget::Qkv => (h, q.checked_add(kv.checked_mul(2)?)?),
             LoraTarget::Up | LoraTarget::Gate => (h, f),
-            LoraTarget::GateUp => (h, 2 * f),
+            LoraTarget::GateUp => (h, f.checked_mul(2)?),
             LoraTarget::Down => (f, h),
-        }
+        })
     }
 }
 
@@ -876,8 +894,18 @@ impl TransformerSpec {
     }
 
     /// The feed-forward inner size.
+    ///
+    /// Saturates at `u64::MAX` when `4 × hidden` does not fit 64 bits (a validated plan's
+    /// does; [`TransformerSpec::checked_ffn_size`] says when).
     pub fn ffn_size(&self) -> u64 {
-        self.ffn.unwrap_or(4 * self.hidden)
+        self.checked_ffn_size().unwrap_or(u64::MAX)
+    }
+    /// [`TransformerSpec::ffn_size`], `None` when it does not fit 64 bits.
+    pub fn checked_ffn_size(&self) -> Option<u64> {
+        match self.ffn {
+            Some(f) => Some(f),
+            None => self.hidden.checked_mul(4),
+        }
     }
     /// The key/value head count.
     pub fn kv_head_count(&self) -> u64 {
@@ -889,12 +917,24 @@ impl TransformerSpec {
             .unwrap_or_else(|| self.hidden.checked_div(self.heads).unwrap_or(0))
     }
     /// Width of the queries (and of the attention's output): `heads × head_size`.
+    /// Saturates at `u64::MAX` when it does not fit 64 bits (a validated plan's does;
+    /// [`TransformerSpec::checked_q_width`] says when).
     pub fn q_width(&self) -> u64 {
-        self.heads * self.head_size()
+        self.checked_q_width().unwrap_or(u64::MAX)
     }
-    /// Width of the keys (and of the values): `kv_heads × head_size`.
+    /// [`TransformerSpec::q_width`], `None` when it does not fit 64 bits.
+    pub fn checked_q_width(&self) -> Option<u64> {
+        self.heads.checked_mul(self.head_size())
+    }
+    /// Width of the keys (and of the values): `kv_heads × head_size`. Saturates at
+    /// `u64::MAX` when it does not fit 64 bits (a validated plan's does;
+    /// [`TransformerSpec::checked_kv_width`] says when).
     pub fn kv_width(&self) -> u64 {
-        self.kv_head_count() * self.head_size()
+        self.checked_kv_width().unwrap_or(u64::MAX)
+    }
+    /// [`TransformerSpec::kv_width`], `None` when it does not fit 64 bits.
+    pub fn checked_kv_width(&self) -> Option<u64> {
+        self.kv_head_count().checked_mul(self.head_size())
     }
     /// Whether the feed-forward's linear layers have biases.
     pub fn ffn_has_bias(&self) -> bool {

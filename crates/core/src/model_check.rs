@@ -15,24 +15,48 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// Elements per sample.
+    /// Elements per sample. Saturates at `u64::MAX` when they do not fit 64 bits (the
+    /// shapes [`cnn_shapes`] returns fit; [`Shape::checked_elems`] says when).
     pub fn elems(self) -> u64 {
+        self.checked_elems().unwrap_or(u64::MAX)
+    }
+
+    /// Elements per sample, `None` when they do not fit 64 bits.
+    pub fn checked_elems(self) -> Option<u64> {
         match self {
-            Shape::Image(c, h, w) => c * h * w,
-            Shape::Flat(f) => f,
+            Shape::Image(c, h, w) => c.checked_mul(h)?.checked_mul(w),
+            Shape::Flat(f) => Some(f),
         }
     }
 }
 
-fn pool_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
-    (size + 2 * padding)
-        .checked_sub(kernel)
-        .map(|r| r / stride.max(1) + 1)
+/// The product of `shape`'s sizes, `None` when it does not fit 64 bits.
+fn shape_product(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+}
+
+/// A pooling or convolution window's output size; `Err(())` when the padded input does not
+/// fit 64 bits, `Ok(None)` when the window is larger than it.
+fn pool_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Result<Option<u64>, ()> {
+    let padded = padding
+        .checked_mul(2)
+        .and_then(|p| p.checked_add(size))
+        .ok_or(())?;
+    Ok(padded.checked_sub(kernel).map(|r| r / stride.max(1) + 1))
 }
 
 /// Walks a CNN's shapes; `Err` names the first layer that does not fit.
+///
+/// Every shape's elements per sample (and the image's) fit 64 bits: one that does not is an
+/// error naming its layer.
 pub fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
     let mut shape = Shape::Image(c.image[0], c.image[1], c.image[2]);
+    if shape.checked_elems().is_none() {
+        return Err(format!(
+            "the image {}×{}×{} has more elements than 64 bits count",
+            c.image[0], c.image[1], c.image[2]
+        ));
+    }
     let mut out = Vec::new();
     for (i, l) in c.layers.iter().enumerate() {
         let allowed: &[&str] = match l.op {
@@ -65,7 +89,8 @@ pub fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 let s = l.stride.unwrap_or(1).max(1);
                 let p = l.padding.unwrap_or(0);
                 match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
-                    (Some(h2), Some(w2)) => Shape::Image(o, h2, w2),
+                    (Err(()), _) | (_, Err(())) => return Err(padding_overflow(i, l.op, h, w, p)),
+                    (Ok(Some(h2)), Ok(Some(w2))) => Shape::Image(o, h2, w2),
                     _ => {
                         return Err(format!(
                             "layer {i} (conv): kernel {k} is larger than the {h}×{w} input"
@@ -78,7 +103,8 @@ pub fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 let s = l.stride.unwrap_or(k).max(1);
                 let p = l.padding.unwrap_or(0);
                 match (pool_out(h, k, s, p), pool_out(w, k, s, p)) {
-                    (Some(h2), Some(w2)) => Shape::Image(ch, h2, w2),
+                    (Err(()), _) | (_, Err(())) => return Err(padding_overflow(i, l.op, h, w, p)),
+                    (Ok(Some(h2)), Ok(Some(w2))) => Shape::Image(ch, h2, w2),
                     _ => {
                         return Err(format!(
                             "layer {i} (pool): kernel {k} is larger than the {h}×{w} input"
@@ -107,9 +133,20 @@ pub fn cnn_shapes(c: &CnnSpec) -> Result<Vec<Shape>, String> {
                 ));
             }
         };
+        if shape.checked_elems().is_none() {
+            return Err(format!(
+                "layer {i} ({:?}): its output ({shape:?}) has more elements per sample than 64 \
+                 bits count",
+                l.op
+            ));
+        }
         out.push(shape);
     }
     Ok(out)
+}
+
+fn padding_overflow(i: usize, op: CnnOp, h: u64, w: u64, p: u64) -> String {
+    format!("layer {i} ({op:?}): the {h}×{w} input padded by {p} on each side overflows 64 bits")
 }
 
 /// Checks a CNN spec (fields that apply, shapes that fit).
@@ -124,6 +161,21 @@ pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
     }
     if l.layers.is_empty() {
         return Err("needs at least one layer".into());
+    }
+    if shape_product(&l.input).is_none() {
+        return Err(format!(
+            "`input` {:?} has more elements per sample than 64 bits count",
+            l.input
+        ));
+    }
+    for (i, layer) in l.layers.iter().enumerate() {
+        if let Some(out) = &layer.out
+            && shape_product(out).is_none()
+        {
+            return Err(format!(
+                "layer {i}: `out` {out:?} has more elements per sample than 64 bits count"
+            ));
+        }
     }
     for (i, layer) in l.layers.iter().enumerate() {
         let kind = OpKind::from_name(&layer.op).ok_or_else(|| {
@@ -182,14 +234,16 @@ pub fn check_layers(l: &LayersSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// Elements per sample after layer `i` of a raw layer list.
+/// Elements per sample after layer `i` of a raw layer list. A shape whose elements do not
+/// fit 64 bits counts `u64::MAX` ([`check_layers`] refuses such a list).
 pub fn layer_out(l: &LayersSpec, i: usize) -> u64 {
+    let elems = |shape: &[u64]| shape_product(shape).unwrap_or(u64::MAX);
     let mut outs: Vec<u64> = Vec::with_capacity(i + 1);
-    let mut cur: u64 = l.input.iter().product();
+    let mut cur: u64 = elems(&l.input);
     for layer in &l.layers[..=i] {
         // an op without `out` keeps the shape of what it reads
         let read = layer.from.and_then(|f| outs.get(f).copied()).unwrap_or(cur);
-        cur = layer.out.as_ref().map_or(read, |o| o.iter().product());
+        cur = layer.out.as_ref().map_or(read, |o| elems(o));
         outs.push(cur);
     }
     cur

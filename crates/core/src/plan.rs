@@ -651,7 +651,70 @@ impl Plan {
         self.validate_retention(&err)?;
         self.validate_layout(&err)?;
         self.validate_device(&err)?;
-        self.validate_model(&err)
+        self.validate_model(&err)?;
+        self.validate_input_sizes(&err)
+    }
+
+    /// The bytes of a micro-batch's and of the data set's inputs fit 64 bits (every count
+    /// the loader and the device make of them is a product of these), at most 8 bytes an
+    /// input element (i64 token ids and classes, f32 features and value targets).
+    fn validate_input_sizes(
+        &self,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let product = |shape: &[u64]| shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let (key, elems) = match &self.model {
+            ModelSpec::Mlp(m) => ("model.mlp.input", m.input.checked_add(m.output)),
+            ModelSpec::Cnn(c) => (
+                "model.cnn.image",
+                product(&c.image).and_then(|e| e.checked_add(c.classes)),
+            ),
+            ModelSpec::Transformer(t) => ("model.transformer.seq_len", t.seq_len.checked_mul(2)),
+            ModelSpec::Layers(l) => (
+                "model.layers.input",
+                product(&l.input).and_then(|e| {
+                    e.checked_add(crate::model_check::layer_out(l, l.layers.len() - 1))
+                }),
+            ),
+        };
+        let Some(per_sample) = elems.and_then(|e| e.checked_mul(8)) else {
+            return Err(err(
+                key,
+                "one sample's input and target have more bytes than 64 bits count".into(),
+            ));
+        };
+        let micro_key = if self.training.micro_batch_size.is_some() {
+            "training.micro_batch_size"
+        } else {
+            "training.batch_size"
+        };
+        for (key, count, what) in [
+            (micro_key, self.micro_batch_size(), "a micro-batch"),
+            ("data.samples", self.data.samples, "the data set"),
+        ] {
+            if per_sample.checked_mul(count).is_none() {
+                return Err(err(
+                    key,
+                    format!(
+                        "{what} of {count} samples of up to {per_sample} input bytes each (8 \
+                         bytes an input element) overflows a 64-bit byte count; is a size \
+                         mistyped?"
+                    ),
+                ));
+            }
+        }
+        if let Some(b) = self.data.stored_sample_bytes
+            && b.0.checked_mul(self.data.samples).is_none()
+        {
+            return Err(err(
+                "data.stored_sample_bytes",
+                format!(
+                    "{} samples of {} bytes overflow a 64-bit byte count",
+                    self.data.samples, b.0
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `[device]`: the cubecl-only settings need burn on a GPU; an alignment is a power of two
@@ -1044,6 +1107,7 @@ impl Plan {
         if t.ffn == Some(0) {
             return Err(err(&format!("{k}.ffn"), "must be at least 1".into()));
         }
+        self.validate_transformer_widths(t, err)?;
         if t.classes.is_some() && t.kind != TransformerKind::Encoder {
             return Err(err(
                 &format!("{k}.classes"),
@@ -1064,6 +1128,20 @@ impl Plan {
         }
         if let Some(lora) = &t.lora {
             lora.check(t).map_err(|m| err(&format!("{k}.lora"), m))?;
+            for &target in &lora.targets {
+                let fits = LoraSpec::checked_dims(t, target)
+                    .is_some_and(|(fin, fout)| lora.rank.checked_mul(fin.max(fout)).is_some());
+                if !fits {
+                    return Err(err(
+                        &format!("{k}.lora.rank"),
+                        format!(
+                            "the adapter of rank {} on `{}` has more elements than 64 bits count",
+                            lora.rank,
+                            target.name()
+                        ),
+                    ));
+                }
+            }
         }
         if self.parallel.pipeline_stages > t.layers {
             return Err(err(
@@ -1072,6 +1150,58 @@ impl Plan {
                     "{} stages for {} layers: each stage needs at least one layer",
                     self.parallel.pipeline_stages, t.layers
                 ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The widths the model's sizes imply fit 64 bits: the queries' (`heads × head size`),
+    /// the keys' and values' (`kv_heads × head size`), the packed projection's (`q + 2 ×
+    /// kv`), the feed-forward's (`4 × hidden` by default; twice that packed with its gate).
+    fn validate_transformer_widths(
+        &self,
+        t: &TransformerSpec,
+        err: &dyn Fn(&str, String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let k = "model.transformer";
+        let d = t.head_size();
+        let too_wide = |key: &str, what: String| {
+            err(
+                &format!("{k}.{key}"),
+                format!("{what} overflows a 64-bit count; is a size mistyped?"),
+            )
+        };
+        let q = t.checked_q_width().ok_or_else(|| {
+            too_wide(
+                "heads",
+                format!("the query width: {} heads × head size {d}", t.heads),
+            )
+        })?;
+        let kv = t.checked_kv_width().ok_or_else(|| {
+            too_wide(
+                "kv_heads",
+                format!(
+                    "the key/value width: {} heads × head size {d}",
+                    t.kv_head_count()
+                ),
+            )
+        })?;
+        if kv.checked_mul(2).and_then(|w| w.checked_add(q)).is_none() {
+            return Err(too_wide(
+                "heads",
+                format!("the packed projection's width: {q} + 2 × {kv}"),
+            ));
+        }
+        let f = t.checked_ffn_size().ok_or_else(|| {
+            too_wide(
+                "hidden",
+                format!("the default feed-forward size: 4 × hidden {}", t.hidden),
+            )
+        })?;
+        if t.fused_gate_up && f.checked_mul(2).is_none() {
+            return Err(too_wide(
+                "ffn",
+                format!("the packed gate and input width: 2 × {f}"),
             ));
         }
         Ok(())
@@ -1563,5 +1693,126 @@ steps_per_epoch = 3
         assert_eq!(locate_key(src, "model.transformer.hidden"), Some(4));
         assert_eq!(locate_key(src, "a"), Some(1));
         assert_eq!(locate_key(src, "nope.x"), None);
+    }
+
+    /// The error of a plan that `toml` describes (which must be refused).
+    fn refused(toml: &str) -> String {
+        Plan::from_toml_str(toml).expect_err("refused").to_string()
+    }
+
+    /// A transformer plan with `extra` keys in its model and `training` as given.
+    fn transformer(model: &str, training: &str) -> String {
+        format!("[model.transformer]\nlayers = 1\nvocab = 100\n{model}\n[training]\n{training}\n")
+    }
+
+    #[test]
+    fn widths_that_overflow_64_bits_are_refused_naming_the_key() {
+        let cases = [
+            (
+                "hidden = 8\nheads = 8\nhead_dim = 4611686018427387904\nseq_len = 1",
+                "model.transformer.heads",
+                "the query width: 8 heads × head size 4611686018427387904",
+            ),
+            (
+                "hidden = 4611686018427387904\nheads = 1\nseq_len = 1",
+                "model.transformer.hidden",
+                "the default feed-forward size: 4 × hidden 4611686018427387904",
+            ),
+            (
+                "hidden = 8\nheads = 1\nffn = 9223372036854775808\ngated_ffn = true\n\
+                 fused_gate_up = true\nseq_len = 1",
+                "model.transformer.ffn",
+                "the packed gate and input width: 2 × 9223372036854775808",
+            ),
+            (
+                "hidden = 6148914691236517206\nheads = 1\nffn = 1\nseq_len = 1",
+                "model.transformer.heads",
+                "the packed projection's width",
+            ),
+            (
+                "hidden = 64\nheads = 4\nseq_len = 1\n[model.transformer.lora]\n\
+                 rank = 1152921504606846976\ntargets = [\"q\"]",
+                "model.transformer.lora.rank",
+                "the adapter of rank 1152921504606846976 on `q`",
+            ),
+        ];
+        for (model, key, says) in cases {
+            let e = refused(&transformer(model, "batch_size = 1"));
+            assert!(e.contains(key) && e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn inputs_that_overflow_64_bits_of_bytes_are_refused_naming_the_batch() {
+        // 2³⁰ tokens a sample (and as many targets): 2³⁴ bytes at 8 an id; 2³⁰ samples more
+        let e = refused(&transformer(
+            "hidden = 8\nheads = 1\nseq_len = 1073741824",
+            "batch_size = 1073741824\nsteps_per_epoch = 1",
+        ));
+        assert!(
+            e.contains("training.batch_size")
+                && e.contains(
+                    "a micro-batch of 1073741824 samples of up to 17179869184 input bytes"
+                ),
+            "{e}"
+        );
+        let e = refused(&transformer(
+            "hidden = 8\nheads = 1\nseq_len = 1073741824",
+            "batch_size = 1\nsteps_per_epoch = 1\n[data]\nsamples = 1073741824",
+        ));
+        assert!(
+            e.contains("data.samples") && e.contains("the data set of"),
+            "{e}"
+        );
+        let e = refused(&transformer(
+            "hidden = 8\nheads = 1\nseq_len = 9223372036854775807",
+            "batch_size = 1",
+        ));
+        assert!(e.contains("model.transformer.seq_len"), "{e}");
+        // the same tokens in a micro-batch of 2²⁰ fit
+        Plan::from_toml_str(&transformer(
+            "hidden = 8\nheads = 1\nseq_len = 1073741824",
+            "batch_size = 1048576\nsteps_per_epoch = 1",
+        ))
+        .expect("fits 64 bits");
+    }
+
+    #[test]
+    fn shapes_that_overflow_64_bits_are_refused_naming_the_layer() {
+        let cnn = |image: &str, layers: &str| {
+            format!(
+                "[model.cnn]\nimage = {image}\nclasses = 2\n{layers}\n[training]\nbatch_size = 1\n"
+            )
+        };
+        let e = refused(&cnn("[3, 4294967296, 4294967296]\nlayers = []", ""));
+        assert!(e.contains("the image 3×4294967296×4294967296"), "{e}");
+        let e = refused(&cnn(
+            "[1, 1073741824, 1073741824]",
+            "[[model.cnn.layers]]\nop = \"conv\"\nout = 64\nkernel = 1",
+        ));
+        assert!(
+            e.contains("layer 0 (Conv)") && e.contains("more elements"),
+            "{e}"
+        );
+        let e = refused(&cnn(
+            "[1, 8, 8]",
+            "[[model.cnn.layers]]\nop = \"max_pool\"\nkernel = 2\n\
+             padding = 9223372036854775807",
+        ));
+        assert!(
+            e.contains("padded by 9223372036854775807") && e.contains("overflows"),
+            "{e}"
+        );
+        let e = refused(
+            "[model.layers]\ninput = [4294967296, 4294967296]\nloss = \"mse\"\n\
+             [[model.layers.layers]]\nop = \"relu\"\n[training]\nbatch_size = 1\n",
+        );
+        assert!(e.contains("`input` [4294967296, 4294967296]"), "{e}");
+        let e = refused(
+            "[model.layers]\ninput = [4]\nloss = \"mse\"\n[[model.layers.layers]]\n\
+             op = \"linear\"\nout = [4294967296, 4294967296]\nparams = [4]\n\
+             [training]\nbatch_size = 1\n",
+        );
+        assert!(e.contains("layer 0: `out` [4294967296, 4294967296]"), "{e}");
     }
 }

@@ -1,5 +1,10 @@
 //! Lowering: a [`ModelSpec`] becomes an autograd [`Program`] (values per sample, ops, layers,
 //! parameters). Built once per plan; the simulator runs it every step.
+//!
+//! Every size is checked: a model whose size per sample does not fit 64 bits is a
+//! [`LowerError`] naming the size and its factors, and [`lower_plan`] checks every tensor of
+//! the plan's micro-batch (its elements and bytes, what each op saves, the parameters' bytes)
+//! the same way, so a plan it lowers never overflows when it is simulated.
 
 use trainmem_autograd::{Program, ProgramBuilder, ValueDtype, ValueId};
 
@@ -16,6 +21,30 @@ mod transformer;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct LowerError(pub String);
+
+/// The product of `factors`, or an overflow naming `what` and the factors.
+pub(crate) fn product(factors: &[u64], what: &str) -> Result<u64, LowerError> {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| overflow(factors, " × ", what))
+}
+
+/// The sum of `terms`, or an overflow naming `what` and the terms.
+pub(crate) fn sum(terms: &[u64], what: &str) -> Result<u64, LowerError> {
+    terms
+        .iter()
+        .try_fold(0u64, |acc, &t| acc.checked_add(t))
+        .ok_or_else(|| overflow(terms, " + ", what))
+}
+
+fn overflow(figures: &[u64], op: &str, what: &str) -> LowerError {
+    let shown: Vec<String> = figures.iter().map(u64::to_string).collect();
+    LowerError(format!(
+        "{what}: {} overflows a 64-bit count",
+        shown.join(op)
+    ))
+}
 
 /// Activation `a` over `x` (`n` elements): one op, or for [`Activation::GeluNew`] the
 /// element-wise ops it is composed of, each saving what its backward reads.
@@ -58,26 +87,40 @@ pub fn int_dtype(framework: Framework) -> Dtype {
 /// [`input_bytes_per_sample`] under `framework`: token ids take [`int_dtype`] (under burn
 /// the synthetic token source's host values are `f32` and its tensors `i32`: 4 bytes
 /// either way).
+///
+/// Saturates at `u64::MAX` when the bytes do not fit 64 bits (a validated plan's do:
+/// [`checked_input_bytes_per_sample_for`] says when).
 pub fn input_bytes_per_sample_for(model: &ModelSpec, framework: Framework) -> u64 {
+    checked_input_bytes_per_sample_for(model, framework).unwrap_or(u64::MAX)
+}
+
+/// [`input_bytes_per_sample_for`], `None` when the bytes do not fit 64 bits.
+pub fn checked_input_bytes_per_sample_for(model: &ModelSpec, framework: Framework) -> Option<u64> {
     let id = int_dtype(framework).size();
+    let elems = |shape: &[u64]| shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
     match model {
-        ModelSpec::Mlp(m) => m.input * 4 + target_bytes(m.loss, m.output),
-        ModelSpec::Cnn(c) => c.image.iter().product::<u64>() * 4 + target_bytes(c.loss, c.classes),
+        ModelSpec::Mlp(m) => m
+            .input
+            .checked_mul(4)?
+            .checked_add(target_bytes(m.loss, m.output)?),
+        ModelSpec::Cnn(c) => elems(&c.image)?
+            .checked_mul(4)?
+            .checked_add(target_bytes(c.loss, c.classes)?),
         ModelSpec::Transformer(t) => {
-            t.seq_len * id
-                + match t.kind {
-                    TransformerKind::Decoder => t.seq_len * id,
-                    TransformerKind::Encoder => id,
-                }
+            let tokens = t.seq_len.checked_mul(id)?;
+            tokens.checked_add(match t.kind {
+                TransformerKind::Decoder => tokens,
+                TransformerKind::Encoder => id,
+            })
         }
-        ModelSpec::Layers(l) => l.input.iter().product::<u64>() * 4,
+        ModelSpec::Layers(l) => elems(&l.input)?.checked_mul(4),
     }
 }
 
-fn target_bytes(loss: Loss, outputs: u64) -> u64 {
+fn target_bytes(loss: Loss, outputs: u64) -> Option<u64> {
     match loss {
-        Loss::Mse => outputs * 4,
-        Loss::CrossEntropy => 8,
+        Loss::Mse => outputs.checked_mul(4),
+        Loss::CrossEntropy => Some(8),
     }
 }
 
@@ -123,49 +166,145 @@ pub fn lower_in(
     f32_attention: bool,
 ) -> Result<Program, LowerError> {
     let layout = &FrameworkProfile::of(framework).lowering;
+    let built = |p: Result<Program, trainmem_autograd::ProgramError>| {
+        p.map_err(|e| LowerError(e.to_string()))
+    };
     let p = match model {
-        ModelSpec::Mlp(m) => lower_mlp(m, layout),
-        ModelSpec::Cnn(c) => lower_cnn(c, layout)?,
+        ModelSpec::Mlp(m) => built(lower_mlp(m, layout)?),
+        ModelSpec::Cnn(c) => built(lower_cnn(c, layout)?),
         ModelSpec::Transformer(t) => transformer::lower_transformer(t, layout, gpu, f32_attention),
-        ModelSpec::Layers(l) => lower_layers(l, layout)?,
+        ModelSpec::Layers(l) => built(lower_layers(l, layout)?),
     };
     #[cfg(test)]
     if let Ok(p) = &p {
         LOWERED_LAYERS.with(|n| n.set(n.get() + p.layers.len() as u64));
     }
-    p.map_err(|e| LowerError(e.to_string()))
+    p
 }
 
 /// Lowers a plan's model under its framework and precision: under `precision.autocast`, the
 /// program as `torch.autocast` runs it on the plan's device ([`crate::autocast`]).
+///
+/// Every size of the plan's run is checked ([`check_plan_sizes`]): a plan whose parameters,
+/// micro-batch or any tensor of a step does not fit a 64-bit byte count is an error naming
+/// it and the plan's figures, never an overflow in the simulation.
 pub fn lower_plan(plan: &trainmem_core::plan::Plan) -> Result<Program, LowerError> {
     let gpu = plan.device.kind == trainmem_core::plan::DeviceKind::Cuda;
     let Some(half) = plan.precision.autocast else {
         let f32_attention = plan.precision.compute == Dtype::F32;
         let program = lower_in(&plan.model, plan.framework, gpu, f32_attention)?;
+        check_param_sizes(&program)?;
         // a model cast to half precision: PyTorch's kernels and `transformers`' modules
         // still take some tensors to f32
         let compute = plan.precision.compute;
-        if plan.framework == Framework::Pytorch
+        let program = if plan.framework == Framework::Pytorch
             && compute != Dtype::F32
             && matches!(plan.model, ModelSpec::Transformer(_))
         {
-            return Ok(crate::autocast::cast_model(
+            crate::autocast::cast_model(
                 &program,
                 plan.device.kind,
                 compute,
                 crate::autocast::ModelCode::of(&plan.model),
-            ));
-        }
+            )
+        } else {
+            program
+        };
+        check_plan_sizes(plan, &program)?;
         return Ok(program);
     };
     let program = lower_on(&plan.model, plan.framework, gpu)?;
-    Ok(crate::autocast::apply(
+    check_param_sizes(&program)?;
+    let program = crate::autocast::apply(
         &program,
         plan.device.kind,
         half,
         crate::autocast::ModelCode::of(&plan.model),
-    ))
+    );
+    check_plan_sizes(plan, &program)?;
+    Ok(program)
+}
+
+/// Most bytes one parameter element takes in the model state (8-byte parameters, a master
+/// copy and three state buffers), as the model-state check counts them.
+const STATE_BYTES_PER_ELEM: u64 = 32;
+
+/// Checks that every parameter tensor, and all of them together, fit a 64-bit byte count at
+/// [`STATE_BYTES_PER_ELEM`] bytes an element (what the model state, its half-precision
+/// copies and the parameters' gradients are counted from).
+fn check_param_sizes(program: &Program) -> Result<(), LowerError> {
+    let limit = u64::MAX / STATE_BYTES_PER_ELEM;
+    if let Some(p) = program.params.iter().find(|p| p.elems > limit) {
+        return Err(LowerError(format!(
+            "the parameter `{}` of {} elements overflows a 64-bit byte count (up to \
+             {STATE_BYTES_PER_ELEM} bytes an element with its gradient and optimizer state); \
+             is a size mistyped?",
+            p.name, p.elems
+        )));
+    }
+    match program.checked_param_elems() {
+        Some(total) if total <= limit => Ok(()),
+        total => Err(LowerError(format!(
+            "the model's {} parameter elements in {} tensors overflow a 64-bit byte count (up \
+             to {STATE_BYTES_PER_ELEM} bytes an element with their gradients and optimizer \
+             state); is a size mistyped?",
+            total.map_or_else(|| "more than 2^64".to_string(), |t| t.to_string()),
+            program.params.len()
+        ))),
+    }
+}
+
+/// Checks that every size of `plan`'s run of `program` fits 64 bits: the micro-batch's
+/// input bytes, and each tensor a step makes at the plan's micro-batch and its largest size
+/// factor (`1 + data.size_variation`): values, what each op saves by the framework's
+/// tables, parameter gradients ([`trainmem_autograd::Graph::check_sizes`]).
+pub fn check_plan_sizes(
+    plan: &trainmem_core::plan::Plan,
+    program: &Program,
+) -> Result<(), LowerError> {
+    let micro = plan.micro_batch_size();
+    let variation = plan.data.size_variation;
+    let scale = if variation > 0.0 {
+        1.0 + variation
+    } else {
+        1.0
+    };
+    let figures = match &plan.model {
+        ModelSpec::Transformer(t) => format!("micro-batch {micro}, seq_len {}", t.seq_len),
+        _ => format!("micro-batch {micro}"),
+    };
+    let at_scale = if scale == 1.0 {
+        String::new()
+    } else {
+        format!(", size factor up to {scale}")
+    };
+    let fail = |what: String| {
+        LowerError(format!(
+            "a step of the plan ({figures}{at_scale}) overflows 64 bits: {what}; is the batch \
+             size or a model size mistyped?"
+        ))
+    };
+    let per_sample = checked_input_bytes_per_sample_for(&plan.model, plan.framework)
+        .ok_or_else(|| fail("the bytes of one sample's input overflow a 64-bit count".into()))?;
+    if per_sample.checked_mul(micro).is_none() {
+        return Err(fail(format!(
+            "the micro-batch's input: {per_sample} bytes per sample × {micro} samples \
+             overflows a 64-bit byte count"
+        )));
+    }
+    let profile = FrameworkProfile::for_plan(plan);
+    let table = profile.saved_table_on(plan.device.kind);
+    let mut graph = trainmem_autograd::Graph::new(program, &table, plan.precision.compute);
+    if plan.checkpointing.policy != trainmem_core::plan::CheckpointPolicyKind::None
+        && profile.autograd.checkpointing == crate::profile::Checkpointing::Balanced
+    {
+        graph.set_op_tables(trainmem_autograd::checkpoint::burn_balanced_tables(
+            program, &table,
+        ));
+    }
+    graph
+        .check_sizes(micro, scale)
+        .map_err(|e| fail(e.to_string()))
 }
 
 #[cfg(test)]
@@ -174,13 +313,19 @@ thread_local! {
     pub(crate) static LOWERED_LAYERS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autograd::ProgramError> {
+fn lower_mlp(
+    m: &MlpSpec,
+    layout: &Lowering,
+) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     let mut b = ProgramBuilder::new();
     let mut x = b.input(m.input, ValueDtype::Compute);
     let mut width = m.input;
     for (i, &h) in m.hidden.iter().enumerate() {
         b.begin_block(format!("fc{i}"));
-        let w = b.param(width * h, format!("fc{i}.weight"));
+        let w = b.param(
+            product(&[width, h], "an MLP layer's weight (in × out)")?,
+            format!("fc{i}.weight"),
+        );
         let mut ps = vec![w];
         if m.bias {
             ps.push(b.param(h, format!("fc{i}.bias")));
@@ -193,14 +338,17 @@ fn lower_mlp(m: &MlpSpec, layout: &Lowering) -> Result<Program, trainmem_autogra
         width = h;
     }
     b.begin_layer("head");
-    let w = b.param(width * m.output, "head.weight");
+    let w = b.param(
+        product(&[width, m.output], "the MLP head's weight (in × outputs)")?,
+        "head.weight",
+    );
     let mut ps = vec![w];
     if m.bias {
         ps.push(b.param(m.output, "head.bias"));
     }
     let out = b.op(OpKind::Linear, &[x], m.output, &ps);
     add_loss(&mut b, m.loss, out, m.output, layout);
-    b.finish()
+    Ok(b.finish())
 }
 
 fn lower_cnn(
@@ -209,11 +357,14 @@ fn lower_cnn(
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     let shapes = cnn_shapes(c).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
-    let mut x = b.input(c.image.iter().product(), ValueDtype::Compute);
+    let mut x = b.input(
+        product(&c.image, "the image (channels × height × width)")?,
+        ValueDtype::Compute,
+    );
     let mut shape = Shape::Image(c.image[0], c.image[1], c.image[2]);
     for (i, (l, &next)) in c.layers.iter().zip(&shapes).enumerate() {
         b.begin_block(format!("{i}.{:?}", l.op).to_lowercase());
-        let out = next.elems();
+        let out = shape_elems(next, i)?;
         x = match l.op {
             CnnOp::Conv => {
                 let (cin, k) = match shape {
@@ -221,7 +372,11 @@ fn lower_cnn(
                     Shape::Flat(_) => unreachable!("checked by cnn_shapes"),
                 };
                 let o = l.out.unwrap_or(1);
-                let mut ps = vec![b.param(o * cin * k * k, format!("{i}.conv.weight"))];
+                let weight = product(
+                    &[o, cin, k, k],
+                    "a convolution's weight (out × in × kernel²)",
+                )?;
+                let mut ps = vec![b.param(weight, format!("{i}.conv.weight"))];
                 if l.bias.unwrap_or(true) {
                     ps.push(b.param(o, format!("{i}.conv.bias")));
                 }
@@ -254,11 +409,12 @@ fn lower_cnn(
             CnnOp::Dropout => b.op(OpKind::Dropout, &[x], out, &[]),
             CnnOp::Flatten => b.op(OpKind::View, &[x], out, &[]),
             CnnOp::Linear => {
-                let fin = shape.elems();
+                let fin = shape_elems(shape, i)?;
                 if let Shape::Image(..) = shape {
                     x = b.op(OpKind::View, &[x], fin, &[]);
                 }
-                let mut ps = vec![b.param(fin * out, format!("{i}.linear.weight"))];
+                let weight = product(&[fin, out], "a linear layer's weight (in × out)")?;
+                let mut ps = vec![b.param(weight, format!("{i}.linear.weight"))];
                 if l.bias.unwrap_or(true) {
                     ps.push(b.param(out, format!("{i}.linear.bias")));
                 }
@@ -268,15 +424,29 @@ fn lower_cnn(
         shape = next;
     }
     b.begin_layer("head");
-    let fin = shape.elems();
+    let fin = shape_elems(shape, c.layers.len())?;
     if let Shape::Image(..) = shape {
         x = b.op(OpKind::View, &[x], fin, &[]);
     }
-    let w = b.param(fin * c.classes, "head.weight");
+    let w = b.param(
+        product(&[fin, c.classes], "the CNN head's weight (in × classes)")?,
+        "head.weight",
+    );
     let bias = b.param(c.classes, "head.bias");
     let logits = b.op(OpKind::Linear, &[x], c.classes, &[w, bias]);
     add_loss(&mut b, c.loss, logits, c.classes, layout);
     Ok(b.finish())
+}
+
+/// Elements per sample of a CNN's activation `shape` after layer `i`, checked.
+fn shape_elems(shape: Shape, i: usize) -> Result<u64, LowerError> {
+    match shape {
+        Shape::Image(c, h, w) => product(
+            &[c, h, w],
+            &format!("the activation after CNN layer {i} (channels × height × width)"),
+        ),
+        Shape::Flat(f) => Ok(f),
+    }
 }
 
 fn lower_layers(
@@ -285,7 +455,10 @@ fn lower_layers(
 ) -> Result<Result<Program, trainmem_autograd::ProgramError>, LowerError> {
     check_layers(l).map_err(LowerError)?;
     let mut b = ProgramBuilder::new();
-    let mut x = b.input(l.input.iter().product(), ValueDtype::Compute);
+    let mut x = b.input(
+        product(&l.input, "the input's elements per sample")?,
+        ValueDtype::Compute,
+    );
     let mut outs: Vec<ValueId> = Vec::new();
     for (i, layer) in l.layers.iter().enumerate() {
         let kind = OpKind::from_name(&layer.op).expect("checked");
@@ -755,5 +928,101 @@ mod tests {
         let mut bad = c;
         bad.layers[2].kernel = Some(64);
         assert!(check_cnn(&bad).unwrap_err().contains("layer 2"));
+    }
+
+    /// The bytes the router's top-k division keeps per sample of `t`'s first block (the
+    /// `RowStats` of the op that carries them, at batch 1).
+    fn top_k_stats(t: &TransformerSpec) -> u64 {
+        let p = lower(&ModelSpec::Transformer(t.clone())).expect("lowers");
+        p.extra_saved
+            .iter()
+            .filter_map(|&(at, s)| match s {
+                trainmem_autograd::Saved::RowStats(n) => {
+                    Some(p.ops[at as usize].rows_per_sample * u64::from(n) * 4)
+                }
+                _ => None,
+            })
+            .next()
+            .expect("the division's statistics")
+    }
+
+    #[test]
+    fn a_normalized_top_k_keeps_its_weights_and_their_sum_at_any_k() {
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 16, 2, 8, 100);
+        for k in [2, 254, 255, 300, 5000] {
+            t.moe = Some(MoeSpec {
+                experts: k,
+                top_k: k,
+                expert_ffn: Some(1),
+                shared_expert_ffn: None,
+                shared_expert_gate: false,
+                normalize_top_k: true,
+                capacity_factor: None,
+            });
+            // k + 1 f32 values per token, in one saved tensor
+            assert_eq!(top_k_stats(&t), 8 * (k + 1) * 4, "top_k {k}");
+        }
+    }
+
+    #[test]
+    fn a_transformer_size_past_64_bits_is_an_error_naming_it() {
+        let base = || TransformerSpec::new(TransformerKind::Decoder, 1, 1 << 30, 1, 1 << 40, 8);
+        let err = |t: TransformerSpec| lower(&ModelSpec::Transformer(t)).unwrap_err().0;
+        let e = err(base());
+        assert!(
+            e.starts_with(
+                "the residual stream per sample (seq_len × hidden): 1099511627776 × 1073741824 \
+                 overflows a 64-bit count (the model's seq_len 1099511627776, hidden 1073741824, \
+                 heads 1, ffn 4 × hidden, vocab 8); is a size mistyped?"
+            ),
+            "{e}"
+        );
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 8, 1, 1 << 40, 1 << 30);
+        t.attention = AttentionImpl::Fused;
+        let e = err(t.clone());
+        assert!(
+            e.contains("the logits per sample (seq_len × vocab): 1099511627776 × 1073741824"),
+            "{e}"
+        );
+        t.vocab = 8;
+        t.moe = Some(MoeSpec {
+            experts: 1 << 30,
+            top_k: 1 << 30,
+            expert_ffn: Some(1),
+            shared_expert_ffn: None,
+            shared_expert_gate: false,
+            normalize_top_k: false,
+            capacity_factor: Some(1.5),
+        });
+        let e = err(t.clone());
+        assert!(
+            e.contains(
+                "the experts' routed rows per sample (seq_len × top_k × capacity_factor): \
+                 1099511627776 × 1073741824 × 1.5"
+            ),
+            "{e}"
+        );
+        // heads × seq × seq only under eager attention: the fused kernel never makes them
+        let mut t = TransformerSpec::new(TransformerKind::Decoder, 1, 8, 8, 1 << 31, 8);
+        t.attention = AttentionImpl::Eager;
+        assert!(err(t.clone()).contains("eager attention's scores per sample"));
+        t.attention = AttentionImpl::Fused;
+        assert!(lower(&ModelSpec::Transformer(t)).is_ok());
+        // an MLP or a CNN names the weight
+        let mlp = MlpSpec {
+            input: 1 << 40,
+            hidden: vec![1 << 30],
+            output: 2,
+            activation: Activation::Relu,
+            dropout: 0.0,
+            bias: true,
+            loss: Loss::Mse,
+        };
+        assert!(
+            lower(&ModelSpec::Mlp(mlp))
+                .unwrap_err()
+                .0
+                .contains("an MLP layer's weight (in × out)")
+        );
     }
 }

@@ -124,7 +124,7 @@ type Apply = fn(&mut Plan);
 /// One change: its words, why it helps, and the plan changed.
 struct Change {
     change: String,
-    why: &'static str,
+    why: String,
     apply: Apply,
 }
 
@@ -134,14 +134,32 @@ fn changes(plan: &Plan) -> Vec<Change> {
     let pytorch = plan.framework == Framework::Pytorch;
     let gpu = plan.device.kind == DeviceKind::Cuda;
     if plan.checkpointing.policy == CheckpointPolicyKind::None {
-        out.push(Change {
-            change: "checkpointing.policy = \"sqrt\"".into(),
-            why: "keeps about √n layers' activations and recomputes the rest in backward",
-            apply: |p| {
-                p.checkpointing.policy = CheckpointPolicyKind::Sqrt;
-                p.checkpointing.every = None;
-                p.checkpointing.budget = None;
-            },
+        // transformers checkpoints every decoder layer (`gradient_checkpointing_enable()`,
+        // what `plan from-hf --checkpointing` writes); elsewhere √n segments of layers
+        let hf = pytorch && matches!(plan.model, ModelSpec::Transformer(_));
+        out.push(if hf {
+            Change {
+                change: "checkpointing.policy = \"every\" (every = 1)".into(),
+                why: "transformers' gradient checkpointing keeps each layer's input and \
+                      recomputes the layer in backward"
+                    .into(),
+                apply: |p| {
+                    p.checkpointing.policy = CheckpointPolicyKind::Every;
+                    p.checkpointing.every = Some(1);
+                    p.checkpointing.budget = None;
+                },
+            }
+        } else {
+            Change {
+                change: "checkpointing.policy = \"sqrt\"".into(),
+                why: "keeps about √n layers' activations and recomputes the rest in backward"
+                    .into(),
+                apply: |p| {
+                    p.checkpointing.policy = CheckpointPolicyKind::Sqrt;
+                    p.checkpointing.every = None;
+                    p.checkpointing.budget = None;
+                },
+            }
         });
     }
     if let ModelSpec::Transformer(t) = &plan.model
@@ -153,14 +171,16 @@ fn changes(plan: &Plan) -> Vec<Change> {
             out.push(Change {
                 change: "model.transformer.attention = \"flash_attention_2\"".into(),
                 why: "a fused kernel keeps one statistic per row, not the heads × seq × seq \
-                      probabilities; flash-attn soft-caps the scores, SDPA cannot",
+                      probabilities; flash-attn soft-caps the scores, SDPA cannot"
+                    .into(),
                 apply: |p| set_attention(p, AttentionImpl::FlashAttention2),
             });
         } else {
             out.push(Change {
                 change: "model.transformer.attention = \"sdpa\"".into(),
                 why: "a fused kernel keeps one statistic per row, not the heads × seq × seq \
-                      probabilities",
+                      probabilities"
+                    .into(),
                 apply: |p| set_attention(p, AttentionImpl::Sdpa),
             });
         }
@@ -168,7 +188,7 @@ fn changes(plan: &Plan) -> Vec<Change> {
     if pytorch && gpu && plan.precision.compute == Dtype::F32 && plan.precision.autocast.is_none() {
         out.push(Change {
             change: "precision.autocast = \"bf16\"".into(),
-            why: "torch.autocast keeps most activations in two bytes instead of four",
+            why: "torch.autocast keeps most activations in two bytes instead of four".into(),
             apply: |p| p.precision.autocast = Some(Dtype::Bf16),
         });
     }
@@ -185,7 +205,14 @@ fn changes(plan: &Plan) -> Vec<Change> {
                 "optimizer.kind = \"adamw8bit\" (implementation = \"for_loop\", state_dtype = \"f32\")"
             }
             .into(),
-            why: "bitsandbytes keeps both moments in one byte per element instead of four",
+            why: format!(
+                "bitsandbytes keeps both moments in one byte per element instead of {}",
+                match plan.optimizer.state_dtype.size() {
+                    2 => "two",
+                    8 => "eight",
+                    _ => "four",
+                }
+            ),
             apply: |p| {
                 p.optimizer.kind = OptimizerKind::AdamW8bit;
                 // its CUDA kernel on a GPU, its CPU kernel on the host; its own state dtypes
@@ -199,19 +226,25 @@ fn changes(plan: &Plan) -> Vec<Change> {
         });
     }
     if pytorch && gpu && !plan.device.allocator.contains("expandable_segments:True") {
+        let mut changed = plan.clone();
+        with_expandable_segments(&mut changed);
         out.push(Change {
-            change: "device.allocator = \"expandable_segments:True\"".into(),
-            why: "segments grow in place, so the cache holds no blocks too small to reuse",
-            apply: |p| {
-                p.device.allocator = if p.device.allocator.trim().is_empty() {
-                    "expandable_segments:True".into()
-                } else {
-                    format!("{},expandable_segments:True", p.device.allocator)
-                }
-            },
+            // the whole setting, the plan's own options kept
+            change: format!("device.allocator = \"{}\"", changed.device.allocator),
+            why: "segments grow in place, so the cache holds no blocks too small to reuse".into(),
+            apply: with_expandable_segments,
         });
     }
     out
+}
+
+/// The plan's allocator settings with `expandable_segments:True` added.
+fn with_expandable_segments(p: &mut Plan) {
+    p.device.allocator = if p.device.allocator.trim().is_empty() {
+        "expandable_segments:True".into()
+    } else {
+        format!("{},expandable_segments:True", p.device.allocator)
+    }
 }
 
 fn set_attention(p: &mut Plan, attention: AttentionImpl) {
@@ -259,7 +292,9 @@ pub fn plan_remedies(
         }
         on_probe(&c.change);
         let need = need(&p, machine)?;
-        if need.peak_allocated < base.peak_allocated {
+        // a change that saves under 1% of the plan's peak is not worth its dependency or
+        // its cost in the changes made together
+        if need.peak_allocated + base.peak_allocated / 100 < base.peak_allocated {
             // the setting without its notes: `optimizer.kind = "adamw8bit" (implementation =
             // ...)` -> `optimizer.kind = "adamw8bit"`
             let key = c.change.split(" (").next().unwrap_or(&c.change).to_string();
@@ -267,7 +302,7 @@ pub fn plan_remedies(
         }
         remedies.push(PlanRemedy {
             change: c.change,
-            why: c.why.to_string(),
+            why: c.why,
             need,
         });
     }

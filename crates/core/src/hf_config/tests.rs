@@ -345,3 +345,30 @@ fn each_family_says_where_it_drops_and_what_its_code_takes_to_f32() {
     assert!(!model("mistral-7b.json").masked_attention(0));
     assert_eq!(model("qwen2-0.5b.json").sliding_window, None);
 }
+
+/// QLoRA's 4-bit base (bitsandbytes) and GPTQ checkpoints say so in `quantization_config`;
+/// planned as bf16 they would be off by a factor of four, so the reader refuses them by name,
+/// and a null `quantization_config` (as some exports write) is no quantization.
+#[test]
+fn a_quantized_checkpoint_is_refused_by_its_method() {
+    let with = |q: &str| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&fixture("llama-2-7b.json")).expect("json");
+        v["quantization_config"] = serde_json::from_str(q).expect("json");
+        model_from_hf(&v.to_string(), 512)
+    };
+    let e = with(
+        r#"{"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}"#,
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(
+        e.contains("`quantization_config` (bitsandbytes, load_in_4bit)"),
+        "{e}"
+    );
+    let e = with(r#"{"quant_method": "gptq", "bits": 4}"#)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("(gptq, 4 bits)"), "{e}");
+    assert!(with("null").is_ok());
+}

@@ -81,7 +81,6 @@ mod properties {
     use proptest::prelude::*;
     use trainmem_core::Category;
 
-    use crate::fit::{FitTarget, fit, probe};
     use crate::{SimOptions, simulate};
     use trainmem_core::plan::Plan;
 
@@ -179,39 +178,6 @@ capacity = "1GiB"
             // (burn on a CPU keeps its optimizer's records in the same memory)
             if !leak && metrics != "tensors" && !(cpu && cubecl.is_some()) {
                 prop_assert_eq!(r.summary.retained_at_end, 0, "no deliberate retention, nothing left over");
-            }
-        }
-
-        #[test]
-        fn fit_answer_fits_and_the_next_does_not(
-            widths in prop::collection::vec(16u64..512, 1..4),
-            cap_mib in 3u64..40,
-        ) {
-            let text = plan_text(&widths, 1, 1, "adam", false, false, "none", false, 0.0, None);
-            let plan = Plan::from_toml_str(&text).unwrap();
-            let cap = cap_mib << 20;
-            let m = crate::Machine::default();
-            let r = fit(&plan, FitTarget::Batch, cap, 4096, m).unwrap();
-            if let Some(n) = r.largest {
-                prop_assert!(probe(&plan, FitTarget::Batch, n, cap, m).unwrap().is_ok());
-                if n < 4096 {
-                    prop_assert!(probe(&plan, FitTarget::Batch, n + 1, cap, m).unwrap().is_err());
-                }
-            } else {
-                prop_assert!(probe(&plan, FitTarget::Batch, 1, cap, m).unwrap().is_err());
-            }
-            // the progress callback hears every probe, with its verdict
-            let mut heard = Vec::new();
-            let again = crate::fit::fit_with_progress(
-                &plan, FitTarget::Batch, cap, 4096, m, &mut |n, fits| heard.push((n, fits)),
-            ).unwrap();
-            prop_assert_eq!(heard.len(), r.probes as usize);
-            prop_assert_eq!(again.largest, r.largest);
-            if let Some(n) = r.largest {
-                prop_assert!(heard.contains(&(n, true)));
-            }
-            if let Some((n, _)) = &r.first_failing {
-                prop_assert!(heard.contains(&(*n, false)));
             }
         }
     }

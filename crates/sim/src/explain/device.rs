@@ -42,20 +42,23 @@ pub(super) fn cache_overhead(plan: &Plan, _t: &Timeline, s: &Summary, out: &mut 
 pub(super) fn out_of_memory(_plan: &Plan, _t: &Timeline, s: &Summary, out: &mut Vec<Finding>) {
     let dev = Domain::Device;
     if let Some(o) = &s.oom {
+        // the largest category at the peak; none when nothing was allocated yet (a model
+        // whose first parameters do not fit)
         let top = s
             .peak_breakdown
             .iter()
-            .filter(|(c, _)| *c != Category::Cache)
+            .filter(|(c, b)| *c != Category::Cache && *b > 0)
             .max_by_key(|(_, b)| *b)
-            .map(|(c, b)| format!("{c} ({})", human(b)))
-            .unwrap_or_default();
+            .map_or("Nothing was allocated before it.".to_string(), |(c, b)| {
+                format!("The largest category at the peak was {c} ({}).", human(b))
+            });
         out.push(Finding {
             kind: PatternKind::OutOfMemory,
             domain: dev,
             bytes: o.requested as i128,
             step: Some(o.when.step),
             text: format!(
-                "Out of memory at step {} during {} allocating {} of {}. The largest category at the peak was {top}. {}",
+                "Out of memory at step {} during {} allocating {} of {}. {top} {}",
                 o.when.step,
                 o.when.phase,
                 human(o.requested),

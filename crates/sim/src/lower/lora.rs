@@ -14,17 +14,26 @@ use trainmem_core::OpKind;
 
 use trainmem_core::model::{LoraSpec, LoraTarget, TransformerSpec};
 
+use super::{LowerError, product};
+
 /// The parameter groups of `t`'s adapters (`(elements, count)` per tensor: `A` and `B` of
 /// each target in each block), empty without LoRA.
+///
+/// A validated plan's adapters fit 64 bits (`LoraSpec::check`); an adapter of an
+/// unvalidated model that does not is counted as `u64::MAX` elements, more than any
+/// parameter's bytes can hold, which the model-state check reports as an overflow.
 pub(crate) fn adapter_tensors(t: &TransformerSpec) -> Vec<(u64, u64)> {
     let Some(lora) = &t.lora else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for &target in &lora.targets {
-        let (fin, fout) = LoraSpec::dims(t, target);
-        out.push((lora.rank * fin, t.layers));
-        out.push((fout * lora.rank, t.layers));
+        let Some((fin, fout)) = LoraSpec::checked_dims(t, target) else {
+            return vec![(u64::MAX, t.layers)];
+        };
+        let elems = |width: u64| lora.rank.saturating_mul(width);
+        out.push((elems(fin), t.layers));
+        out.push((elems(fout), t.layers));
     }
     out
 }
@@ -45,25 +54,52 @@ pub(crate) fn adapt(
     s: u64,
     name: &str,
     keep_up: bool,
-) -> ValueId {
+) -> Result<ValueId, LowerError> {
     let Some(lora) = t.lora.as_ref().filter(|l| l.targets.contains(&target)) else {
-        return base;
+        return Ok(base);
     };
-    let (fin, fout) = LoraSpec::dims(t, target);
+    let (fin, fout) = LoraSpec::checked_dims(t, target).ok_or_else(|| {
+        LowerError(format!(
+            "the width of the projection `{}` LoRA adapts overflows a 64-bit count",
+            target.name()
+        ))
+    })?;
     let r = lora.rank;
     let input = if lora.dropout > 0.0 {
-        b.op(OpKind::Dropout, &[x], s * fin, &[])
+        let n = product(
+            &[s, fin],
+            "a LoRA adapter's dropout per sample (seq_len × in)",
+        )?;
+        b.op(OpKind::Dropout, &[x], n, &[])
     } else {
         x
     };
     let tag = target.name();
-    let a = b.trainable_param(r * fin, format!("{name}.lora_{tag}.a"));
-    let bw = b.trainable_param(fout * r, format!("{name}.lora_{tag}.b"));
-    let low = b.op(OpKind::Linear, &[input], s * r, &[a]);
-    let up = b.op(OpKind::Linear, &[low], s * fout, &[bw]);
+    let a = b.trainable_param(
+        product(&[r, fin], "a LoRA adapter's A (rank × in)")?,
+        format!("{name}.lora_{tag}.a"),
+    );
+    let bw = b.trainable_param(
+        product(&[fout, r], "a LoRA adapter's B (out × rank)")?,
+        format!("{name}.lora_{tag}.b"),
+    );
+    let low_n = product(
+        &[s, r],
+        "a LoRA adapter's low-rank output per sample (seq_len × rank)",
+    )?;
+    let up_n = product(
+        &[s, fout],
+        "a LoRA adapter's output per sample (seq_len × out)",
+    )?;
+    let sum_n = product(
+        &[s, base_width],
+        "an adapted projection's output per sample (seq_len × out)",
+    )?;
+    let low = b.op(OpKind::Linear, &[input], low_n, &[a]);
+    let up = b.op(OpKind::Linear, &[low], up_n, &[bw]);
     if keep_up {
         b.save_extra(trainmem_autograd::Saved::Output);
     }
-    let scaled = b.op(OpKind::Scale, &[up], s * fout, &[]);
-    b.op(OpKind::Add, &[base, scaled], s * base_width, &[])
+    let scaled = b.op(OpKind::Scale, &[up], up_n, &[]);
+    Ok(b.op(OpKind::Add, &[base, scaled], sum_n, &[]))
 }
