@@ -52,7 +52,7 @@ fn gpt2_small_prints_the_known_model_state_and_the_librarys_figures() {
         "{text}"
     );
     assert!(
-        text.contains("batch 16 (micro-batch 4 × 4), bf16, adamw"),
+        text.contains("batch 16 (micro-batch 4 × 4), bf16 with f32 master weights, adamw"),
         "{text}"
     );
     assert!(text.contains("40 step(s) simulated"), "{text}");

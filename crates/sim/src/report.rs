@@ -92,6 +92,10 @@ fn write_header(o: &mut String, plan: &Plan, rep: &Report) {
     let _ = writeln!(o, "trainmem simulate: {name}");
     let precision = match plan.precision.autocast {
         Some(half) => format!("{} under autocast to {half}", plan.precision.compute),
+        // mixed precision keeps f32 master weights beside the half-precision ones
+        None if plan.precision.compute.is_half() && plan.precision.master_weights => {
+            format!("{} with f32 master weights", plan.precision.compute)
+        }
         None => plan.precision.compute.to_string(),
     };
     let _ = writeln!(
