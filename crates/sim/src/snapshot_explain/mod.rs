@@ -483,6 +483,29 @@ fn reading_notes(f: &FramedSnapshot, lt: &Lifetimes, devices: usize, device: usi
             "{devices} devices recorded a trace; device {device} is explained (--device N for another)"
         ));
     }
+    let trace = f
+        .snapshot
+        .device_traces
+        .get(device)
+        .map_or(&[][..], Vec::as_slice);
+    if f.snapshot.segments.is_empty() && !trace.is_empty() {
+        notes.push(
+            "the snapshot holds no segments: what was live when recording began and never \
+             freed (the model's parameters, usually) is not seen, so the figures are of the \
+             trace's own allocations and the blocks it freed"
+                .into(),
+        );
+    }
+    let unknown = trace
+        .iter()
+        .filter(|e| matches!(e.action, TraceAction::Other(_)))
+        .count();
+    if unknown > 0 {
+        notes.push(format!(
+            "{unknown} trace entr{} with an action trainmem does not know were left out",
+            if unknown == 1 { "y" } else { "ies" }
+        ));
+    }
     if lt.entries_with_frames == 0 {
         notes.push(
             "the trace recorded no stacks: every category was decided by lifetime alone \

@@ -302,6 +302,19 @@ fn bad_input_is_a_clear_error_or_a_note() {
         "{:?}",
         ex.notes
     );
+    // no segments: what was live throughout is not seen, and the unknown action is said
+    assert!(
+        ex.notes.iter().any(|n| n.contains("holds no segments")),
+        "{:?}",
+        ex.notes
+    );
+    assert!(
+        ex.notes
+            .iter()
+            .any(|n| n.starts_with("1 trace entry with an action trainmem does not know")),
+        "{:?}",
+        ex.notes
+    );
     assert_eq!(ex.allocations.len(), 2);
     // a field of the wrong type names where
     let bad = dict(vec![(
