@@ -335,6 +335,14 @@ impl Default for DataPlan {
     }
 }
 
+/// The most loader workers a plan may have, and trainmem-loader's `MAX_WORKERS`: far more
+/// than any machine has CPUs.
+pub const LOADER_MAX_WORKERS: u64 = 1 << 16;
+
+/// The most batches a plan's loader may keep in flight (`workers × prefetch_factor`), and
+/// trainmem-loader's `MAX_BATCHES_IN_FLIGHT`.
+pub const LOADER_MAX_BATCHES_IN_FLIGHT: u64 = 1 << 20;
+
 /// `[loader]`: trainmem-sim's model of a multi-worker prefetching loader.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -945,7 +953,8 @@ impl Plan {
         Ok(())
     }
 
-    /// `[data]` and `[loader]`: samples, augmentation ranges, workers and prefetch.
+    /// `[data]` and `[loader]`: samples, augmentation ranges, workers and prefetch (within
+    /// [`LOADER_MAX_WORKERS`] and [`LOADER_MAX_BATCHES_IN_FLIGHT`]).
     fn validate_data(&self, err: &dyn Fn(&str, String) -> PlanError) -> Result<(), PlanError> {
         let d = &self.data;
         if d.samples == 0 {
@@ -967,6 +976,28 @@ impl Plan {
             return Err(err(
                 "loader.prefetch_factor",
                 "must be at least 1 when workers > 0".into(),
+            ));
+        }
+        // trainmem-loader's own limits (`MAX_WORKERS`, `MAX_BATCHES_IN_FLIGHT`): a plan the
+        // loader would refuse is not simulated either
+        if self.loader.workers > LOADER_MAX_WORKERS {
+            return Err(err(
+                "loader.workers",
+                format!(
+                    "{} is more than the {LOADER_MAX_WORKERS} workers a loader accepts",
+                    self.loader.workers
+                ),
+            ));
+        }
+        let in_flight = self.loader.workers.checked_mul(self.loader.prefetch_factor);
+        if in_flight.is_none_or(|n| n > LOADER_MAX_BATCHES_IN_FLIGHT) {
+            return Err(err(
+                "loader.prefetch_factor",
+                format!(
+                    "{} × {} workers is more than the {LOADER_MAX_BATCHES_IN_FLIGHT} batches in \
+                     flight a loader accepts",
+                    self.loader.prefetch_factor, self.loader.workers
+                ),
             ));
         }
         if self.loader.persistent_workers && self.loader.workers == 0 {
@@ -1814,5 +1845,27 @@ steps_per_epoch = 3
              [training]\nbatch_size = 1\n",
         );
         assert!(e.contains("layer 0: `out` [4294967296, 4294967296]"), "{e}");
+    }
+
+    /// A loader the loader crate would refuse is refused in the plan, by key, before any
+    /// simulation multiplies its counts (4·10⁹ workers with a prefetch of 4·10⁹ once
+    /// overflowed the host model).
+    #[test]
+    fn absurd_loader_counts_are_refused_by_key() {
+        let with = |workers: u64, prefetch: u64| {
+            let mut p = Plan::from_toml_str(MINI).expect("mini");
+            p.loader.workers = workers;
+            p.loader.prefetch_factor = prefetch;
+            p.validate().map_err(|e| e.to_string())
+        };
+        let e = with(4_000_000_000, 4_000_000_000).unwrap_err();
+        assert!(e.contains("loader.workers"), "{e}");
+        let e = with(4, 1 << 19).unwrap_err();
+        assert!(
+            e.contains("loader.prefetch_factor") && e.contains("1048576 batches in flight"),
+            "{e}"
+        );
+        assert!(with(4, 1 << 18).is_ok());
+        assert!(with(LOADER_MAX_WORKERS, 1).is_ok());
     }
 }

@@ -10,12 +10,15 @@ use serde::{Deserialize, Serialize};
 /// The most worker threads a loader accepts ([`LoaderConfig::workers`]): far more than any
 /// machine has CPUs, low enough that the per-worker bookkeeping made at
 /// [`Loader::new`](crate::Loader::new) (a few KiB a worker) stays bounded.
-pub const MAX_WORKERS: usize = 1 << 16;
+/// The same limit a plan's `loader.workers` is held to ([`trainmem_core::plan::LOADER_MAX_WORKERS`]).
+pub const MAX_WORKERS: usize = trainmem_core::plan::LOADER_MAX_WORKERS as usize;
 
 /// The most batches a loader keeps in flight, `prefetch_factor × workers`
 /// ([`LoaderConfig::max_batches_in_flight`]): a larger product is refused by
 /// [`LoaderConfig::validate`] rather than left to overflow the loader's counts.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 1 << 20;
+/// The same limit a plan's loader is held to
+/// ([`trainmem_core::plan::LOADER_MAX_BATCHES_IN_FLIGHT`]).
+pub const MAX_BATCHES_IN_FLIGHT: usize = trainmem_core::plan::LOADER_MAX_BATCHES_IN_FLIGHT as usize;
 
 /// How the sample order of an epoch is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -259,17 +259,19 @@ impl HostModel {
         c.add(Category::Input, self.staging_pool_bytes(m));
         if m.workers_alive && self.workers > 0 {
             let (queued, busy) = self.in_flight(m);
+            // counts within the loader's limits, but a batch's bytes are only bounded by u64:
+            // beyond it, more than any memory holds
             if !pooled {
-                c.add(Category::Input, queued * batch);
+                c.add(Category::Input, queued.saturating_mul(batch));
             }
             if self.pin && !pooled {
-                c.add(Category::Input, queued * pinned_size(batch));
+                c.add(Category::Input, queued.saturating_mul(pinned_size(batch)));
             }
             c.add(
                 Category::Input,
                 (busy as f64 * self.scratch * batch as f64).round() as u64,
             );
-            c.add(Category::Other, self.workers * self.overhead);
+            c.add(Category::Other, self.workers.saturating_mul(self.overhead));
         }
         if m.batch_on_host {
             c.add(Category::Input, batch);
