@@ -9,8 +9,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{empty_dir, s, stderr, stdout, trainmem, write};
-use serde_pickle::{HashableValue, SerOptions, Value};
+use common::{dict, empty_dir, s, stderr, stdout, trainmem, write};
+use serde_pickle::{SerOptions, Value};
 
 const MIB: i64 = 1 << 20;
 
@@ -133,15 +133,6 @@ fn a_shared_snapshot_is_explained_as_text_json_and_files() {
     let w: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(w["end"]["by_category"], v["end"]["by_category"]);
     assert_eq!(w["peak"]["by_category"], v["peak"]["by_category"]);
-}
-
-fn dict(entries: Vec<(&str, Value)>) -> Value {
-    Value::Dict(
-        entries
-            .into_iter()
-            .map(|(k, v)| (HashableValue::String(k.to_string()), v))
-            .collect(),
-    )
 }
 
 fn pickle(v: &Value) -> Vec<u8> {

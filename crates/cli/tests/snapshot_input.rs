@@ -6,19 +6,10 @@
 
 mod common;
 
-use common::{empty_dir, s, stderr, stdout, trainmem, write};
+use common::{dict, empty_dir, s, stderr, stdout, trainmem, write};
 use serde_pickle::{HashableValue, SerOptions, Value};
 
 const MIB: i64 = 1 << 20;
-
-fn dict(entries: Vec<(&str, Value)>) -> Value {
-    Value::Dict(
-        entries
-            .into_iter()
-            .map(|(k, v)| (HashableValue::String(k.to_string()), v))
-            .collect(),
-    )
-}
 
 /// A small snapshot: on each device of `traced`, one 20 MiB segment with a 4 MiB block
 /// allocated and freed (`devices` device traces in all, the others empty).

@@ -155,6 +155,14 @@ struct Outcome {
 }
 
 impl Outcome {
+    /// `Ok((peak allocated, peak reserved))`, or `Err(why it does not fit)`.
+    fn verdict(self) -> Result<(u64, u64), String> {
+        match self.oom {
+            None => Ok(self.peaks),
+            Some((message, _)) => Err(message),
+        }
+    }
+
     fn fits(&self) -> bool {
         self.oom.is_none()
     }
@@ -184,10 +192,7 @@ pub fn probe(
     machine: Machine,
 ) -> Result<Result<(u64, u64), String>, SimError> {
     let o = run(&probe_plan(plan, target, n, capacity), machine)?;
-    Ok(match o.oom {
-        None => Ok(o.peaks),
-        Some((message, _)) => Err(message),
-    })
+    Ok(o.verdict())
 }
 
 /// The full run of the plan at size `n` on `machine` ([`full_plan`]), and whether it was
@@ -223,10 +228,7 @@ pub fn full_run(
     machine: Machine,
 ) -> Result<Result<(u64, u64), String>, SimError> {
     let (o, _) = full_outcome(plan, target, n, capacity, machine)?;
-    Ok(match o.oom {
-        None => Ok(o.peaks),
-        Some((message, _)) => Err(message),
-    })
+    Ok(o.verdict())
 }
 
 /// Finds the largest size of `target` that fits `capacity` on `machine`, searching up to

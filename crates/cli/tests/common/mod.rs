@@ -68,3 +68,13 @@ pub fn write(dir: &Path, name: &str, text: impl AsRef<[u8]>) -> PathBuf {
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
 }
+
+/// A pickle dict of `entries` (string keys), for snapshots written by hand.
+pub fn dict(entries: Vec<(&str, serde_pickle::Value)>) -> serde_pickle::Value {
+    serde_pickle::Value::Dict(
+        entries
+            .into_iter()
+            .map(|(k, v)| (serde_pickle::HashableValue::String(k.to_string()), v))
+            .collect(),
+    )
+}
