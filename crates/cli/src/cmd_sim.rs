@@ -327,14 +327,9 @@ pub fn fit(args: FitArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Runs `trainmem explain`: a snapshot pickle (first byte 0x80) is explained as a recorded
-/// run, anything else is read as a plan.
-pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let bytes =
-        std::fs::read(&args.plan).with_context(|| format!("reading {}", args.plan.display()))?;
-    if bytes.first() == Some(&trainmem_alloc::pytorch::pickle::PICKLE_MAGIC) {
-        return crate::explain_snapshot::run(&args, &args.plan, &bytes);
-    }
+/// Runs `trainmem explain` on a plan (`explain_snapshot::explain` has already told it from a
+/// snapshot pickle).
+pub fn explain_plan(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.out.is_none() && args.device.is_none(),
         "--out and --device apply to snapshot pickles; {} is a plan",

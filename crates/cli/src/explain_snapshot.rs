@@ -33,7 +33,7 @@ Exit status:
      fits. Also the status of a wrong command line (unknown option, invalid value)";
 
 /// Runs `trainmem explain`: a snapshot (named `*.pickle`/`*.pkl`, or starting like a pickle)
-/// is explained as a recorded run here; anything else is a plan (`cmd_sim::explain`).
+/// is explained as a recorded run here; anything else is a plan (`cmd_sim::explain_plan`).
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let path = args.plan.clone();
     let sniffed = Sniffed::of(&path)?;
@@ -47,7 +47,7 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         "{} is empty (0 bytes): expected a plan (TOML) or a PyTorch memory snapshot pickle",
         path.display()
     );
-    crate::cmd_sim::explain(args)
+    crate::cmd_sim::explain_plan(args)
 }
 
 /// Reads the snapshot in `bytes`, saying what is wrong in the words of the way it was taken
@@ -94,11 +94,6 @@ fn with_devices_line(text: String, line: Option<String>) -> String {
         Some((first, rest)) => format!("{first}\n{line}\n{rest}"),
         None => format!("{text}\n{line}\n"),
     }
-}
-
-/// Explains the snapshot in `bytes` (read from `path`).
-pub fn run(args: &ExplainArgs, path: &Path, bytes: &[u8]) -> anyhow::Result<ExitCode> {
-    run_sniffed(args, path, bytes, &Sniffed::of_bytes(path, bytes))
 }
 
 /// Explains the snapshot in `bytes` (read from `path`, whose first bytes are `sniffed`).
